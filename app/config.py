@@ -1,0 +1,66 @@
+"""Frozen settings for sampling, speculation and one generation request."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+MAX_NEW_TOKENS_CAP = 2048  # above this a request is refused: the app is shared by many users
+K_MAX = 16  # largest draft length any policy may choose
+
+
+class SpecError(ValueError):
+    """Bad input or an impossible setting; the message says what to change."""
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    temperature: float = 0.0  # 0 means greedy (argmax); > 0 samples from softmax(logits / T)
+    top_k: int = 0  # keep only the k most likely tokens; 0 keeps all
+    top_p: float = 1.0  # keep the smallest set whose mass reaches top_p; 1 keeps all
+    seed: int = 0  # seeds the one torch.Generator that all randomness of a run comes from
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+    def validate(self) -> None:
+        if self.temperature < 0:
+            raise SpecError(f"temperature must be >= 0 (0 means greedy), got {self.temperature}")
+        if self.top_k < 0:
+            raise SpecError(f"top-k must be >= 0 (0 disables it), got {self.top_k}")
+        if not 0 < self.top_p <= 1:
+            raise SpecError(f"top-p must be in (0, 1], got {self.top_p}")
+
+
+@dataclass(frozen=True)
+class SpecConfig:
+    k: int = 4  # draft length: fixed k, the start value for heuristic, ignored by adaptive
+    k_policy: str = "adaptive"  # fixed | heuristic | adaptive
+    k_max: int = 8  # upper bound for heuristic and adaptive
+    ngram_max: int = 3  # prompt lookup: longest n-gram tried first
+    ngram_min: int = 1  # prompt lookup: shortest n-gram tried
+
+    def validate(self) -> None:
+        if self.k_policy not in ("fixed", "heuristic", "adaptive"):
+            raise SpecError(f"k policy must be fixed, heuristic or adaptive, got {self.k_policy!r}")
+        if self.k < 1:
+            raise SpecError(f"k must be at least 1, got {self.k}")
+        if not 1 <= self.k_max <= K_MAX:
+            raise SpecError(f"k max must be between 1 and {K_MAX}, got {self.k_max}")
+        if self.k_policy == "fixed" and self.k > K_MAX:
+            raise SpecError(f"k must be at most {K_MAX}, got {self.k}")
+        if not 1 <= self.ngram_min <= self.ngram_max:
+            raise SpecError("n-gram sizes need 1 <= min <= max")
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    max_new_tokens: int = 128  # never emit more than this
+    stop: tuple[str, ...] = field(default_factory=tuple)  # stop strings; output ends after the first
+    chat: bool = False  # format the prompt with the tokenizer's chat template
+
+    def validate(self) -> None:
+        if not 1 <= self.max_new_tokens <= MAX_NEW_TOKENS_CAP:
+            raise SpecError(
+                f"max new tokens must be between 1 and {MAX_NEW_TOKENS_CAP}, got {self.max_new_tokens}"
+            )

@@ -1,0 +1,56 @@
+"""The per-round `Step` record that every reader (UI, CLI, benchmark, tests) consumes."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+ACCEPTED, CORRECTED, BONUS, REJECTED, TARGET = "accepted", "corrected", "bonus", "rejected", "target"
+# TARGET marks a token of plain autoregressive decoding: the target alone chose it.
+
+
+@dataclass
+class Decision:
+    """How one drafted token x was judged: accepted when u < min(1, p(x)/q(x))."""
+
+    token: int
+    text: str
+    p: float  # p(x): target probability after processing (greedy: softmax at T=1, for teaching)
+    q: float  # q(x): draft probability after processing (1.0 for prompt lookup's one-hot q)
+    accept_prob: float  # min(1, p/q); greedy: 1 if x is the target's argmax else 0
+    u: float | None  # the uniform draw; None under greedy, where nothing is random
+    accepted: bool
+
+
+@dataclass
+class Step:
+    """One round: k drafts, one target pass, the accepted prefix plus the target's own token."""
+
+    round: int
+    k: int  # draft length asked of the proposer (0 for autoregressive)
+    drafted: list[int]  # what the proposer returned (may be shorter than k for prompt lookup)
+    draft_text: list[str]
+    accepted: int  # how many drafts were kept
+    token: int  # the target's own token this round
+    token_kind: str  # CORRECTED, BONUS or TARGET
+    token_text: str
+    rejected: list[int]  # drafts after the first rejection, all thrown away
+    emitted: list[int]  # tokens appended to the output this round, after stop truncation
+    text: str  # text appended to the output this round
+    draft_time: float  # seconds, device-synchronised
+    verify_time: float  # seconds for the one target pass, device-synchronised
+    elapsed: float  # seconds since generation started, at the end of this round
+    decisions: list[Decision] = field(default_factory=list)
+    # Teaching data, top tokens only so a record never holds a full vocabulary:
+    # [(token_id, text, p, q, residual)] for the position where the target's token was chosen.
+    top: list[tuple[int, str, float, float, float]] = field(default_factory=list)
+    stop_reason: str | None = None  # eos | stop_string | max_new_tokens | context_full, on the last step
+
+    def spans(self) -> list[tuple[str, str]]:
+        """(text, kind) pieces in display order, rejected drafts where they were proposed."""
+        out = [(self.draft_text[i], ACCEPTED) for i in range(self.accepted)]
+        out += [(self.draft_text[i], REJECTED) for i in range(self.accepted, len(self.drafted))]
+        out.append((self.token_text, self.token_kind))
+        return out
+
+    def to_dict(self) -> dict:
+        return asdict(self)

@@ -1,0 +1,38 @@
+"""Logits to probabilities (temperature, top-k, top-p) and seeded sampling."""
+
+from __future__ import annotations
+
+import torch
+
+from app.config import SamplingConfig
+
+
+def probs(logits: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor:
+    """(..., V) logits -> (..., V) float32 probabilities after the same processing for p and q.
+
+    Greedy gives a one-hot on the argmax, so greedy verification is the sampling rule's limit.
+    """
+    logits = logits.float()
+    if cfg.greedy:
+        return torch.zeros_like(logits).scatter_(-1, logits.argmax(-1, keepdim=True), 1.0)
+    logits = logits / cfg.temperature
+    if cfg.top_k and cfg.top_k < logits.shape[-1]:
+        kth = torch.topk(logits, cfg.top_k, dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if cfg.top_p < 1.0:
+        sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
+        sorted_p = sorted_logits.softmax(-1)
+        # Drop a token when the mass before it already reaches top_p; the first always stays.
+        drop = (sorted_p.cumsum(-1) - sorted_p) >= cfg.top_p
+        logits = logits.masked_fill(torch.zeros_like(drop).scatter(-1, order, drop), float("-inf"))
+    return logits.softmax(-1)
+
+
+def sample(p: torch.Tensor, gen: torch.Generator) -> int:
+    """One token id from a (V,) distribution, using the run's generator."""
+    return int(torch.multinomial(p.to(gen.device), 1, generator=gen).item())
+
+
+def uniform(gen: torch.Generator) -> float:
+    """The draw u in [0, 1) that decides one acceptance."""
+    return float(torch.rand((), generator=gen, device=gen.device).item())

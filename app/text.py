@@ -1,0 +1,61 @@
+"""Prompt to ids (chat template, checks) and ids back to text, streamed piece by piece."""
+
+from __future__ import annotations
+
+from app.config import SpecError
+
+
+def prompt_ids(tokenizer, prompt: str, chat: bool, context: int) -> list[int]:
+    """Token ids of the prompt, through the chat template when asked; checked against the context."""
+    if not prompt or not prompt.strip():
+        raise SpecError("prompt is empty: type some text to continue")
+    if chat:
+        if not getattr(tokenizer, "chat_template", None):
+            raise SpecError("this model has no chat template: turn chat formatting off")
+        text = tokenizer.apply_chat_template(
+            [{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True
+        )
+        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    else:
+        ids = tokenizer(prompt)["input_ids"]
+    if len(ids) >= context:
+        raise SpecError(
+            f"prompt is {len(ids)} tokens but the model's context is {context}: shorten the prompt"
+        )
+    return ids
+
+
+class Detokenizer:
+    """Incremental decoding that never splits a multi-byte character or drops a space.
+
+    Decodes a short window of recent ids twice (with and without the newest) and emits
+    the difference, holding text back while it ends in an incomplete character.
+    """
+
+    def __init__(self, tokenizer, context: list[int]):
+        self.tokenizer = tokenizer
+        self.ids = list(context[-4:])
+        self.prefix = 0  # start of the decode window
+        self.read = len(self.ids)  # ids before this are already emitted
+
+    def _decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+
+    def push(self, token: int) -> str:
+        """Add one id; return the text it completes (possibly empty)."""
+        self.ids.append(token)
+        before = self._decode(self.ids[self.prefix : self.read])
+        after = self._decode(self.ids[self.prefix :])
+        if len(after) > len(before) and not after.endswith("\ufffd"):
+            self.prefix, self.read = self.read, len(self.ids)
+            return after[len(before) :]
+        return ""
+
+    def peek(self, tokens: list[int]) -> list[str]:
+        """Text of each token if it followed the current ids, without committing them."""
+        pieces, ids = [], self.ids[self.prefix :]
+        for t in tokens:
+            before = self._decode(ids)
+            ids = ids + [t]
+            pieces.append(self._decode(ids)[len(before) :])
+        return pieces

@@ -1,0 +1,52 @@
+"""Tiny Llama models built in memory with a shared character vocabulary."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+CHARS = "abcdefghijklmnopqrstuvwxyz .,:()=\n_0123456789"
+
+
+def char_tokenizer(chars: str = CHARS) -> PreTrainedTokenizerFast:
+    """One token per character, plus <s>, </s> and <pad>."""
+    vocab = {"<s>": 0, "</s>": 1, "<pad>": 2} | {c: i + 3 for i, c in enumerate(chars)}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<pad>"))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), "isolated")
+    tok.decoder = decoders.Fuse()
+    tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 0)])
+    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>")
+
+
+def tiny_llama(vocab: int, layers: int = 2, hidden: int = 32, seed: int = 0, scale: float = 1.0,
+               ctx: int = 256) -> LlamaForCausalLM:
+    """Random Llama; `scale` sharpens its distributions by scaling the output layer."""
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=ctx,
+        bos_token_id=0, eos_token_id=1, pad_token_id=2, tie_word_embeddings=False,
+    )
+    model = LlamaForCausalLM(config).eval()
+    with torch.no_grad():
+        model.lm_head.weight.mul_(scale)
+    model.generation_config.eos_token_id = 1
+    model.generation_config.pad_token_id = 2
+    return model
+
+
+@pytest.fixture(scope="session")
+def tokenizer():
+    return char_tokenizer()
+
+
+@pytest.fixture(scope="session")
+def target(tokenizer):
+    return tiny_llama(len(tokenizer), layers=4, hidden=64, seed=1, scale=30.0)
+
+
+@pytest.fixture(scope="session")
+def draft(tokenizer):
+    return tiny_llama(len(tokenizer), layers=1, hidden=32, seed=2, scale=30.0)
