@@ -52,7 +52,7 @@ def cmd_generate(args) -> int:
         cfg.validate()
     if not args.prompt or not args.prompt.strip():
         raise SpecError("prompt is empty: pass --prompt TEXT")
-    pair = models.load_pair(args.target, None if args.mode == "autoregressive" else args.draft, args.device, args.dtype)
+    pair = models.load_pair(args.target, args.draft, args.device, args.dtype, draft=args.mode == "speculative")
     ids = text.prompt_ids(pair.tokenizer, args.prompt, r.chat, engine.context_length(pair.target))
     proposer = pair.proposer(sp.ngram_max, sp.ngram_min) if args.mode == "speculative" else None
     steps = list(engine.generate(pair.target, pair.tokenizer, ids, proposer, s, sp, r))
@@ -109,6 +109,10 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
     args = parser().parse_args(argv)
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()  # stderr carries our one-line errors and summary only
+    hf_logging.disable_progress_bar()
     try:
         return args.func(args)
     except SpecError as e:

@@ -28,7 +28,7 @@ class NoDraft:
 
     name = "none"
 
-    def begin(self, prompt_ids):
+    def begin(self, prompt_ids, vocab_size):
         pass
 
     def propose(self, k, cfg, gen):
@@ -129,8 +129,8 @@ def generate(
     eos = {tokenizer.eos_token_id, *_as_list(target.generation_config.eos_token_id)} - {None}
     out = _Output(tokenizer, prompt_ids, run, eos)
     ids = list(prompt_ids)
-    proposer.begin(ids)
-    start = time.perf_counter()
+    proposer.begin(ids, target.get_output_embeddings().weight.shape[0])
+    busy = 0.0  # this run's own clock: it stops while the consumer holds a yielded Step
     for rnd in range(1, run.max_new_tokens + 1):
         # Never draft more than can be emitted or than fits in the context.
         k = 0 if autoregressive else min(policy.next_k(), run.max_new_tokens - len(out.ids) - 1, limit - len(ids) - 1)
@@ -168,11 +168,12 @@ def generate(
         else:
             q_row = verify.one_hot_q(drafts[n : n + 1], p_logits.shape[-1], p_logits.device)[0]
         p_row = p_logits[n].float().softmax(-1) if sampling_cfg.greedy else p[n]
+        busy += time.perf_counter() - t0
         yield Step(
             round=rnd, k=k, drafted=drafts, draft_text=texts, accepted=n, token=v.token,
             token_kind=TARGET if autoregressive else (BONUS if n == len(drafts) else CORRECTED),
             token_text=token_text, rejected=drafts[n:], emitted=emitted, text=new_text,
-            draft_time=t1 - t0, verify_time=t2 - t1, elapsed=time.perf_counter() - start,
+            draft_time=t1 - t0, verify_time=t2 - t1, elapsed=busy,
             decisions=_decisions(drafts, texts, v),
             top=_top(tokenizer, p_row, q_row, v.residual) if not autoregressive else [],
             stop_reason=out.stop_reason,

@@ -38,7 +38,7 @@ class Step:
     text: str  # text appended to the output this round
     draft_time: float  # seconds, device-synchronised
     verify_time: float  # seconds for the one target pass, device-synchronised
-    elapsed: float  # seconds since generation started, at the end of this round
+    elapsed: float  # this run's own busy seconds at the end of the round (paused while consumers run)
     decisions: list[Decision] = field(default_factory=list)
     # Teaching data, top tokens only so a record never holds a full vocabulary:
     # [(token_id, text, p, q, residual)] for the position where the target's token was chosen.
@@ -46,10 +46,15 @@ class Step:
     stop_reason: str | None = None  # eos | stop_string | max_new_tokens | context_full, on the last step
 
     def spans(self) -> list[tuple[str, str]]:
-        """(text, kind) pieces in display order, rejected drafts where they were proposed."""
-        out = [(self.draft_text[i], ACCEPTED) for i in range(self.accepted)]
-        out += [(self.draft_text[i], REJECTED) for i in range(self.accepted, len(self.drafted))]
-        out.append((self.token_text, self.token_kind))
+        """(text, kind) pieces in display order, rejected drafts where they were proposed.
+
+        After a stop rule cut the round short, only what was emitted is shown.
+        """
+        kept = len(self.emitted)
+        out = [(self.draft_text[i], ACCEPTED) for i in range(min(self.accepted, kept))]
+        if kept > self.accepted:
+            out += [(self.draft_text[i], REJECTED) for i in range(self.accepted, len(self.drafted))]
+            out.append((self.token_text, self.token_kind))
         return out
 
     def to_dict(self) -> dict:

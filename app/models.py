@@ -6,6 +6,7 @@ shared read-only between requests; everything per request lives in the engine.
 
 from __future__ import annotations
 
+import os
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -68,14 +69,32 @@ def choose_device(device: str | None = None, dtype: str | None = None) -> tuple[
     return dev, torch.float16 if dev.type == "mps" else torch.float32
 
 
-def resolve(model_id: str) -> str:
-    """A preset label, a local directory or a Hub id, as the string from_pretrained gets."""
+def _resolve(model_id: str) -> str:
     model_id = (model_id or "").strip()
     model_id = TARGET_PRESETS.get(model_id) or DRAFT_PRESETS.get(model_id) or model_id
-    if not model_id:
-        raise SpecError("no model given: pick a preset, a Hub id or a local directory")
     path = Path(model_id).expanduser()
-    return str(path.resolve()) if path.exists() else model_id
+    return str(path.resolve()) if model_id and path.exists() else model_id
+
+
+def allowlist() -> set[str] | None:
+    """Ids a public server may load, from SPECDEC_ALLOWED_MODELS: a comma list, or 'presets'."""
+    raw = os.environ.get("SPECDEC_ALLOWED_MODELS", "").strip()
+    if not raw:
+        return None
+    if raw == "presets":
+        return {_resolve(x) for x in (*TARGET_PRESETS.values(), *DRAFT_PRESETS.values())}
+    return {_resolve(x) for x in raw.split(",") if x.strip()}
+
+
+def resolve(model_id: str) -> str:
+    """A preset label, a local directory or a Hub id, as the string from_pretrained gets."""
+    name = _resolve(model_id)
+    if not name:
+        raise SpecError("no model given: pick a preset, a Hub id or a local directory")
+    allowed = allowlist()
+    if allowed is not None and name not in allowed and name != PROMPT_LOOKUP and not name.startswith(EARLY_EXIT):
+        raise SpecError(f"{name!r} is not on this server's model allowlist: pick one of the presets")
+    return name
 
 
 _cache: dict[tuple, tuple[PreTrainedModel, object]] = {}
@@ -159,13 +178,16 @@ class Pair:
 
 
 def load_pair(target_id: str | None = None, draft_id: str | None = None,
-              device: str | None = None, dtype: str | None = None) -> Pair:
+              device: str | None = None, dtype: str | None = None, draft: bool = True) -> Pair:
     """Target plus a draft source: a model, 'prompt-lookup' or 'early-exit:N'.
 
     The target may spread over several GPUs; the draft sits on the target's first device.
+    draft=False loads the target alone, for plain autoregressive decoding.
     """
     target, tokenizer = load(target_id or DEFAULT_TARGET, device, dtype, spread=True)
     target_name = resolve(target_id or DEFAULT_TARGET)
+    if not draft:
+        return Pair(target, tokenizer, target_name, "", None)
     draft_name = resolve(draft_id or DEFAULT_DRAFT)
     if draft_name == PROMPT_LOOKUP:
         return Pair(target, tokenizer, target_name, draft_name, None)

@@ -26,8 +26,8 @@ class Proposal:
 class Proposer(Protocol):
     name: str
 
-    def begin(self, prompt_ids: list[int]) -> None:
-        """Start a request from the prompt's ids."""
+    def begin(self, prompt_ids: list[int], vocab_size: int) -> None:
+        """Start a request from the prompt's ids; only ids below vocab_size may be drafted."""
 
     def propose(self, k: int, cfg: SamplingConfig, gen: torch.Generator) -> Proposal:
         """Draft up to k tokens after the committed ones."""
@@ -46,9 +46,11 @@ class ModelProposer:
     def __init__(self, model: PreTrainedModel, name: str):
         self.model, self.name = model, name
 
-    def begin(self, prompt_ids: list[int]) -> None:
+    def begin(self, prompt_ids: list[int], vocab_size: int) -> None:
         self.ids = list(prompt_ids)
         self.lm = CachedModel(self.model)
+        # Padded embedding rows beyond the target's vocabulary must never be drafted.
+        self.vocab_size = vocab_size
         self._drafts: list[int] = []
 
     def propose(self, k: int, cfg: SamplingConfig, gen: torch.Generator) -> Proposal:
@@ -58,7 +60,7 @@ class ModelProposer:
         logits = self.lm.extend(self.ids[self.lm.length :])[-1]
         tokens, qs = [], []
         for i in range(k):
-            q = sampling.probs(logits, cfg)
+            q = sampling.probs(logits[: self.vocab_size], cfg)
             x = int(q.argmax()) if cfg.greedy else sampling.sample(q, gen)
             tokens.append(x)
             qs.append(q)
@@ -90,7 +92,7 @@ class PromptLookup:
     def __init__(self, ngram_max: int = 3, ngram_min: int = 1):
         self.ngram_max, self.ngram_min = ngram_max, ngram_min
 
-    def begin(self, prompt_ids: list[int]) -> None:
+    def begin(self, prompt_ids: list[int], vocab_size: int) -> None:
         self.ids = list(prompt_ids)
         self._drafts: list[int] = []
 

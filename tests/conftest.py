@@ -50,3 +50,33 @@ def target(tokenizer):
 @pytest.fixture(scope="session")
 def draft(tokenizer):
     return tiny_llama(len(tokenizer), layers=1, hidden=32, seed=2, scale=30.0)
+
+
+def noisy_copy(model: LlamaForCausalLM, noise: float, seed: int = 0) -> LlamaForCausalLM:
+    """The model with Gaussian noise on every weight: a draft that agrees often, not always."""
+    import copy
+
+    out = copy.deepcopy(model)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in out.parameters():
+            p.add_(noise * p.std() * torch.randn(p.shape, generator=g))
+    return out
+
+
+@pytest.fixture(scope="session")
+def near_draft(target):
+    return noisy_copy(target, 0.05)
+
+
+def run(target, tokenizer, prompt, proposer=None, **kw):
+    """Generated ids and the Step records of one engine run."""
+    from app.config import RunConfig, SamplingConfig, SpecConfig
+    from app.engine import generate
+
+    sampling = SamplingConfig(**{k: kw.pop(k) for k in ("temperature", "top_k", "top_p", "seed") if k in kw})
+    spec = SpecConfig(**{k: kw.pop(k) for k in ("k", "k_policy", "k_max", "ngram_max", "ngram_min") if k in kw})
+    cfg = RunConfig(**kw)
+    ids = prompt if isinstance(prompt, list) else tokenizer(prompt)["input_ids"]
+    steps = list(generate(target, tokenizer, ids, proposer, sampling, spec, cfg))
+    return [t for s in steps for t in s.emitted], steps

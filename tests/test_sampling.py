@@ -1,0 +1,140 @@
+"""Speculative sampling has exactly the target's distribution."""
+import pytest
+import torch
+from conftest import char_tokenizer, run, tiny_llama
+
+from app import verify
+from app.config import SamplingConfig
+from app.proposers import ModelProposer, PromptLookup
+from app.sampling import probs
+
+SETTINGS = {
+    "temperature": SamplingConfig(temperature=0.6),
+    "top-k": SamplingConfig(temperature=1.0, top_k=3),
+    "top-p": SamplingConfig(temperature=1.3, top_p=0.7),
+}
+N = 2000  # samples per setting
+
+
+def tv_bound(exact: dict) -> float:
+    """1.5x the expected total-variation distance of N honest samples from `exact`, plus 0.01.
+
+    E|p_hat - p| is about sqrt(2 p (1 - p) / (pi N)) per outcome; the broken rule below
+    and the draft's own distribution both land well above the bound.
+    """
+    noise = 0.5 * sum((2 * p * (1 - p) / (torch.pi * N)) ** 0.5 for p in exact.values())
+    return 1.5 * noise + 0.01
+
+
+@pytest.fixture(scope="module")
+def small():
+    tok = char_tokenizer("ab")  # 5 ids with the 3 special ones
+    p_model = tiny_llama(len(tok), layers=2, hidden=16, seed=11, scale=8.0)
+    q_model = tiny_llama(len(tok), layers=1, hidden=16, seed=12, scale=8.0)
+    return tok, p_model, q_model
+
+
+def exact_distribution(model, prompt_ids, cfg, n=3, eos=1):
+    """P(first n tokens) by enumeration, EOS ending a sequence early."""
+    out = {}
+
+    def walk(prefix, mass):
+        if len(prefix) == n or (prefix and prefix[-1] == eos):
+            out[tuple(prefix)] = out.get(tuple(prefix), 0.0) + mass
+            return
+        with torch.no_grad():
+            logits = model(input_ids=torch.tensor([prompt_ids + prefix])).logits[0, -1]
+        for t, pt in enumerate(probs(logits, cfg).tolist()):
+            if pt > 0:
+                walk(prefix + [t], mass * pt)
+
+    walk([], 1.0)
+    return out
+
+
+def empirical(model, tok, prompt_ids, cfg, proposer_fn, k=2):
+    counts = {}
+    for seed in range(N):
+        ids, _ = run(model, tok, prompt_ids, proposer_fn(), temperature=cfg.temperature, top_k=cfg.top_k,
+                     top_p=cfg.top_p, seed=seed, k=k, k_policy="fixed", max_new_tokens=3)
+        counts[tuple(ids)] = counts.get(tuple(ids), 0) + 1
+    return {s: c / N for s, c in counts.items()}
+
+
+def tv(a, b):
+    return 0.5 * sum(abs(a.get(s, 0.0) - b.get(s, 0.0)) for s in set(a) | set(b))
+
+
+@pytest.mark.parametrize("name", list(SETTINGS))
+def test_draft_model_sampling_matches_target_distribution(small, name):
+    tok, p_model, q_model = small
+    cfg = SETTINGS[name]
+    prompt = tok("abba")["input_ids"]
+    exact = exact_distribution(p_model, prompt, cfg)
+    draft_exact = exact_distribution(q_model, prompt, cfg)
+    assert tv(exact, draft_exact) > 3 * tv_bound(exact), "the draft must differ from the target to bite"
+    got = empirical(p_model, tok, prompt, cfg, lambda: ModelProposer(q_model, "q"))
+    assert tv(got, exact) < tv_bound(exact)
+
+
+def test_prompt_lookup_sampling_matches_target_distribution(small):
+    tok, p_model, _ = small
+    cfg = SETTINGS["temperature"]
+    prompt = tok("abbabbab")["input_ids"]  # lookup proposes "b", "a", ... with a one-hot q
+    exact = exact_distribution(p_model, prompt, cfg)
+    got = empirical(p_model, tok, prompt, cfg, lambda: PromptLookup(3, 1))
+    assert tv(got, exact) < tv_bound(exact)
+
+
+def test_a_broken_rule_fails_the_same_bound(small, monkeypatch):
+    # Resampling from p instead of norm(max(0, p - q)) after a rejection is a classic bug.
+    tok, p_model, q_model = small
+    cfg = SETTINGS["temperature"]
+    prompt = tok("abba")["input_ids"]
+    honest = verify.speculative_sampling
+
+    def broken(drafts, p, q, gen):
+        v = honest(drafts, p, q, gen)
+        if v.accepted < len(drafts):
+            v.token = int(torch.multinomial(p[v.accepted], 1, generator=gen))
+        return v
+
+    monkeypatch.setattr(verify, "speculative_sampling", broken)
+    got = empirical(p_model, tok, prompt, cfg, lambda: ModelProposer(q_model, "q"))
+    exact = exact_distribution(p_model, prompt, cfg)
+    assert tv(got, exact) > 1.5 * tv_bound(exact)
+
+
+def test_one_round_rule_is_exact_for_fixed_p_and_q():
+    # The rule alone, many draws: the first emitted token is distributed as p, not q.
+    p = torch.tensor([[0.5, 0.3, 0.15, 0.05], [0.25] * 4])
+    q = torch.tensor([[0.1, 0.2, 0.3, 0.4]])
+    gen = torch.Generator().manual_seed(0)
+    counts = torch.zeros(4)
+    for _ in range(20000):
+        x = int(torch.multinomial(q[0], 1, generator=gen))
+        v = verify.speculative_sampling([x], p, q, gen)
+        counts[x if v.accepted else v.token] += 1
+    assert (counts / counts.sum() - p[0]).abs().max() < 0.015
+
+
+def test_same_seed_repeats_exactly_and_other_seeds_differ(small):
+    tok, p_model, q_model = small
+    prompt = tok("abba")["input_ids"]
+    runs = [run(p_model, tok, prompt, ModelProposer(q_model, "q"), temperature=1.0, seed=s, k=3,
+                k_policy="fixed", max_new_tokens=30) for s in (7, 7, 8)]
+    assert runs[0][0] == runs[1][0]
+    assert [d.u for s in runs[0][1] for d in s.decisions] == [d.u for s in runs[1][1] for d in s.decisions]
+    assert runs[0][0] != runs[2][0]
+
+
+def test_processing_is_identical_for_p_and_q():
+    # top-k and top-p zero out the same tokens whichever model the logits come from.
+    logits = torch.tensor([2.0, 1.0, 0.5, 0.0, -1.0])
+    pk = probs(logits, SamplingConfig(temperature=1.0, top_k=2))
+    assert (pk > 0).tolist() == [True, True, False, False, False]
+    pp = probs(logits, SamplingConfig(temperature=1.0, top_p=0.8))
+    full = logits.softmax(-1)
+    kept = (pp > 0).sum().item()
+    assert full[:kept].sum() >= 0.8 > full[: kept - 1].sum()
+    assert torch.allclose(pp[:kept], full[:kept] / full[:kept].sum())
