@@ -185,7 +185,7 @@ def _f(x):
     return "n/a" if x is None else f"{x:.3f}"
 
 
-def main(cli_args) -> int:
+def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(prog="python -m app bench", description=__doc__.splitlines()[0])
     ap.add_argument("--suite", choices=["code", "prose", "all"], default="code")
     ap.add_argument("--limit", type=int, default=0, help="use only the first N prompts")
@@ -193,7 +193,7 @@ def main(cli_args) -> int:
     ap.add_argument("--card", action="store_true", help="model card figures for the bundled family")
     ap.add_argument("--out", type=Path, default=Path("runs/bench"), help="writes OUT.json and OUT.html")
     add_generation_args(ap)
-    args = ap.parse_args(cli_args.rest)
+    args = ap.parse_args(argv)
     doc = card(args) if args.card else bench(args)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.with_suffix(".json").write_text(json.dumps(doc, indent=1) + "\n")

@@ -98,22 +98,33 @@ def parser() -> argparse.ArgumentParser:
     g.add_argument("--json", action="store_true", help="print one JSON object")
     g.add_argument("--colour", action="store_true", help="colour even when stdout is not a terminal")
     g.set_defaults(func=cmd_generate)
-    b = sub.add_parser("bench", help="speculative vs autoregressive (and transformers) on prompt suites")
-    b.set_defaults(func=lambda a: __import__("app.bench", fromlist=["main"]).main(a))
-    b.add_argument("rest", nargs=argparse.REMAINDER)
-    t = sub.add_parser("train", help="rebuild the bundled model family")
-    t.add_argument("rest", nargs=argparse.REMAINDER)
-    t.set_defaults(func=lambda a: (__import__("app.train", fromlist=["main"]).main(a.rest), 0)[1])
+    # bench and train parse their own options (see --help on each).
+    sub.add_parser("bench", help="speculative vs autoregressive (and transformers) on prompt suites", add_help=False)
+    sub.add_parser("train", help="rebuild the bundled model family", add_help=False)
     return ap
 
 
+def _delegate(command: str, rest: list[str]) -> int:
+    if command == "bench":
+        from app import bench
+
+        return bench.main(rest)
+    from app import train
+
+    train.main(rest)
+    return 0
+
+
 def main(argv=None) -> int:
-    args = parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
     from transformers.utils import logging as hf_logging
 
     hf_logging.set_verbosity_error()  # stderr carries our one-line errors and summary only
     hf_logging.disable_progress_bar()
     try:
+        if argv and argv[0] in ("bench", "train"):
+            return _delegate(argv[0], argv[1:])
+        args = parser().parse_args(argv)
         return args.func(args)
     except SpecError as e:
         print(f"error: {e}", file=sys.stderr)
