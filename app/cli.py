@@ -15,7 +15,7 @@ RESET = "\x1b[0m"
 
 def add_generation_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--target", help="Hub id or local dir (default: the bundled stdlib-code target)")
-    ap.add_argument("--draft", help="Hub id, local dir, prompt-lookup or early-exit:N (default: bundled distilled draft)")
+    ap.add_argument("--draft", help="Hub id, local dir, prompt-lookup or early-exit:N (default: bundled draft)")
     ap.add_argument("--k", type=int, help="draft length; alone it means a fixed k (default: adaptive)")
     ap.add_argument("--k-policy", choices=["fixed", "heuristic", "adaptive"])
     ap.add_argument("--k-max", type=int, default=8, help="upper bound for heuristic and adaptive k")
@@ -69,7 +69,8 @@ def cmd_generate(args) -> int:
             print(f"{COLOURS[kind]}{piece}{RESET}" if colour else piece, end="")
     print()
     st = doc["stats"]
-    line = f"\n{st['new_tokens']} tokens in {st['elapsed_s']:.2f}s ({st['tokens_per_s']:.1f} tok/s), {st['target_passes']} target passes"
+    line = (f"\n{st['new_tokens']} tokens in {st['elapsed_s']:.2f}s ({st['tokens_per_s']:.1f} tok/s), "
+            f"{st['target_passes']} target passes")
     if draft:
         line += (f"; acceptance {_pct(st['acceptance_rate'])} of drafts, alpha {_pct(st['alpha'])}, "
                  f"{st['tokens_per_pass']:.2f} tokens/pass, theoretical speedup {_num(st['theoretical_speedup'])}x")
@@ -129,6 +130,7 @@ def main(argv=None) -> int:
     except SpecError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    except (OSError, RuntimeError) as e:
-        print(f"error: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}", file=sys.stderr)
+    except Exception as e:  # anything else still ends in one line, never a traceback
+        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        print(f"error: {type(e).__name__}: {first}", file=sys.stderr)
         return 1

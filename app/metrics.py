@@ -84,7 +84,7 @@ def acceptance_by_position(steps: Sequence[Step]) -> list[float]:
                 offered.append(0), kept.append(0)
             offered[i] += 1
             kept[i] += i < s.accepted
-    return [k / o for k, o in zip(kept, offered)]
+    return [k / o for k, o in zip(kept, offered, strict=True)]
 
 
 def report(steps: Sequence[Step], target: str, draft: str | None, settings: dict) -> dict:

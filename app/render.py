@@ -21,21 +21,20 @@ LEGEND = (
 CLASS = {ACCEPTED: "acc", CORRECTED: "cor", BONUS: "bon", REJECTED: "rej", TARGET: "tgt"}
 
 
-def _esc(piece: str) -> str:
-    # Visible marks for whitespace-only drafts, so a rejected newline can still be seen.
-    return html.escape(piece)
-
-
 def pane_html(prompt: str, steps: Sequence[Step], kind_classes: bool = True) -> str:
-    """The prompt, then every round as a shaded group of coloured token spans."""
+    """The prompt, then every round as a shaded group of coloured token spans.
+
+    kind_classes=False gives plain text, for the autoregressive pane.
+    """
     parts = [f'<div class="pane"><span class="prompt">{html.escape(prompt)}</span>']
+    if not kind_classes:
+        return parts[0] + html.escape("".join(s.text for s in steps)) + "</div>"
     for s in steps:
         tokens = "".join(
-            f'<span class="tok {CLASS[kind]}" data-kind="{kind}">{_esc(piece)}</span>' if kind_classes
-            else _esc(piece)
+            f'<span class="tok {CLASS[kind]}" data-kind="{kind}">{html.escape(piece)}</span>'
             for piece, kind in s.spans()
         )
-        title = f"round {s.round}: k={s.k}, kept {s.accepted} of {len(s.drafted)}" if s.drafted else f"round {s.round}"
+        title = f"round {s.round}: k={s.k}, kept {s.accepted} of {len(s.drafted)}" if s.drafted else ""
         parts.append(f'<span class="round r{s.round % 2}" title="{title}">{tokens}</span>')
     parts.append("</div>")
     return "".join(parts)
@@ -80,7 +79,7 @@ def summary_markdown(spec: Sequence[Step], ar: Sequence[Step]) -> str:
     return head + "\n\n" + table
 
 
-def greedy_check(spec: Sequence[Step], ar: Sequence[Step], greedy: bool) -> str:
+def greedy_check(spec: Sequence[Step], ar: Sequence[Step], greedy: bool, done: bool = True) -> str:
     """Under greedy decoding both panes must be identical, token for token."""
     if not greedy:
         return ("Sampling: the two panes use different random draws, so their texts differ; "
@@ -88,11 +87,14 @@ def greedy_check(spec: Sequence[Step], ar: Sequence[Step], greedy: bool) -> str:
     a = [t for s in ar for t in s.emitted]
     b = [t for s in spec for t in s.emitted]
     n = min(len(a), len(b))
-    if a[:n] == b[:n]:
-        state = "so far" if len(a) != len(b) else ""
-        return f"✅ Greedy check: the two outputs are identical {state}({n} tokens)."
-    first = next(i for i in range(n) if a[i] != b[i])
-    return f"❌ Greedy check: the outputs differ at token {first}."
+    if a[:n] != b[:n]:
+        first = next(i for i in range(n) if a[i] != b[i])
+        return f"❌ Greedy check failed: the outputs differ at token {first}."
+    if not done:
+        return f"⏳ Greedy check: identical so far ({n} tokens)."
+    if len(a) != len(b):
+        return f"❌ Greedy check failed: {len(b)} speculative tokens against {len(a)} autoregressive."
+    return f"✅ Greedy check passed: the two outputs are identical, token for token ({n} tokens)."
 
 
 def decision_rows(step: Step) -> list[list]:

@@ -54,6 +54,11 @@ FAMILY = (
     Shape("draft-weak", 1, 64, 128, 2, 1, steps=60, lr=2e-3, distill=False),
 )
 KD_WEIGHT = 0.7  # share of the distilled draft's loss that is KL to the target
+# On-policy distillation (as in DistillSpec): after the corpus phase, the distilled draft
+# also learns on the target's own greedy continuations, the text it will be asked to predict.
+ON_POLICY_BATCHES = 80  # generation batches of the target
+ON_POLICY_BATCH, ON_POLICY_PREFIX, ON_POLICY_NEW = 64, 128, 128
+ON_POLICY_STEPS = 1500  # extra optimiser steps on those continuations
 
 
 def stdlib_files(root: Path | None = None) -> list[Path]:
@@ -154,9 +159,31 @@ def held_out_loss(model: LlamaForCausalLM, stream: torch.Tensor, ctx: int, max_w
     return sum(losses) / max(len(losses), 1)
 
 
-def train_one(shape, model, data, args, log, teacher=None, held=None) -> dict:
-    """Train one model; the distilled draft also matches the teacher's distribution."""
-    steps = max(1, round(shape.steps * args.scale))
+@torch.inference_mode()
+def greedy_continuations(teacher, stream: torch.Tensor, args, gen: torch.Generator) -> torch.Tensor:
+    """(N, prefix + new) rows: corpus prefixes followed by the teacher's greedy continuation."""
+    n_batches = max(1, round(ON_POLICY_BATCHES * args.scale))
+    prefix, new = min(ON_POLICY_PREFIX, args.ctx // 2), min(ON_POLICY_NEW, args.ctx // 2)
+    rows = []
+    for _ in tqdm(range(n_batches), desc="target greedy continuations", mininterval=5):
+        starts = torch.randint(0, len(stream) - prefix, (ON_POLICY_BATCH,), generator=gen).tolist()
+        x = torch.stack([stream[s : s + prefix] for s in starts])
+        rows.append(teacher.generate(x, max_new_tokens=new, min_new_tokens=new, do_sample=False,
+                                     pad_token_id=teacher.config.pad_token_id))
+    return torch.cat(rows)
+
+
+def row_batches(rows: torch.Tensor, batch: int, gen: torch.Generator):
+    while True:
+        yield rows[torch.randint(0, len(rows), (batch,), generator=gen)]
+
+
+def train_one(shape, model, data, args, log, teacher=None, held=None, steps=None, hard=False) -> dict:
+    """Train one model; the distilled draft also matches the teacher's distribution.
+
+    hard=True adds cross-entropy to the teacher's argmax, which is what greedy acceptance needs.
+    """
+    steps = max(1, round((steps or shape.steps) * args.scale))
     warmup = max(1, steps // 20)
     opt = torch.optim.AdamW(model.parameters(), lr=shape.lr, weight_decay=0.1, betas=(0.9, 0.95))
     sched = torch.optim.lr_scheduler.LambdaLR(
@@ -178,6 +205,8 @@ def train_one(shape, model, data, args, log, teacher=None, held=None) -> dict:
                 F.log_softmax(logits, -1).flatten(0, 1), F.log_softmax(p_logits, -1).flatten(0, 1),
                 log_target=True, reduction="batchmean",
             )
+            if hard:
+                ce = F.cross_entropy(logits.flatten(0, 1), p_logits.argmax(-1).flatten())
             loss = (1 - KD_WEIGHT) * ce + KD_WEIGHT * kl
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -220,7 +249,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--scale", type=float, default=1.0, help="multiplies every model's step count")
     ap.add_argument("--max-files", type=int, default=0, help="use only the first N corpus files (0: all)")
-    ap.add_argument("--only", nargs="*", default=None, help="train only these members (target is needed by distillation)")
+    ap.add_argument("--only", nargs="*", default=None,
+                    help="train only these members (distillation reads the saved target)")
     return ap.parse_args(argv)
 
 
@@ -230,7 +260,7 @@ def main(argv=None) -> dict:
     torch.manual_seed(args.seed)
     args.out.mkdir(parents=True, exist_ok=True)
     log_path = args.out / "training_log.jsonl"
-    log_file = log_path.open("w")
+    log_file = log_path.open("a" if args.only else "w")
 
     def log(record: dict) -> None:
         log_file.write(json.dumps(record) + "\n")
@@ -246,25 +276,36 @@ def main(argv=None) -> dict:
     held_stream = encode_stream(tokenizer, held_texts)
     log(dict(train_tokens=len(train_stream), held_out_tokens=len(held_stream), vocab=len(tokenizer)))
 
-    results, target = {}, None
+    results = {}
     for shape in FAMILY:
-        if args.only and shape.name not in args.only and not (shape.name == "target" and any(
-                s.distill for s in FAMILY if s.name in args.only)):
+        if args.only and shape.name not in args.only:
             continue
         torch.manual_seed(args.seed)
         model = build_model(shape, tokenizer, args.ctx)
         data = batches(train_stream, args.batch, args.ctx, torch.Generator().manual_seed(args.seed))
-        teacher = target if shape.distill else None
-        if teacher is not None:
-            teacher.eval()
+        # The teacher is the target as shipped (fp16 on disk, fp32 in memory), the one the app runs.
+        teacher = load_teacher(args.out / "target") if shape.distill else None
         info = train_one(shape, model, data, args, log, teacher=teacher, held=held_stream)
+        if teacher is not None:
+            rows = greedy_continuations(teacher, train_stream, args, torch.Generator().manual_seed(args.seed))
+            log(dict(on_policy_rows=len(rows), on_policy_tokens=rows.numel()))
+            per_step = max(1, args.batch * args.ctx // rows.shape[1])  # same tokens per step as before
+            data = row_batches(rows, per_step, torch.Generator().manual_seed(args.seed))
+            on_policy = train_one(shape, model, data, args, log, teacher=teacher, held=held_stream,
+                                  steps=ON_POLICY_STEPS, hard=True)
+            info = on_policy | dict(corpus_phase=info, on_policy_rows=len(rows),
+                                    tokens_trained=info["tokens_trained"] + on_policy["tokens_trained"])
         info |= dict(shape=asdict(shape), command=f"python -m app train --out {args.out} --seed {args.seed}")
         save(model, tokenizer, args.out / shape.name, info)
         results[shape.name] = info
-        if shape.name == "target":
-            target = model
     log_file.close()
     return results
+
+
+def load_teacher(path: Path) -> LlamaForCausalLM:
+    if not path.exists():
+        raise SystemExit(f"distillation needs the target at {path}: train it first (omit --only)")
+    return LlamaForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
 
 
 if __name__ == "__main__":

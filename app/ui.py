@@ -114,7 +114,7 @@ def generate_both(prompt, target, custom_target, draft, custom_draft, chat, deco
                 if now - last_plot >= PLOT_EVERY:
                     figures, last_plot = _figures(spec, ar), now
                 last_text = now
-                yield _outputs(shown, spec, ar, s.greedy, figures, None)
+                yield _outputs(shown, spec, ar, s.greedy, figures, None, done=False)
         doc = {"speculative": metrics.report(spec, pair.target_name, pair.draft_name, _settings(s, sp, r)),
                "autoregressive": metrics.report(ar, pair.target_name, None, _settings(s, sp, r))}
         doc["comparison"] = metrics.compare(doc["speculative"]["stats"], doc["autoregressive"]["stats"])
@@ -132,9 +132,9 @@ def _settings(s, sp, r) -> dict:
     return dict(sampling=asdict(s), speculation=asdict(sp), run=asdict(r))
 
 
-def _outputs(prompt, spec, ar, greedy, figures, doc):
+def _outputs(prompt, spec, ar, greedy, figures, doc, done=True):
     return (render.pane_html(prompt, spec), render.pane_html(prompt, ar, kind_classes=False),
-            render.greedy_check(spec, ar, greedy), render.summary_markdown(spec, ar), *figures,
+            render.greedy_check(spec, ar, greedy, done), render.summary_markdown(spec, ar), *figures,
             doc if doc is not None else gr.skip())
 
 
@@ -197,10 +197,10 @@ def build_ui() -> gr.Blocks:
             with gr.Column(scale=2):
                 with gr.Accordion("Models", open=True):
                     target = gr.Dropdown(list(models.TARGET_PRESETS), value=next(iter(models.TARGET_PRESETS)),
-                                         label="Target")
+                                         label="Target", allow_custom_value=True)
                     custom_target = gr.Textbox(label="…or a custom target (Hub id or local directory)")
                     draft = gr.Dropdown(list(models.DRAFT_PRESETS), value=next(iter(models.DRAFT_PRESETS)),
-                                        label="Draft")
+                                        label="Draft", allow_custom_value=True)
                     custom_draft = gr.Textbox(label="…or a custom draft (Hub id, local dir, prompt-lookup, "
                                                     "early-exit:N)")
                     load_btn = gr.Button("Load pair", size="sm")

@@ -1,7 +1,7 @@
 """Greedy speculative output is token for token the target's own greedy output."""
 
 import pytest
-from conftest import noisy_copy, run, tiny_llama
+from conftest import run, tiny_llama
 
 from app.proposers import ModelProposer, PromptLookup, early_exit
 

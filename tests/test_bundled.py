@@ -1,0 +1,86 @@
+"""The bundled family: loads offline, is really trained, and stays lossless with every draft."""
+
+import json
+import math
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from app import engine, models, train
+from app.config import RunConfig, SpecConfig
+
+NAMES = ["target", "draft-distilled", "draft-small", "draft-weak"]
+pytestmark = pytest.mark.skipif(not (models.BUNDLED / "target").exists(), reason="bundled models not built")
+
+
+@pytest.fixture(scope="module")
+def held_out_text():
+    _, held = train.split_corpus(train.stdlib_files())
+    return held[0][:6000]
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_loads_offline_as_plain_transformers(name, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    path = models.BUNDLED / name
+    for f in ("config.json", "model.safetensors", "tokenizer.json", "generation_config.json"):
+        assert (path / f).exists(), f
+    model = AutoModelForCausalLM.from_pretrained(path)
+    tok = AutoTokenizer.from_pretrained(path)
+    assert model.config.model_type == "llama" and model.config.vocab_size == len(tok)
+    assert tok.bos_token == "<|bos|>" and tok.eos_token == "<|endoftext|>" and tok.pad_token == "<|pad|>"
+    loaded, _ = models.load(str(path), device="cpu")
+    assert loaded.dtype == torch.float32, "fp16 on disk is upcast on CPU"
+
+
+def test_tokenizer_round_trips_and_keeps_indentation_apart():
+    tok = AutoTokenizer.from_pretrained(models.BUNDLED / "target")
+    text = "def f(x):\n    return 'naïve ✓ 日本'  # tab\there\n\n\tpass\r\n"
+    ids = tok(text)["input_ids"]
+    assert ids[0] == tok.bos_token_id
+    assert tok.decode(ids, skip_special_tokens=True) == text
+    pieces = tok.convert_ids_to_tokens(tok("if x:\n        y = 1\n")["input_ids"][1:])
+    assert "Ċ" in pieces, "a newline is a token of its own"
+    assert "ĠĠĠĠĠĠĠĠ" in pieces, "the indentation after it is a token of its own"
+
+
+def held_out_loss(model, tok, text) -> float:
+    ids = torch.tensor([tok(text)["input_ids"][:512]])
+    with torch.no_grad():
+        return model(input_ids=ids, labels=ids).loss.item()
+
+
+def test_target_is_really_trained(held_out_text):
+    model, tok = models.load(models.DEFAULT_TARGET)
+    bound = 0.6 * math.log(len(tok))  # uniform over the vocabulary is log V nats per token
+    assert held_out_loss(model, tok, held_out_text) < bound
+    torch.manual_seed(0)
+    random = AutoModelForCausalLM.from_config(model.config).eval()
+    assert held_out_loss(random, tok, held_out_text) > bound, "the bound must fail for random weights"
+
+
+@pytest.mark.parametrize("draft", NAMES[1:])
+def test_greedy_speculative_equals_target_greedy(draft, held_out_text):
+    pair = models.load_pair(models.DEFAULT_TARGET, str(models.BUNDLED / draft))
+    ids = pair.tokenizer(held_out_text[:800])["input_ids"]
+    run = RunConfig(48)
+    ar = [t for s in engine.generate(pair.target, pair.tokenizer, ids, None, run=run) for t in s.emitted]
+    spec = [t for s in engine.generate(pair.target, pair.tokenizer, ids, pair.proposer(),
+                                       spec=SpecConfig(k=4, k_policy="fixed"), run=run) for t in s.emitted]
+    assert spec == ar and len(ar) == 48
+
+
+def test_training_command_runs_end_to_end(tmp_path):
+    out = tmp_path / "family"
+    results = train.main(["--out", str(out), "--max-files", "6", "--scale", "0.002", "--ctx", "64",
+                          "--vocab-size", "400", "--batch", "2"])
+    assert set(results) == set(NAMES)
+    for name in NAMES:
+        model = AutoModelForCausalLM.from_pretrained(out / name)
+        assert model.config.vocab_size == len(AutoTokenizer.from_pretrained(out / name))
+        info = json.loads((out / name / "training.json").read_text())
+        assert info["held_out_loss"] > 0 and info["command"].startswith("python -m app train")
+    log = [json.loads(line) for line in (out / "training_log.jsonl").read_text().splitlines()]
+    assert sum("done" in r for r in log) == len(NAMES) + 1  # the distilled draft logs two phases
+    assert any("on_policy_rows" in r for r in log)
