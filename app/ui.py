@@ -30,8 +30,8 @@ CSS = (models.ROOT / "assets" / "style.css").read_text()
 TIMING_NOTE = ("**Timing:** both panes run on the same device, interleaved round by round. Each has its own "
                "clock that stops while the other runs, and the pane that is behind on its own clock goes "
                "next, so neither slows the other and their progress on screen keeps the true ratio.")
-UPDATE_EVERY = 0.15  # seconds between streamed text updates
-PLOT_EVERY = 0.8  # seconds between plot updates: figures are heavier than text
+UPDATE_EVERY = 0.25  # seconds between streamed text updates; rendering shares the CPU
+PLOT_EVERY = 1.5  # seconds between plot updates: figures are heavier than text
 EXPLANATION = """
 **Speculative decoding** (Leviathan et al. 2023; Chen et al. 2023) makes a large *target* model
 faster without changing what it writes.

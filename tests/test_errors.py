@@ -123,6 +123,6 @@ def test_cli_json_for_a_real_local_pair(pair_dir):
         assert key in step
     assert {"p", "q", "accept_prob", "u", "accepted"} <= set(step["decisions"][0])
     assert doc["stats"]["target_passes"] == len(doc["steps"])
-    ar = subprocess.run(cmd[:-5] + ["--mode", "autoregressive", "--json"],
+    ar = subprocess.run(cmd[:-3] + ["--mode", "autoregressive", "--json"],
                         capture_output=True, text=True, timeout=300)
     assert json.loads(ar.stdout)["token_ids"] == doc["token_ids"]

@@ -147,6 +147,25 @@ def test_gradio_client_greedy_generation(server):
     assert again[-1]["speculative"]["token_ids"] == again[-1]["autoregressive"]["token_ids"]
 
 
+def test_gradio_client_steps_one_round_at_a_time(server):
+    from gradio_client import Client
+
+    client = Client(server, verbose=False)
+    args = (PROMPT, "stdlib-code target (bundled)", "", "distilled draft (bundled)", "", False, "sampling", 0.9,
+            0, 1.0, 3, 32, "fixed", 4)
+    notes = []
+    for _ in range(3):
+        pane, table, note, fig = client.predict(*args, api_name="/step")
+        notes.append(note)
+        rows = table["data"]
+        assert rows[-1][-1].split(":")[0] in ("corrected", "bonus")
+        judged = [r for r in rows if r[-1] in ("accept", "reject")]
+        for token, q, p, a, u, decision in judged:
+            assert a == pytest.approx(min(1.0, p / q), rel=0.02, abs=2e-3)
+            assert (u < a) == (decision == "accept")
+    assert [n.split("**")[1] for n in notes] == ["Round 1", "Round 2", "Round 3"]
+
+
 CHROMIUM = "/usr/bin/chromium"
 
 
