@@ -73,7 +73,10 @@ def tokens_per_round(steps: Sequence[Step]) -> go.Figure:
 
 def decision_figure(step: Step) -> go.Figure:
     """p, q and the residual norm(max(0, p - q)) over the top tokens where the target chose."""
-    labels = [repr(t[1])[1:-1] or f"#{t[0]}" for t in step.top]
+    labels = []
+    for t in step.top:  # whitespace made visible, and never two bars under one label
+        label = visible(t[1]) or f"#{t[0]}"
+        labels.append(label if label not in labels else f"{label} #{t[0]}")
     fig = go.Figure([
         go.Bar(x=labels, y=[t[2] for t in step.top], name="p (target)", marker_color=COLOURS["accepted"]),
         go.Bar(x=labels, y=[t[3] for t in step.top], name="q (draft)", marker_color=COLOURS["rejected"]),
@@ -82,8 +85,13 @@ def decision_figure(step: Step) -> go.Figure:
                marker_color=COLOURS["corrected"] if step.token_kind == "corrected" else COLOURS["bonus"]),
     ])
     fig.update_layout(barmode="group")
-    return _layout(fig, f"round {step.round}: where the target's token {step.token_text!r} came from", "token",
-                   "probability")
+    return _layout(fig, f"round {step.round}: where the target's token “{visible(step.token_text)}” came from",
+                   "token", "probability")
+
+
+def visible(piece: str) -> str:
+    """Token text with spaces, tabs and newlines drawn, for axis labels."""
+    return piece.replace(" ", "␣").replace("\t", "⇥").replace("\n", "↵")
 
 
 def bench_figure(doc: dict) -> go.Figure:

@@ -160,7 +160,7 @@ def test_gradio_client_steps_one_round_at_a_time(server):
         rows = table["data"]
         assert rows[-1][-1].split(":")[0] in ("corrected", "bonus")
         judged = [r for r in rows if r[-1] in ("accept", "reject")]
-        for token, q, p, a, u, decision in judged:
+        for _token, q, p, a, u, decision in judged:
             assert a == pytest.approx(min(1.0, p / q), rel=0.02, abs=2e-3)
             assert (u < a) == (decision == "accept")
     assert [n.split("**")[1] for n in notes] == ["Round 1", "Round 2", "Round 3"]
