@@ -92,8 +92,20 @@ def _decisions(drafts, texts, v: verify.Verdict) -> list[Decision]:
     ]
 
 
-def _top(tokenizer, p_row, q_row, residual, size=TOP_N) -> list[tuple]:
-    """The few tokens that matter at the decision point: top of p and of the residual."""
+def _top(tokenizer, proposal: Proposal, p_logits, v: verify.Verdict, cfg: SamplingConfig,
+         size: int = TOP_N) -> list[tuple]:
+    """(id, text, p, q, residual) for the few tokens that matter where the target chose its token.
+
+    Under greedy decoding p is shown as softmax(logits) so there is something to see.
+    """
+    n, drafts, residual = v.accepted, proposal.tokens, v.residual
+    if n == len(drafts):
+        q_row = torch.zeros(1, device=p_logits.device)
+    elif proposal.q is not None:
+        q_row = proposal.q[n]
+    else:
+        q_row = verify.one_hot_q(drafts[n : n + 1], p_logits.shape[-1], p_logits.device)[0]
+    p_row = p_logits[n].float().softmax(-1) if cfg.greedy else sampling.probs(p_logits[n], cfg)
     width = max(len(p_row), len(q_row), len(residual))
     p_row, q_row, residual = (
         torch.nn.functional.pad(t.float().to(p_row.device), (0, width - len(t))) for t in (p_row, q_row, residual)
@@ -161,13 +173,6 @@ def generate(
         if not out.stop_reason and len(ids) >= limit:
             out.stop_reason = "context_full"
         n = v.accepted
-        if n == len(drafts):
-            q_row = torch.zeros(1, device=p_logits.device)
-        elif proposal.q is not None:
-            q_row = proposal.q[n]
-        else:
-            q_row = verify.one_hot_q(drafts[n : n + 1], p_logits.shape[-1], p_logits.device)[0]
-        p_row = p_logits[n].float().softmax(-1) if sampling_cfg.greedy else p[n]
         busy += time.perf_counter() - t0
         yield Step(
             round=rnd, k=k, drafted=drafts, draft_text=texts, accepted=n, token=v.token,
@@ -175,7 +180,7 @@ def generate(
             token_text=token_text, rejected=drafts[n:], emitted=emitted, text=new_text,
             draft_time=t1 - t0, verify_time=t2 - t1, elapsed=busy,
             decisions=_decisions(drafts, texts, v),
-            top=_top(tokenizer, p_row, q_row, v.residual) if not autoregressive else [],
+            top=[] if autoregressive else _top(tokenizer, proposal, p_logits, v, sampling_cfg),
             stop_reason=out.stop_reason,
         )
         if out.stop_reason:
