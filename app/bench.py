@@ -19,8 +19,8 @@ import torch
 
 from app import engine, metrics, models, plots, text
 from app.cache import CachedModel
-from app.cli import add_generation_args, configs, settings_dict
-from app.config import RunConfig, SamplingConfig, SpecConfig
+from app.cli import add_generation_args, configs
+from app.config import RunConfig, SamplingConfig, SpecConfig, settings_dict
 from app.train import HELD_OUT, stdlib_files
 
 PROMPTS_FILE = models.ROOT / "assets" / "prompts.json"
@@ -50,11 +50,6 @@ def suite(name: str) -> list[str]:
     return held_out_prompts() + [e["prompt"] for e in examples if e["kind"] == "prose"]
 
 
-def _sync(model) -> None:
-    if model.device.type == "cuda":
-        torch.cuda.synchronize()
-
-
 @torch.inference_mode()
 def decode_seconds_per_token(model, prompt_ids: list[int], n: int = 64) -> float:
     """Batch-1 cached decode time per token, as the engine runs a draft or a target."""
@@ -63,11 +58,11 @@ def decode_seconds_per_token(model, prompt_ids: list[int], n: int = 64) -> float
     tok = int(logits[-1].argmax())
     for _ in range(4):  # warm-up
         tok = int(lm.extend([tok])[-1].argmax())
-    _sync(model)
+    engine.sync(model.device)
     start = time.perf_counter()
     for _ in range(n):
         tok = int(lm.extend([tok])[-1].argmax())
-    _sync(model)
+    engine.sync(model.device)
     return (time.perf_counter() - start) / n
 
 
@@ -82,10 +77,10 @@ def hf_generate(target, ids: list[int], n: int, assistant=None, lookup: int | No
         kw |= dict(assistant_model=assistant)
     if lookup:
         kw |= dict(prompt_lookup_num_tokens=lookup)
-    _sync(target)
+    engine.sync(target.device)
     start = time.perf_counter()
     out = target.generate(x, **kw)
-    _sync(target)
+    engine.sync(target.device)
     return out[0, len(ids):].tolist(), time.perf_counter() - start
 
 

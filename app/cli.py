@@ -5,9 +5,8 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from dataclasses import asdict
 
-from app.config import RunConfig, SamplingConfig, SpecConfig, SpecError
+from app.config import RunConfig, SamplingConfig, SpecConfig, SpecError, settings_dict
 
 COLOURS = {"accepted": "\x1b[32m", "corrected": "\x1b[31m", "bonus": "\x1b[34m", "rejected": "\x1b[2;9m", "target": ""}
 RESET = "\x1b[0m"
@@ -38,10 +37,6 @@ def configs(args) -> tuple[SamplingConfig, SpecConfig, RunConfig]:
         SpecConfig(k=k, k_policy=policy, k_max=max(args.k_max, k) if policy != "fixed" else args.k_max),
         RunConfig(args.max_new_tokens, tuple(args.stop), args.chat),
     )
-
-
-def settings_dict(mode, s: SamplingConfig, sp: SpecConfig, r: RunConfig) -> dict:
-    return dict(mode=mode, sampling=asdict(s), speculation=asdict(sp), run=asdict(r))
 
 
 def cmd_generate(args) -> int:

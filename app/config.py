@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 MAX_NEW_TOKENS_CAP = 2048  # above this a request is refused: the app is shared by many users
 K_MAX = 16  # largest draft length any policy may choose
@@ -64,3 +64,8 @@ class RunConfig:
             raise SpecError(
                 f"max new tokens must be between 1 and {MAX_NEW_TOKENS_CAP}, got {self.max_new_tokens}"
             )
+
+
+def settings_dict(mode: str, s: SamplingConfig, sp: SpecConfig, r: RunConfig) -> dict:
+    """The settings of a run as they appear in every JSON document."""
+    return dict(mode=mode, sampling=asdict(s), speculation=asdict(sp), run=asdict(r))

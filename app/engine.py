@@ -43,7 +43,8 @@ def context_length(*models: PreTrainedModel) -> int:
     return min(getattr(m.config, "max_position_embeddings", None) or 1 << 20 for m in models)
 
 
-def _sync(device: torch.device) -> None:
+def sync(device: torch.device) -> None:
+    """Wait for queued device work, so a timer reads real time on CUDA."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 
@@ -148,7 +149,7 @@ def generate(
         k = 0 if autoregressive else min(policy.next_k(), run.max_new_tokens - len(out.ids) - 1, limit - len(ids) - 1)
         t0 = time.perf_counter()
         proposal = proposer.propose(k, sampling_cfg, gen)
-        _sync(lm.device)
+        sync(lm.device)
         t1 = time.perf_counter()
         drafts = proposal.tokens
         base = len(ids)
@@ -161,7 +162,7 @@ def generate(
             v = verify.speculative_sampling(drafts, p, q, gen)
         lm.rollback(base + v.accepted)
         proposer.commit(v.accepted, v.token)
-        _sync(lm.device)
+        sync(lm.device)
         t2 = time.perf_counter()
         policy.update(len(drafts), v.accepted, t1 - t0, t2 - t1)
 

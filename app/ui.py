@@ -15,7 +15,7 @@ import gradio as gr
 import torch
 
 from app import engine, metrics, models, plots, render, text
-from app.config import MAX_NEW_TOKENS_CAP, RunConfig, SamplingConfig, SpecConfig, SpecError
+from app.config import MAX_NEW_TOKENS_CAP, RunConfig, SamplingConfig, SpecConfig, SpecError, settings_dict
 
 try:  # On Hugging Face ZeroGPU the device is lent per call; elsewhere this is a no-op.
     import spaces
@@ -115,8 +115,9 @@ def generate_both(prompt, target, custom_target, draft, custom_draft, chat, deco
                     figures, last_plot = _figures(spec, ar), now
                 last_text = now
                 yield _outputs(shown, spec, ar, s.greedy, figures, None, done=False)
-        doc = {"speculative": metrics.report(spec, pair.target_name, pair.draft_name, _settings(s, sp, r)),
-               "autoregressive": metrics.report(ar, pair.target_name, None, _settings(s, sp, r))}
+        doc = {"speculative": metrics.report(spec, pair.target_name, pair.draft_name,
+                                             settings_dict("speculative", s, sp, r)),
+               "autoregressive": metrics.report(ar, pair.target_name, None, settings_dict("autoregressive", s, sp, r))}
         doc["comparison"] = metrics.compare(doc["speculative"]["stats"], doc["autoregressive"]["stats"])
         yield _outputs(shown, spec, ar, s.greedy, _figures(spec, ar), doc)
     except SpecError as e:
@@ -124,12 +125,6 @@ def generate_both(prompt, target, custom_target, draft, custom_draft, chat, deco
     except torch.cuda.OutOfMemoryError:
         torch.cuda.empty_cache()
         raise gr.Error("out of memory: try a smaller model, fewer new tokens or a shorter prompt") from None
-
-
-def _settings(s, sp, r) -> dict:
-    from dataclasses import asdict
-
-    return dict(sampling=asdict(s), speculation=asdict(sp), run=asdict(r))
 
 
 def _outputs(prompt, spec, ar, greedy, figures, doc, done=True):

@@ -11,7 +11,6 @@ from app import engine, models, train
 from app.config import RunConfig, SpecConfig
 
 NAMES = ["target", "draft-distilled", "draft-small", "draft-weak"]
-pytestmark = pytest.mark.skipif(not (models.BUNDLED / "target").exists(), reason="bundled models not built")
 
 
 @pytest.fixture(scope="module")
