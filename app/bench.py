@@ -193,7 +193,7 @@ def main(argv: list[str]) -> int:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.with_suffix(".json").write_text(json.dumps(doc, indent=1) + "\n")
     if not args.card:
-        plots.bench_figure(doc).write_html(args.out.with_suffix(".html"), include_plotlyjs="cdn")
+        plots.bench_figure(doc).write_html(args.out.with_suffix(".html"), include_plotlyjs=True)  # works offline
     json.dump(doc.get("summary", doc), sys.stdout, indent=1)
     print()
     return 0
