@@ -167,11 +167,13 @@ def test_gradio_client_steps_one_round_at_a_time(server):
 
 
 CHROMIUM = "/usr/bin/chromium"
+needs_browser = pytest.mark.skipif(not Path(CHROMIUM).exists() and not os.environ.get("REQUIRE_BROWSER"),
+                                   reason="Debian's chromium is not installed (.ci/run installs it)")
 
 
-@pytest.mark.skipif(not Path(CHROMIUM).exists() and not os.environ.get("REQUIRE_BROWSER"),
-                    reason="Debian's chromium is not installed (.ci/run installs it)")
-def test_browser_shows_tokens_plots_and_speedup(server):
+@pytest.fixture
+def page(server):
+    """A headless Debian Chromium page on the app, launched the way this machine allows."""
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as pw:
@@ -180,41 +182,36 @@ def test_browser_shows_tokens_plots_and_speedup(server):
             "--disable-background-networking", "--disable-component-update", "--disable-sync"])
         page = browser.new_page(viewport={"width": 1400, "height": 1700})
         page.goto(server, wait_until="domcontentloaded")
-        page.get_by_role("button", name="Generate", exact=True).click()
-        page.wait_for_selector("#spec-pane .tok.acc", timeout=120_000)
-        page.wait_for_selector("#greedy-check :text('token for token')", timeout=180_000)
-        page.wait_for_selector("#plot-time .js-plotly-plot", timeout=60_000)
-        assert page.locator("#spec-pane .tok.acc").count() > 0
-        assert page.locator("#spec-pane .tok.bon, #spec-pane .tok.cor").count() > 0
-        assert page.locator(".js-plotly-plot").count() >= 5
-        summary = page.locator("#summary").inner_text()
-        assert "Speedup" in summary and "×" in summary
-        page.wait_for_timeout(500)
-        page.screenshot(path=str(ROOT / "assets" / "screenshot.png"), full_page=True)
+        yield page
         browser.close()
 
 
-@pytest.mark.skipif(not Path(CHROMIUM).exists() and not os.environ.get("REQUIRE_BROWSER"),
-                    reason="Debian's chromium is not installed (.ci/run installs it)")
-def test_browser_stop_button_cancels_both_panes(server):
-    from playwright.sync_api import sync_playwright
+@needs_browser
+def test_browser_shows_tokens_plots_and_speedup(page):
+    page.get_by_role("button", name="Generate", exact=True).click()
+    page.wait_for_selector("#spec-pane .tok.acc", timeout=120_000)
+    page.wait_for_selector("#greedy-check :text('token for token')", timeout=180_000)
+    page.wait_for_selector("#plot-time .js-plotly-plot", timeout=60_000)
+    assert page.locator("#spec-pane .tok.acc").count() > 0
+    assert page.locator("#spec-pane .tok.bon, #spec-pane .tok.cor").count() > 0
+    assert page.locator(".js-plotly-plot").count() >= 5
+    summary = page.locator("#summary").inner_text()
+    assert "Speedup" in summary and "×" in summary
+    page.wait_for_timeout(500)
+    page.screenshot(path=str(ROOT / "assets" / "screenshot.png"), full_page=True)
 
-    with sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=CHROMIUM, args=[
-            "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
-            "--disable-component-update", "--disable-sync"])
-        page = browser.new_page(viewport={"width": 1400, "height": 1600})
-        page.goto(server, wait_until="domcontentloaded")
-        page.get_by_text("Decoding", exact=True).click()
-        box = page.get_by_label("number input for Max new tokens")
-        box.fill("2000")
-        box.press("Enter")
-        page.get_by_role("button", name="Generate", exact=True).click()
-        page.wait_for_selector("#spec-pane .tok", timeout=120_000)
-        page.get_by_role("button", name="Stop", exact=True).click()
-        page.wait_for_timeout(1000)
-        spec, ar = page.locator("#spec-pane").inner_text(), page.locator("#ar-pane").inner_text()
-        page.wait_for_timeout(3000)
-        assert page.locator("#spec-pane").inner_text() == spec and page.locator("#ar-pane").inner_text() == ar
-        assert page.locator("#spec-pane .tok").count() < 2000, "stopped long before max new tokens"
-        browser.close()
+
+@needs_browser
+def test_browser_stop_button_cancels_both_panes(page):
+    page.get_by_text("Decoding", exact=True).click()
+    box = page.get_by_label("number input for Max new tokens")
+    box.fill("2000")
+    box.press("Enter")
+    page.get_by_role("button", name="Generate", exact=True).click()
+    page.wait_for_selector("#spec-pane .tok", timeout=120_000)
+    page.get_by_role("button", name="Stop", exact=True).click()
+    page.wait_for_timeout(1000)
+    spec, ar = page.locator("#spec-pane").inner_text(), page.locator("#ar-pane").inner_text()
+    page.wait_for_timeout(3000)
+    assert page.locator("#spec-pane").inner_text() == spec and page.locator("#ar-pane").inner_text() == ar
+    assert page.locator("#spec-pane .tok").count() < 2000, "stopped long before max new tokens"
