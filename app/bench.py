@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from app import engine, metrics, models, plots, text
+from app import engine, metrics, models, plots
 from app.cache import CachedModel
 from app.cli import add_generation_args, configs
 from app.config import RunConfig, SamplingConfig, SpecConfig, settings_dict
@@ -85,8 +85,8 @@ def hf_generate(target, ids: list[int], n: int, assistant=None, lookup: int | No
 
 
 def run_one(pair, prompt: str, s: SamplingConfig, sp: SpecConfig, r: RunConfig, mode: str):
-    ids = text.prompt_ids(pair.tokenizer, prompt, r.chat, engine.context_length(pair.target))
-    proposer = pair.proposer(sp.ngram_max, sp.ngram_min) if mode == "speculative" else None
+    ids = pair.encode(prompt, r.chat)
+    proposer = pair.proposer(sp) if mode == "speculative" else None
     steps = list(engine.generate(pair.target, pair.tokenizer, ids, proposer, s, sp, r))
     return ids, steps
 

@@ -40,7 +40,7 @@ def configs(args) -> tuple[SamplingConfig, SpecConfig, RunConfig]:
 
 
 def cmd_generate(args) -> int:
-    from app import engine, metrics, models, text
+    from app import engine, metrics, models
 
     s, sp, r = configs(args)
     for cfg in (s, sp, r):
@@ -48,8 +48,8 @@ def cmd_generate(args) -> int:
     if not args.prompt or not args.prompt.strip():
         raise SpecError("prompt is empty: pass --prompt TEXT")
     pair = models.load_pair(args.target, args.draft, args.device, args.dtype, draft=args.mode == "speculative")
-    ids = text.prompt_ids(pair.tokenizer, args.prompt, r.chat, engine.context_length(pair.target))
-    proposer = pair.proposer(sp.ngram_max, sp.ngram_min) if args.mode == "speculative" else None
+    ids = pair.encode(args.prompt, r.chat)
+    proposer = pair.proposer(sp) if args.mode == "speculative" else None
     steps = list(engine.generate(pair.target, pair.tokenizer, ids, proposer, s, sp, r))
     draft = pair.draft_name if proposer else None
     doc = metrics.report(steps, pair.target_name, draft, settings_dict(args.mode, s, sp, r))

@@ -16,6 +16,7 @@ from app import sampling, verify
 from app.cache import CachedModel
 from app.config import RunConfig, SamplingConfig, SpecConfig
 from app.events import BONUS, CORRECTED, TARGET, Decision, Step
+from app.models import context_length
 from app.policy import KPolicy, make_policy
 from app.proposers import Proposal, Proposer
 from app.text import Detokenizer
@@ -36,11 +37,6 @@ class NoDraft:
 
     def commit(self, accepted, token):
         pass
-
-
-def context_length(*models: PreTrainedModel) -> int:
-    """Tokens the smallest model can attend to (a large default when a config is silent)."""
-    return min(getattr(m.config, "max_position_embeddings", None) or 1 << 20 for m in models)
 
 
 def sync(device: torch.device) -> None:
@@ -93,11 +89,10 @@ def _decisions(drafts, texts, v: verify.Verdict) -> list[Decision]:
     ]
 
 
-def _top(tokenizer, proposal: Proposal, p_logits, v: verify.Verdict, cfg: SamplingConfig,
-         size: int = TOP_N) -> list[tuple]:
+def _top(tokenizer, proposal: Proposal, p_logits, p, v: verify.Verdict, size: int = TOP_N) -> list[tuple]:
     """(id, text, p, q, residual) for the few tokens that matter where the target chose its token.
 
-    Under greedy decoding p is shown as softmax(logits) so there is something to see.
+    p is None under greedy decoding; then softmax(logits) is shown so there is something to see.
     """
     n, drafts, residual = v.accepted, proposal.tokens, v.residual
     if n == len(drafts):
@@ -106,7 +101,7 @@ def _top(tokenizer, proposal: Proposal, p_logits, v: verify.Verdict, cfg: Sampli
         q_row = proposal.q[n]
     else:
         q_row = verify.one_hot_q(drafts[n : n + 1], p_logits.shape[-1], p_logits.device)[0]
-    p_row = p_logits[n].float().softmax(-1) if cfg.greedy else sampling.probs(p_logits[n], cfg)
+    p_row = p_logits[n].float().softmax(-1) if p is None else p[n]
     width = max(len(p_row), len(q_row), len(residual))
     p_row, q_row, residual = (
         torch.nn.functional.pad(t.float().to(p_row.device), (0, width - len(t))) for t in (p_row, q_row, residual)
@@ -154,6 +149,7 @@ def generate(
         drafts = proposal.tokens
         base = len(ids)
         p_logits = lm.extend(ids[lm.length :] + drafts)[-(len(drafts) + 1) :]
+        p = None
         if sampling_cfg.greedy:
             v = verify.greedy(drafts, p_logits)
         else:
@@ -181,7 +177,7 @@ def generate(
             token_text=token_text, rejected=drafts[n:], emitted=emitted, text=new_text,
             draft_time=t1 - t0, verify_time=t2 - t1, elapsed=busy,
             decisions=_decisions(drafts, texts, v),
-            top=[] if autoregressive else _top(tokenizer, proposal, p_logits, v, sampling_cfg),
+            top=[] if autoregressive else _top(tokenizer, proposal, p_logits, p, v),
             stop_reason=out.stop_reason,
         )
         if out.stop_reason:

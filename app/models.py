@@ -14,7 +14,8 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
-from app.config import SpecError
+from app import text
+from app.config import SpecConfig, SpecError
 from app.proposers import ModelProposer, PromptLookup, Proposer, early_exit
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -160,6 +161,11 @@ def check_compatible(target_tok, draft_tok, target_name: str, draft_name: str) -
     )
 
 
+def context_length(*models: PreTrainedModel) -> int:
+    """Tokens the smallest model can attend to (a large default when a config is silent)."""
+    return min(getattr(m.config, "max_position_embeddings", None) or 1 << 20 for m in models)
+
+
 @dataclass
 class Pair:
     target: PreTrainedModel
@@ -168,10 +174,14 @@ class Pair:
     draft_name: str
     draft_model: PreTrainedModel | None  # None for prompt lookup and early exit
 
-    def proposer(self, ngram_max: int = 3, ngram_min: int = 1) -> Proposer:
+    def encode(self, prompt: str, chat: bool = False) -> list[int]:
+        """The prompt's ids (through the chat template when asked), checked against the context."""
+        return text.prompt_ids(self.tokenizer, prompt, chat, context_length(self.target))
+
+    def proposer(self, spec: SpecConfig = SpecConfig()) -> Proposer:
         """A fresh proposer for one request (its cache and ids are that request's own)."""
         if self.draft_name == PROMPT_LOOKUP:
-            return PromptLookup(ngram_max, ngram_min)
+            return PromptLookup(spec.ngram_max, spec.ngram_min)
         if self.draft_name.startswith(EARLY_EXIT):
             return early_exit(self.target, int(self.draft_name[len(EARLY_EXIT):]))
         return ModelProposer(self.draft_model, self.draft_name)

@@ -20,7 +20,7 @@ from app.config import SamplingConfig
 @dataclass
 class Proposal:
     tokens: list[int]  # the drafts x_1..x_n, n <= k
-    q: torch.Tensor | None  # (n, V) draft distributions after processing; None means one-hot
+    q: torch.Tensor | None  # (n, V) draft distributions after processing; None means one-hot (greedy too)
 
 
 class Proposer(Protocol):
@@ -60,10 +60,13 @@ class ModelProposer:
         logits = self.lm.extend(self.ids[self.lm.length :])[-1]
         tokens, qs = [], []
         for i in range(k):
-            q = sampling.probs(logits[: self.vocab_size], cfg)
-            x = int(q.argmax()) if cfg.greedy else sampling.sample(q, gen)
+            logits = logits[: self.vocab_size]
+            if cfg.greedy:  # q is one-hot on the argmax: no distribution to build
+                x = int(logits.argmax())
+            else:
+                qs.append(sampling.probs(logits, cfg))
+                x = sampling.sample(qs[-1], gen)
             tokens.append(x)
-            qs.append(q)
             if i < k - 1:
                 logits = self.lm.extend([x])[-1]
         self._drafts = tokens

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 import gradio as gr
 import torch
 
-from app import engine, metrics, models, plots, render, text
+from app import engine, metrics, models, plots, render
 from app.config import MAX_NEW_TOKENS_CAP, RunConfig, SamplingConfig, SpecConfig, SpecError, settings_dict
 
 try:  # On Hugging Face ZeroGPU the device is lent per call; elsewhere this is a no-op.
@@ -98,10 +98,10 @@ def generate_both(prompt, target, custom_target, draft, custom_draft, chat, deco
         for cfg in (s, sp, r):
             cfg.validate()
         pair = _pair(target, draft)
-        ids = text.prompt_ids(pair.tokenizer, prompt, r.chat, engine.context_length(pair.target))
+        ids = pair.encode(prompt, r.chat)
         shown = pair.tokenizer.decode(ids, skip_special_tokens=True)
         runs = _interleave(
-            engine.generate(pair.target, pair.tokenizer, ids, pair.proposer(sp.ngram_max, sp.ngram_min), s, sp, r),
+            engine.generate(pair.target, pair.tokenizer, ids, pair.proposer(sp), s, sp, r),
             engine.generate(pair.target, pair.tokenizer, ids, None, s, sp, r),
         )
         spec, ar = [], []
@@ -143,9 +143,8 @@ def step_round(session, prompt, target, custom_target, draft, custom_draft, chat
         if session is None or session["key"] != key or session["done"]:
             s, sp, r = _configs(decoding, temperature, top_k, top_p, seed, max_new_tokens, k_policy, k, chat)
             pair = _pair(target, draft)
-            ids = text.prompt_ids(pair.tokenizer, prompt, r.chat, engine.context_length(pair.target))
-            it = engine.generate(pair.target, pair.tokenizer, ids, pair.proposer(sp.ngram_max, sp.ngram_min),
-                                 s, sp, r)
+            ids = pair.encode(prompt, r.chat)
+            it = engine.generate(pair.target, pair.tokenizer, ids, pair.proposer(sp), s, sp, r)
             session = dict(key=key, it=it, steps=[], done=False, prompt=pair.tokenizer.decode(
                 ids, skip_special_tokens=True))
         step = next(session["it"], None)
