@@ -210,8 +210,17 @@ def test_browser_stop_button_cancels_both_panes(page):
     page.get_by_role("button", name="Generate", exact=True).click()
     page.wait_for_selector("#spec-pane .tok", timeout=120_000)
     page.get_by_role("button", name="Stop", exact=True).click()
-    page.wait_for_timeout(1000)
-    spec, ar = page.locator("#spec-pane").inner_text(), page.locator("#ar-pane").inner_text()
+
+    def panes():
+        return page.locator("#spec-pane").inner_text(), page.locator("#ar-pane").inner_text()
+
+    # An update already on the wire may still land after Stop; give it up to 3 s to settle.
+    before = panes()
+    for _ in range(6):
+        page.wait_for_timeout(500)
+        before, now = panes(), before
+        if before == now:
+            break
     page.wait_for_timeout(3000)
-    assert page.locator("#spec-pane").inner_text() == spec and page.locator("#ar-pane").inner_text() == ar
-    assert page.locator("#spec-pane .tok").count() < 2000, "stopped long before max new tokens"
+    assert panes() == before, "both panes stop changing"
+    assert "token for token" not in page.locator("#greedy-check").inner_text(), "the run never finished"
