@@ -18,17 +18,28 @@ class SamplingConfig:
     top_k: int = 0  # keep only the k most likely tokens; 0 keeps all
     top_p: float = 1.0  # keep the smallest set whose mass reaches top_p; 1 keeps all
     seed: int = 0  # seeds the one torch.Generator that all randomness of a run comes from
+    repetition_penalty: float = 1.0  # > 1 discourages tokens already in the context (CTRL), as in generate()
+    no_repeat_ngram_size: int = 0  # > 0 forbids repeating any n-gram of this size, as in generate()
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
 
+    @property
+    def penalised(self) -> bool:
+        """Whether logits depend on the context, so p and q need each position's history."""
+        return self.repetition_penalty != 1.0 or self.no_repeat_ngram_size > 0
+
     def validate(self) -> None:
-        if self.temperature < 0:
+        if not self.temperature >= 0:  # also refuses NaN
             raise SpecError(f"temperature must be >= 0 (0 means greedy), got {self.temperature}")
+        if not self.repetition_penalty > 0 or self.repetition_penalty == float("inf"):
+            raise SpecError(f"repetition penalty must be a positive number (1 disables it), got {self.repetition_penalty}")
+        if self.no_repeat_ngram_size < 0:
+            raise SpecError(f"no-repeat n-gram size must be >= 0 (0 disables it), got {self.no_repeat_ngram_size}")
         if self.top_k < 0:
             raise SpecError(f"top-k must be >= 0 (0 disables it), got {self.top_k}")
-        if not 0 < self.top_p <= 1:
+        if not 0 < self.top_p <= 1:  # NaN fails too
             raise SpecError(f"top-p must be in (0, 1], got {self.top_p}")
 
 

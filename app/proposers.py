@@ -57,10 +57,10 @@ class ModelProposer:
         if k == 0:
             self._drafts = []
             return Proposal([], None)
-        logits = self.lm.extend(self.ids[self.lm.length :])[-1]
+        logits = self.lm.extend(self.ids[self.lm.length :], keep=1)[-1]
         tokens, qs = [], []
         for i in range(k):
-            logits = logits[: self.vocab_size]
+            logits = sampling.penalise(logits[None, : self.vocab_size], self.ids + tokens, [], cfg)[0]
             if cfg.greedy:  # q is one-hot on the argmax: no distribution to build
                 x = int(logits.argmax())
             else:

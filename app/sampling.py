@@ -1,10 +1,34 @@
-"""Logits to probabilities (temperature, top-k, top-p) and seeded sampling."""
+"""Logits to probabilities (repetition controls, temperature, top-k, top-p) and seeded sampling."""
 
 from __future__ import annotations
 
 import torch
+from transformers import NoRepeatNGramLogitsProcessor, RepetitionPenaltyLogitsProcessor
 
 from app.config import SamplingConfig
+
+
+def penalise(logits: torch.Tensor, context: list[int], drafts: list[int], cfg: SamplingConfig) -> torch.Tensor:
+    """(n, V) logits, row i scored after context + drafts[:i], through generate()'s own processors.
+
+    Speculation stays lossless because the target's rows and the draft's rows at the same
+    position see the same history, so p and q get identical processing.
+    """
+    if not cfg.penalised:
+        return logits
+    processors = []
+    if cfg.repetition_penalty != 1.0:
+        processors.append(RepetitionPenaltyLogitsProcessor(cfg.repetition_penalty))
+    if cfg.no_repeat_ngram_size > 0:
+        processors.append(NoRepeatNGramLogitsProcessor(cfg.no_repeat_ngram_size))
+    rows = []
+    for i in range(logits.shape[0]):
+        history = torch.tensor([context + drafts[:i]], device=logits.device)
+        row = logits[i : i + 1].float().clone()  # processors may write in place
+        for proc in processors:
+            row = proc(history, row)
+        rows.append(row)
+    return torch.cat(rows)
 
 
 def probs(logits: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor:

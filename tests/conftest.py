@@ -74,7 +74,7 @@ def run(target, tokenizer, prompt, proposer=None, **kw):
     from app.config import RunConfig, SamplingConfig, SpecConfig
     from app.engine import generate
 
-    sampling = SamplingConfig(**{k: kw.pop(k) for k in ("temperature", "top_k", "top_p", "seed") if k in kw})
+    sampling = SamplingConfig(**{k: kw.pop(k) for k in ("temperature", "top_k", "top_p", "seed", "repetition_penalty", "no_repeat_ngram_size") if k in kw})
     spec = SpecConfig(**{k: kw.pop(k) for k in ("k", "k_policy", "k_max", "ngram_max", "ngram_min") if k in kw})
     cfg = RunConfig(**kw)
     ids = prompt if isinstance(prompt, list) else tokenizer(prompt)["input_ids"]

@@ -1,0 +1,98 @@
+"""Repetition controls stay lossless: p and q get generate()'s processors at every position."""
+
+import pytest
+import torch
+from conftest import run
+from test_sampling import N, empirical, exact_distribution, tv, tv_bound
+
+from app import sampling
+from app.config import SamplingConfig, SpecError
+from app.proposers import ModelProposer, PromptLookup, early_exit
+
+PROMPT = "the cat sat on the mat. the cat"
+PENALTIES = [dict(repetition_penalty=1.5), dict(no_repeat_ngram_size=3),
+             dict(repetition_penalty=1.3, no_repeat_ngram_size=2)]
+
+
+def hf_greedy(model, tokenizer, prompt, n, **kw):
+    ids = tokenizer(prompt, return_tensors="pt")["input_ids"]
+    out = model.generate(ids, max_new_tokens=n, do_sample=False, eos_token_id=None, pad_token_id=2, **kw)
+    ref = out[0, ids.shape[1]:].tolist()
+    return ref[: ref.index(1) + 1] if 1 in ref else ref  # the engine stops at the tokenizer's EOS
+
+
+@pytest.fixture(scope="module")
+def no_eos(target):
+    saved = target.generation_config.eos_token_id
+    target.generation_config.eos_token_id = None
+    yield
+    target.generation_config.eos_token_id = saved
+
+
+@pytest.mark.parametrize("penalty", PENALTIES, ids=lambda d: ",".join(f"{k}={v}" for k, v in d.items()))
+@pytest.mark.parametrize("source", ["draft-model", "prompt-lookup", "early-exit"])
+def test_greedy_with_penalties_equals_generate(target, near_draft, tokenizer, no_eos, penalty, source):
+    ref = hf_greedy(target, tokenizer, PROMPT, 40, **penalty)
+    assert ref != hf_greedy(target, tokenizer, PROMPT, 40), "the penalty must change the output to bite"
+    proposer = {"draft-model": lambda: ModelProposer(near_draft, "near"), "prompt-lookup": lambda: PromptLookup(3, 1),
+                "early-exit": lambda: early_exit(target, 2)}[source]()
+    spec, steps = run(target, tokenizer, PROMPT, proposer, k=4, k_policy="fixed", max_new_tokens=40, **penalty)
+    assert spec == ref
+    if source != "prompt-lookup":  # lookup proposes repeats, which an n-gram ban may forbid
+        assert sum(s.accepted for s in steps) > 0
+
+
+def test_no_repeat_ngram_is_respected(target, near_draft, tokenizer, no_eos):
+    ids, _ = run(target, tokenizer, PROMPT, ModelProposer(near_draft, "near"), k=4, k_policy="fixed",
+                 max_new_tokens=60, no_repeat_ngram_size=3)
+    prompt = tokenizer(PROMPT)["input_ids"]
+    full = prompt + ids
+    grams = [tuple(full[i : i + 3]) for i in range(len(full) - 2)]
+    new = range(len(prompt) - 2, len(grams))  # every 3-gram that ends in generated text
+    assert len(ids) > 10 and all(grams[i] not in grams[:i] for i in new)
+
+
+def test_sampling_with_a_penalty_matches_the_processed_target(monkeypatch):
+    from test_sampling import char_tokenizer, tiny_llama
+
+    tok = char_tokenizer("ab")
+    p_model = tiny_llama(len(tok), layers=2, hidden=16, seed=11, scale=8.0)
+    q_model = tiny_llama(len(tok), layers=1, hidden=16, seed=12, scale=8.0)
+    cfg = SamplingConfig(temperature=0.8, repetition_penalty=4.0)
+    prompt = tok("abba")["input_ids"]
+    # The exact distribution of the processed target, by enumeration with the same processors.
+    real_probs = sampling.probs
+
+    def walk_probs(model, ids, cfg_):
+        with torch.no_grad():
+            logits = model(input_ids=torch.tensor([ids])).logits[0, -1:]
+        return real_probs(sampling.penalise(logits, ids, [], cfg_), cfg_)[0]
+
+    exact = {}
+
+    def walk(prefix, mass):
+        if len(prefix) == 3 or (prefix and prefix[-1] == 1):
+            exact[tuple(prefix)] = exact.get(tuple(prefix), 0.0) + mass
+            return
+        for t, pt in enumerate(walk_probs(p_model, prompt + prefix, cfg).tolist()):
+            if pt > 0:
+                walk(prefix + [t], mass * pt)
+
+    walk([], 1.0)
+    plain = exact_distribution(p_model, prompt, SamplingConfig(temperature=0.8))
+    assert tv(exact, plain) > 1.5 * tv_bound(exact), "the penalty must change the distribution to bite"
+    counts = {}
+    for seed in range(N):
+        ids, _ = run(p_model, tok, prompt, ModelProposer(q_model, "q"), temperature=0.8, repetition_penalty=4.0,
+                     seed=seed, k=2, k_policy="fixed", max_new_tokens=3)
+        counts[tuple(ids)] = counts.get(tuple(ids), 0) + 1
+    got = {s: c / N for s, c in counts.items()}
+    assert tv(got, exact) < tv_bound(exact)
+    assert empirical  # the unpenalised helper stays importable for the shared bound
+
+
+@pytest.mark.parametrize("bad", [dict(repetition_penalty=0.0), dict(repetition_penalty=float("nan")),
+                                 dict(no_repeat_ngram_size=-1), dict(temperature=float("nan"))])
+def test_bad_repetition_settings_are_refused(bad):
+    with pytest.raises(SpecError):
+        SamplingConfig(**bad).validate()
