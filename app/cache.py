@@ -26,13 +26,25 @@ class CachedModel:
         self.device = model.get_input_embeddings().weight.device
 
     @torch.inference_mode()
-    def extend(self, ids: list[int]) -> torch.Tensor:
-        """Feed ids after the cached ones; return their (len(ids), V) logits."""
+    def extend(self, ids: list[int], keep: int = 0) -> torch.Tensor:
+        """Feed ids after the cached ones; return the (keep, V) logits of the last `keep` (0: all).
+
+        Only the kept rows are computed, so a long prefill never holds a (len, V) tensor.
+        """
+        return self._forward(ids, keep, features=False)[0]
+
+    @torch.inference_mode()
+    def extend_with_features(self, ids: list[int], keep: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+        """As extend, plus the (len(ids), H) last-layer hidden states of every fed position."""
+        return self._forward(ids, keep, features=True)
+
+    def _forward(self, ids: list[int], keep: int, features: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
         x = torch.tensor([ids], dtype=torch.long, device=self.device)
-        out = self.model(input_ids=x, cache=self.cache, use_cache=True)
+        out = self.model(input_ids=x, cache=self.cache, use_cache=True, logits_to_keep=keep,
+                         output_hidden_states=features)
         self.length += len(ids)
         self.tokens_processed += len(ids)
-        return out.logits[0]
+        return out.logits[0], out.hidden_states[-1][0] if features else None
 
     def rollback(self, length: int) -> None:
         """Forget every cached position at or after `length`: a crop, never a recompute."""

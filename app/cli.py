@@ -22,6 +22,10 @@ def add_generation_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--top-k", type=int, default=0)
     ap.add_argument("--top-p", type=float, default=1.0)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--repetition-penalty", type=float, default=1.0,
+                    help="> 1 discourages repeating context tokens, as in transformers' generate (1: off)")
+    ap.add_argument("--no-repeat-ngram-size", type=int, default=0,
+                    help="forbid repeating any n-gram of this size, as in generate (0: off)")
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     ap.add_argument("--chat", action="store_true", help="format the prompt with the chat template")
@@ -33,7 +37,8 @@ def configs(args) -> tuple[SamplingConfig, SpecConfig, RunConfig]:
     policy = args.k_policy or ("fixed" if args.k is not None else "adaptive")
     k = args.k if args.k is not None else 4
     return (
-        SamplingConfig(args.temperature, args.top_k, args.top_p, args.seed),
+        SamplingConfig(args.temperature, args.top_k, args.top_p, args.seed,
+                       args.repetition_penalty, args.no_repeat_ngram_size),
         SpecConfig(k=k, k_policy=policy, k_max=max(args.k_max, k) if policy != "fixed" else args.k_max),
         RunConfig(args.max_new_tokens, tuple(args.stop), args.chat),
     )
@@ -58,11 +63,14 @@ def cmd_generate(args) -> int:
         print()
         return 0
     colour = sys.stdout.isatty() or args.colour
-    print(args.prompt, end="")
-    for step in steps:
-        for piece, kind in step.spans():
-            print(f"{COLOURS[kind]}{piece}{RESET}" if colour else piece, end="")
-    print()
+    if colour:  # the prompt, then each round with its rejected drafts struck through
+        print(args.prompt, end="")
+        for step in steps:
+            for piece, kind in step.spans():
+                print(f"{COLOURS[kind]}{piece}{RESET}", end="")
+        print()
+    else:  # exactly the generated text, as --json's "text", so it can be piped
+        print(doc["text"])
     st = doc["stats"]
     line = (f"\n{st['new_tokens']} tokens in {st['elapsed_s']:.2f}s ({st['tokens_per_s']:.1f} tok/s), "
             f"{st['target_passes']} target passes")

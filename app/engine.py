@@ -148,7 +148,8 @@ def generate(
         t1 = time.perf_counter()
         drafts = proposal.tokens
         base = len(ids)
-        p_logits = lm.extend(ids[lm.length :] + drafts)[-(len(drafts) + 1) :]
+        p_logits = lm.extend(ids[lm.length :] + drafts, keep=len(drafts) + 1)
+        p_logits = sampling.penalise(p_logits, ids, drafts, sampling_cfg)
         p = None
         if sampling_cfg.greedy:
             v = verify.greedy(drafts, p_logits)
@@ -173,7 +174,7 @@ def generate(
         busy += time.perf_counter() - t0
         yield Step(
             round=rnd, k=k, drafted=drafts, draft_text=texts, accepted=n, token=v.token,
-            token_kind=TARGET if autoregressive else (BONUS if n == len(drafts) else CORRECTED),
+            token_kind=TARGET if not drafts else (BONUS if n == len(drafts) else CORRECTED),
             token_text=token_text, rejected=drafts[n:], emitted=emitted, text=new_text,
             draft_time=t1 - t0, verify_time=t2 - t1, elapsed=busy,
             decisions=_decisions(drafts, texts, v),
