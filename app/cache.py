@@ -7,8 +7,12 @@ import copy
 import torch
 from torch import nn
 from transformers import DynamicCache, PreTrainedModel
+from transformers.cache_utils import DummyLayer, DynamicLayer
 
 from app.config import SpecError
+
+# Layer caches whose crop is exact (DynamicSlidingWindowLayer is a DynamicLayer); DummyLayer holds nothing.
+CROPPABLE = (DynamicLayer, DummyLayer)
 
 
 class CachedModel:
@@ -21,9 +25,17 @@ class CachedModel:
     def __init__(self, model: PreTrainedModel):
         self.model = model
         self.cache = DynamicCache(config=model.config)
+        # Sliding-window layers drop keys older than the window as they go; recording the past
+        # keeps them until the next crop, so a rejected draft can be removed past the window too.
+        self.cache.activate_past_recording()
+        self.windowed = any(getattr(layer, "is_sliding", False) for layer in self.cache.layers)
         self.length = 0
         self.tokens_processed = 0
         self.device = model.get_input_embeddings().weight.device
+        # A draft with a smaller embedding table than the target's vocabulary cannot embed the
+        # target's top ids: it sees a stand-in instead (its guesses get worse, the output stays exact).
+        self.rows = model.get_input_embeddings().weight.shape[0]
+        self.stand_in = _stand_in(model.config, self.rows)
 
     @torch.inference_mode()
     def extend(self, ids: list[int], keep: int = 0) -> torch.Tensor:
@@ -39,6 +51,8 @@ class CachedModel:
         return self._forward(ids, keep, features=True)
 
     def _forward(self, ids: list[int], keep: int, features: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+        if max(ids, default=0) >= self.rows:
+            ids = [i if i < self.rows else self.stand_in for i in ids]
         x = torch.tensor([ids], dtype=torch.long, device=self.device)
         out = self.model(input_ids=x, cache=self.cache, use_cache=True, logits_to_keep=keep,
                          output_hidden_states=features)
@@ -47,18 +61,44 @@ class CachedModel:
         return out.logits[0], out.hidden_states[-1][0] if features else None
 
     def rollback(self, length: int) -> None:
-        """Forget every cached position at or after `length`: a crop, never a recompute."""
-        if length < self.length:
-            self.cache.crop(length - self.length)
-            self.length = length
+        """Forget every cached position at or after `length`: a crop, never a recompute.
+
+        A windowed cache is cropped even by 0: that trims its sliding layers back to the window.
+        """
+        if self.length and (length < self.length or self.windowed):
+            self.cache.crop(min(0, length - self.length))
+            self.length = min(length, self.length)
 
 
-def decoder_layers(model: PreTrainedModel) -> tuple[nn.Module, str]:
-    """The base model and the name of its ModuleList of decoder blocks."""
-    base = model.base_model
-    for name, child in base.named_children():
-        if isinstance(child, nn.ModuleList) and len(child) == model.config.num_hidden_layers:
-            return base, name
+def _stand_in(config, rows: int) -> int:
+    """The id fed in place of one the model cannot embed: its pad token, else its EOS, else 0."""
+    eos = getattr(config, "eos_token_id", None)
+    eos = (eos or [None])[0] if isinstance(eos, (list, tuple)) else eos
+    return next((i for i in (getattr(config, "pad_token_id", None), eos) if i is not None and 0 <= i < rows), 0)
+
+
+def refuse_uncroppable(model: PreTrainedModel, cache: DynamicCache | None = None) -> None:
+    """Raise SpecError, naming the architecture, if a rejected draft could not be removed from its cache.
+
+    Attention layers (full, sliding, chunked) crop exactly. Recurrent state (linear attention, SSMs)
+    cannot be rewound, and re-running the whole prefix every round would defeat the point.
+    """
+    cache = cache if cache is not None else DynamicCache(config=model.config)
+    bad = sorted({type(layer).__name__ for layer in cache.layers
+                  if not isinstance(layer, CROPPABLE) or hasattr(layer, "is_recurrent_states_initialized")})
+    if bad:
+        raise SpecError(
+            f"{type(model).__name__} ({model.config.model_type}) is not supported: its cache layers "
+            f"({', '.join(bad)}) cannot be cropped back after a rejected draft (recurrent or convolution "
+            "state, or a layer type this app does not know)"
+        )
+
+
+def decoder_layers(model: PreTrainedModel) -> str:
+    """The dotted path of the ModuleList of decoder blocks: model.layers, transformer.h, model.decoder.layers."""
+    for path, module in model.named_modules():
+        if isinstance(module, nn.ModuleList) and len(module) == model.config.num_hidden_layers:
+            return path
     raise SpecError(
         f"early exit needs a model with one list of decoder layers; {type(model).__name__} has none"
     )
@@ -67,22 +107,29 @@ def decoder_layers(model: PreTrainedModel) -> tuple[nn.Module, str]:
 def early_exit_view(model: PreTrainedModel, n_layers: int) -> PreTrainedModel:
     """The target's first n layers, then its own final norm and LM head, sharing weights.
 
-    A shallow copy with a shorter layer list and a config that says so: no weight is copied.
+    Shallow copies of each module on the path to the layer list, with a shorter list and a
+    config that says so: no weight is copied, and the shared target is left as it was.
     """
     total = model.config.num_hidden_layers
     if not 1 <= n_layers < total:
         raise SpecError(f"early exit needs 1 <= N < {total} (the target's layer count), got {n_layers}")
-    base, name = decoder_layers(model)
+    *parents, name = decoder_layers(model).split(".")
     config = copy.deepcopy(model.config)
     config.num_hidden_layers = n_layers
     if getattr(config, "layer_types", None):
         config.layer_types = config.layer_types[:n_layers]
-    view_base = copy.copy(base)
-    view_base._modules = dict(base._modules)
-    view_base._modules[name] = nn.ModuleList(list(getattr(base, name))[:n_layers])
-    view_base.config = config
-    view = copy.copy(model)
-    view._modules = dict(model._modules)
-    view._modules[model.base_model_prefix] = view_base
-    view.config = config
+    view = node = _shallow(model, config)
+    for part in parents:
+        node._modules[part] = _shallow(node._modules[part], config)
+        node = node._modules[part]
+    node._modules[name] = nn.ModuleList(list(node._modules[name])[:n_layers])
     return view
+
+
+def _shallow(module: nn.Module, config) -> nn.Module:
+    """A copy of module whose child dict (and config, if it has one) can be replaced without touching it."""
+    out = copy.copy(module)
+    out._modules = dict(module._modules)
+    if hasattr(module, "config"):
+        out.config = config
+    return out

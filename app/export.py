@@ -1,0 +1,212 @@
+"""The current pair and settings as a command for a serving engine: vLLM and llama.cpp's server.
+
+Each export is an argv plus plain notes for every setting that has no counterpart there
+(early exit, adaptive k, different tokenizers, per-request sampling). Nothing loads a model.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from app.config import SamplingConfig, SpecConfig, SpecError
+from app.draft_spec import EARLY_EXIT, FEATURE_HEAD, MODEL, PROMPT_LOOKUP, DraftSpec
+
+RUNS = Path("runs")
+
+
+@dataclass
+class Export:
+    engine: str  # "vllm" or "llama.cpp"
+    argv: list[str]  # the command, one argument per item
+    notes: list[str] = field(default_factory=list)  # what did not carry over, said plainly
+
+    def shell(self) -> str:
+        """The command as one line to paste into a POSIX shell."""
+        return shlex.join(self.argv)
+
+    def text(self) -> str:
+        return "\n".join([self.shell(), *(f"# {n}" for n in self.notes)])
+
+
+@dataclass(frozen=True)
+class DraftInfo:
+    """What the exporters need to know about the draft, without loading it."""
+
+    spec: DraftSpec
+    different_tokenizer: bool = False  # its drafts are re-tokenised for the target
+
+    @property
+    def kind(self) -> str:
+        return self.spec.kind
+
+    @property
+    def name(self) -> str:
+        return str(self.spec)
+
+
+def best_fixed_k(target: str, draft: str, runs: Path = RUNS) -> tuple[int, str] | None:
+    """(k, file) from the newest benchmark JSON in runs/ for this very pair that swept fixed k."""
+    files = sorted(runs.glob("**/*.json"), key=lambda p: p.stat().st_mtime, reverse=True) if runs.is_dir() else []
+    for path in files:
+        try:
+            doc = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        best = isinstance(doc, dict) and (doc.get("summary") or {}).get("best_fixed_k")
+        if best and doc.get("target") == target and doc.get("draft") == draft:
+            return int(str(best).removeprefix("k=")), str(path)
+    return None
+
+
+def choose_k(target: str, draft: DraftInfo, spec: SpecConfig, runs: Path = RUNS) -> tuple[int, list[str]]:
+    """The fixed k an engine gets, and a note saying where it came from."""
+    if spec.k_policy == "fixed":
+        return spec.k, []
+    found = best_fixed_k(target, draft.name, runs)
+    if found:
+        k, path = found
+        return k, [f"{spec.k_policy} k has no counterpart: fixed k = {k}, the best fixed k of the last bench ({path})"]
+    return spec.k, [f"{spec.k_policy} k has no counterpart: fixed k = {spec.k} (run python -m app bench to measure "
+                    "the best fixed k for this pair)"]
+
+
+def vllm(target: str, draft: DraftInfo, spec: SpecConfig, sampling: SamplingConfig, runs: Path = RUNS) -> Export:
+    """`vllm serve` with --speculative-config: a draft model, ngram, or eagle."""
+    k, k_notes = choose_k(target, draft, spec, runs)
+    notes: list[str] = []
+    config: dict | None = {"num_speculative_tokens": k}
+    if draft.kind == PROMPT_LOOKUP:
+        config = {"method": "ngram", **config, "prompt_lookup_max": spec.ngram_max, "prompt_lookup_min": spec.ngram_min}
+    elif draft.kind == FEATURE_HEAD:
+        config = {"method": "eagle", "model": draft.spec.source, **config}
+        if Path(draft.spec.source).is_dir():
+            notes.append("vLLM loads EAGLE checkpoints: check that this head directory is one vLLM can read")
+    elif draft.kind == EARLY_EXIT:
+        config = None
+        notes.append(f"early exit ({draft.name}) has no counterpart in vLLM: the command serves the target alone")
+    elif draft.different_tokenizer:
+        config = None
+        notes.append("a draft with a different tokenizer has no counterpart in vLLM (its draft model must share "
+                     "the target's vocabulary): the command serves the target alone")
+    else:
+        config = {"method": "draft_model", "model": draft.name, **config}
+    argv = ["vllm", "serve", target]
+    if config:
+        argv += ["--speculative-config", json.dumps(config, separators=(",", ":"))]
+        notes = k_notes + notes
+    notes += _vllm_sampling_notes(sampling)
+    return Export("vllm", argv, notes)
+
+
+def _vllm_sampling_notes(s: SamplingConfig) -> list[str]:
+    request = {"temperature": s.temperature, "top_p": s.top_p, "top_k": s.top_k or -1, "seed": s.seed}
+    if s.repetition_penalty != 1.0:
+        request["repetition_penalty"] = s.repetition_penalty
+    notes = [f"sampling is per request in vLLM: send {json.dumps(request)}"]
+    if s.no_repeat_ngram_size:
+        notes.append(f"no-repeat n-gram size {s.no_repeat_ngram_size} has no counterpart in vLLM")
+    return notes
+
+
+def llama_server(target: str, draft: DraftInfo, spec: SpecConfig, sampling: SamplingConfig,
+                 runs: Path = RUNS) -> Export:
+    """`llama-server` with -md/--draft-max/--draft-min, or --spec-type ngram-simple for prompt lookup."""
+    k, k_notes = choose_k(target, draft, spec, runs)
+    notes: list[str] = []
+    argv = ["llama-server", "-m", _gguf(target, notes)]
+    if draft.kind == PROMPT_LOOKUP:
+        argv += ["--spec-type", "ngram-simple", "--spec-ngram-size-n", str(spec.ngram_max),
+                 "--spec-ngram-size-m", str(k), "--draft-max", str(k)]
+        if spec.ngram_min < spec.ngram_max:
+            notes.append(f"llama.cpp matches {spec.ngram_max}-grams only; this app also falls back to shorter "
+                         f"n-grams down to {spec.ngram_min}")
+    elif draft.kind == MODEL and not draft.different_tokenizer:
+        argv += ["-md", _gguf(draft.name, notes), "--draft-max", str(k), "--draft-min", "0"]
+    elif draft.kind == MODEL:
+        notes.append("a draft with a different tokenizer has no counterpart in llama.cpp (it requires compatible "
+                     "vocabularies): the command serves the target alone")
+    else:
+        what = "early exit" if draft.kind == EARLY_EXIT else "a feature-head (EAGLE) draft"
+        notes.append(f"{what} ({draft.name}) has no counterpart in llama-server: the command serves the target alone")
+    if "--draft-max" in argv:
+        notes = k_notes + notes
+    argv += ["--temp", _num(sampling.temperature), "--top-k", str(sampling.top_k), "--top-p", _num(sampling.top_p),
+             "--seed", str(sampling.seed), "--repeat-penalty", _num(sampling.repetition_penalty)]
+    if sampling.no_repeat_ngram_size:
+        notes.append(f"no-repeat n-gram size {sampling.no_repeat_ngram_size} has no counterpart in llama.cpp")
+    return Export("llama.cpp", argv, notes)
+
+
+def _gguf(model: str, notes: list[str]) -> str:
+    """llama.cpp loads GGUF files: a .gguf path as given, else the file a conversion would write."""
+    if model.endswith(".gguf"):
+        return model
+    out = f"{Path(model).name}.gguf"
+    notes.append(f"llama.cpp loads GGUF: convert {model} first, e.g. "
+                 f"python convert_hf_to_gguf.py {shlex.quote(model)} --outfile {out}")
+    return out
+
+
+def _num(x: float) -> str:
+    return f"{x:g}"
+
+
+def export_all(target: str, draft: DraftInfo, spec: SpecConfig, sampling: SamplingConfig,
+               runs: Path = RUNS) -> list[Export]:
+    return [vllm(target, draft, spec, sampling, runs), llama_server(target, draft, spec, sampling, runs)]
+
+
+def for_pair(pair, spec: SpecConfig, sampling: SamplingConfig, runs: Path = RUNS) -> str:
+    """What the UI shows under the summary: both commands, each with its notes ('' without a draft)."""
+    if not pair.draft_name:
+        return ""
+    info = DraftInfo(pair.draft_spec, different_tokenizer=pair.bridge is not None)
+    return "\n\n".join(e.text() for e in export_all(pair.target_name, info, spec, sampling, runs))
+
+
+def describe(target: str, draft_name: str) -> DraftInfo:
+    """DraftInfo for a resolved draft name; tokenizers are compared only when both load locally."""
+    spec = DraftSpec.parse(draft_name)
+    if spec.kind != MODEL:
+        return DraftInfo(spec)
+    return DraftInfo(spec, different_tokenizer=_different_tokenizers(target, spec.source))
+
+
+def _different_tokenizers(target: str, draft: str) -> bool:
+    from transformers import AutoTokenizer
+
+    from app.models import check_compatible
+
+    try:
+        t, d = (AutoTokenizer.from_pretrained(x, local_files_only=True) for x in (target, draft))
+    except (OSError, ValueError):
+        return False  # not available offline: assume one family, as the presets are
+    try:
+        return not check_compatible(t, d, target, draft)
+    except SpecError:  # a tokenizer that cannot spell text: no engine drafts with it
+        return True
+
+
+def main(argv: list[str]) -> int:
+    """python -m app export: the pair and settings of `generate`, as serving commands."""
+    import argparse
+
+    from app import cli, models
+
+    ap = argparse.ArgumentParser(prog="python -m app export", description=main.__doc__)
+    cli.add_generation_args(ap)
+    ap.add_argument("--json", action="store_true", help="print the commands and notes as JSON")
+    args = ap.parse_args(argv)
+    sampling, spec, _ = cli.configs(args)
+    sampling.validate(), spec.validate()
+    target = models.resolve(args.target or models.DEFAULT_TARGET)
+    draft = describe(target, models.resolve(args.draft or models.DEFAULT_DRAFT, "draft"))
+    exports = export_all(target, draft, spec, sampling)
+    if args.json:
+        print(json.dumps([dict(engine=e.engine, argv=e.argv, command=e.shell(), notes=e.notes) for e in exports]))
+    else:
+        print("\n\n".join(e.text() for e in exports))
+    return 0

@@ -1,0 +1,116 @@
+"""python -m app export: the generated vllm serve and llama-server commands, by structure."""
+
+from __future__ import annotations
+
+import json
+import shlex
+
+import pytest
+
+from app import cli
+from app.config import SamplingConfig, SpecConfig
+from app.draft_spec import DraftSpec
+from app.export import DraftInfo, export_all, llama_server, vllm
+
+TARGET, DRAFT = "Qwen/Qwen2.5-7B-Instruct", "Qwen/Qwen2.5-0.5B-Instruct"
+FIXED = SpecConfig(k=5, k_policy="fixed")
+GREEDY = SamplingConfig()
+
+
+def info(draft: str, different_tokenizer: bool = False) -> DraftInfo:
+    return DraftInfo(DraftSpec.parse(draft), different_tokenizer)
+
+
+def spec_config(argv: list[str]) -> dict | None:
+    return json.loads(argv[argv.index("--speculative-config") + 1]) if "--speculative-config" in argv else None
+
+
+def flag(argv: list[str], name: str) -> str:
+    return argv[argv.index(name) + 1]
+
+
+def test_draft_model_pair():
+    v, ll = export_all(TARGET, info(DRAFT), FIXED, GREEDY)
+    assert v.argv[:3] == ["vllm", "serve", TARGET]
+    assert spec_config(v.argv) == {"method": "draft_model", "model": DRAFT, "num_speculative_tokens": 5}
+    assert ll.argv[0] == "llama-server" and flag(ll.argv, "-m").endswith(".gguf")
+    assert flag(ll.argv, "-md") == "Qwen2.5-0.5B-Instruct.gguf"
+    assert (flag(ll.argv, "--draft-max"), flag(ll.argv, "--draft-min")) == ("5", "0")
+    assert flag(ll.argv, "--temp") == "0"
+    assert any("convert_hf_to_gguf.py" in n for n in ll.notes)
+    for e in (v, ll):  # the one-line form is the same command
+        assert shlex.split(e.shell()) == e.argv
+        assert not any("k has no counterpart" in n for n in e.notes), "a fixed k carries over as it is"
+
+
+def test_prompt_lookup_maps_to_ngram_and_spec_type():
+    spec = SpecConfig(k=3, k_policy="fixed", ngram_max=4, ngram_min=2)
+    v, ll = export_all(TARGET, info("prompt-lookup"), spec, GREEDY)
+    assert spec_config(v.argv) == {"method": "ngram", "num_speculative_tokens": 3,
+                                   "prompt_lookup_max": 4, "prompt_lookup_min": 2}
+    assert flag(ll.argv, "--spec-type") == "ngram-simple" and flag(ll.argv, "--spec-ngram-size-n") == "4"
+    assert flag(ll.argv, "--draft-max") == "3" and "-md" not in ll.argv
+    assert any("shorter n-grams" in n for n in ll.notes)
+
+
+def test_eagle_head():
+    v = vllm(TARGET, info("eagle:yuhuili/EAGLE-Qwen2-7B-Instruct"), FIXED, GREEDY)
+    assert spec_config(v.argv) == {"method": "eagle", "model": "yuhuili/EAGLE-Qwen2-7B-Instruct",
+                                   "num_speculative_tokens": 5}
+
+
+@pytest.mark.parametrize("draft, what", [
+    (info("early-exit:2"), "early exit"),
+    (info(DRAFT, different_tokenizer=True), "different tokenizer"),
+])
+def test_settings_without_counterpart_are_said_plainly(draft, what):
+    v, ll = export_all(TARGET, draft, SpecConfig(), GREEDY)
+    assert v.argv == ["vllm", "serve", TARGET]
+    assert "-md" not in ll.argv and "--draft-max" not in ll.argv
+    for e in (v, ll):
+        assert any(what in n and "no counterpart" in n and "target alone" in n for n in e.notes)
+
+
+def test_adaptive_k_becomes_the_benchs_best_fixed_k(tmp_path):
+    (tmp_path / "other.json").write_text(json.dumps({"target": TARGET, "draft": "another", "summary":
+                                                      {"best_fixed_k": "k=2"}}))
+    (tmp_path / "bench.json").write_text(json.dumps({"target": TARGET, "draft": DRAFT, "summary":
+                                                      {"best_fixed_k": "k=6"}}))
+    v = vllm(TARGET, info(DRAFT), SpecConfig(k_policy="adaptive"), GREEDY, runs=tmp_path)
+    assert spec_config(v.argv)["num_speculative_tokens"] == 6
+    assert any("adaptive k has no counterpart: fixed k = 6" in n and "bench.json" in n for n in v.notes)
+    # Without a bench of this pair: the settings' k, and the advice to measure.
+    v = vllm(TARGET, info(DRAFT), SpecConfig(k=3, k_policy="adaptive"), GREEDY, runs=tmp_path / "none")
+    assert spec_config(v.argv)["num_speculative_tokens"] == 3
+    assert any("python -m app bench" in n for n in v.notes)
+
+
+def test_sampling_settings_travel():
+    s = SamplingConfig(temperature=0.7, top_k=40, top_p=0.9, seed=3, repetition_penalty=1.1, no_repeat_ngram_size=3)
+    v = vllm(TARGET, info(DRAFT), FIXED, s)
+    request = json.loads(next(n for n in v.notes if n.startswith("sampling is per request")).split("send ", 1)[1])
+    assert request == {"temperature": 0.7, "top_p": 0.9, "top_k": 40, "seed": 3, "repetition_penalty": 1.1}
+    ll = llama_server(TARGET, info(DRAFT), FIXED, s)
+    assert [flag(ll.argv, f) for f in ("--temp", "--top-k", "--top-p", "--seed", "--repeat-penalty")] == \
+        ["0.7", "40", "0.9", "3", "1.1"]
+    for e in (v, ll):
+        assert any("no-repeat n-gram size 3 has no counterpart" in n for n in e.notes)
+
+
+def test_cli_export_json(capsys):
+    assert cli.main(["export", "--draft", "prompt-lookup", "--k", "3", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert [e["engine"] for e in out] == ["vllm", "llama.cpp"]
+    assert spec_config(out[0]["argv"])["method"] == "ngram"
+    assert shlex.split(out[1]["command"]) == out[1]["argv"]
+
+
+def test_for_pair_is_what_the_ui_shows(tmp_path):
+    from app import models
+    from app.export import for_pair
+
+    pair = models.load_pair(models.DEFAULT_TARGET, "prompt-lookup")
+    text = for_pair(pair, FIXED, GREEDY, runs=tmp_path)
+    assert text.startswith("vllm serve ") and "\n\nllama-server -m " in text
+    assert '"method":"ngram"' in text and "--spec-type ngram-simple" in text
+    assert for_pair(models.load_pair(models.DEFAULT_TARGET, draft=False), FIXED, GREEDY) == ""
