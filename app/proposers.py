@@ -1,4 +1,5 @@
-"""Where drafts come from: a small model, prompt lookup, or the target's early layers.
+"""Where drafts come from: a small model, prompt lookup, the target's early layers, or a
+feature-level head that reads the target's hidden states (EAGLE-style).
 
 Every source keeps its own copy of the committed tokens, proposes up to k new ones,
 then learns how many the target kept. Choosing k is the policy's job, not theirs.
@@ -21,10 +22,12 @@ from app.config import SamplingConfig
 class Proposal:
     tokens: list[int]  # the drafts x_1..x_n, n <= k
     q: torch.Tensor | None  # (n, V) draft distributions after processing; None means one-hot (greedy too)
+    feature_position: int | None = None  # feature drafts: which target feature (a position) they started from
 
 
 class Proposer(Protocol):
     name: str
+    wants_features: bool  # True: commit also receives the target's features of the kept positions
 
     def begin(self, prompt_ids: list[int], vocab_size: int) -> None:
         """Start a request from the prompt's ids; only ids below vocab_size may be drafted."""
@@ -32,8 +35,12 @@ class Proposer(Protocol):
     def propose(self, k: int, cfg: SamplingConfig, gen: torch.Generator) -> Proposal:
         """Draft up to k tokens after the committed ones."""
 
-    def commit(self, accepted: int, token: int) -> None:
-        """The target kept the first `accepted` drafts, then chose `token`."""
+    def commit(self, accepted: int, token: int, features: torch.Tensor | None = None) -> None:
+        """The target kept the first `accepted` drafts, then chose `token`.
+
+        features (only when wants_features): (m, H) the target's last-layer hidden states of the
+        positions it processed this round and kept; the last one is where `token` was chosen.
+        """
 
 
 class ModelProposer:
@@ -42,6 +49,8 @@ class ModelProposer:
     The cache lags the committed ids by one or two tokens: the next propose feeds them
     in one pass. That is how the draft still sees the last draft after a full accept.
     """
+
+    wants_features = False
 
     def __init__(self, model: PreTrainedModel, name: str):
         self.model, self.name = model, name
@@ -72,7 +81,7 @@ class ModelProposer:
         self._drafts = tokens
         return Proposal(tokens, torch.stack(qs) if qs else None)
 
-    def commit(self, accepted: int, token: int) -> None:
+    def commit(self, accepted: int, token: int, features: torch.Tensor | None = None) -> None:
         # The cache holds ids + drafts[:-1]; keep only the part the target agreed with.
         self.lm.rollback(min(self.lm.length, len(self.ids) + accepted))
         self.ids += self._drafts[:accepted] + [token]
@@ -91,6 +100,7 @@ class PromptLookup:
     """
 
     name = "prompt-lookup"
+    wants_features = False
 
     def __init__(self, ngram_max: int = 3, ngram_min: int = 1):
         self.ngram_max, self.ngram_min = ngram_max, ngram_min
@@ -110,6 +120,83 @@ class PromptLookup:
         self._drafts = []
         return Proposal([], None)
 
-    def commit(self, accepted: int, token: int) -> None:
+    def commit(self, accepted: int, token: int, features: torch.Tensor | None = None) -> None:
         self.ids += self._drafts[:accepted] + [token]
+        self._drafts = []
+
+
+class FeatureProposer:
+    """EAGLE-1 drafting: a one-layer head over the target's own features, with its own KV cache.
+
+    Its cache holds one entry per pair (x_{j+1}, f_j) whose feature came from the target; drafted
+    pairs use the head's predicted features and are rolled back at commit, then re-fed with the
+    target's true features (as EAGLE does). Before the target's first pass there are no features,
+    so the first round drafts nothing.
+    """
+
+    wants_features = True
+
+    def __init__(self, target: PreTrainedModel, head, name: str = "feature-head"):
+        self.target, self.head, self.name = target, head, name
+        self.model = head  # what context_length and the teaching view look at
+
+    def begin(self, prompt_ids: list[int], vocab_size: int) -> None:
+        self.ids = list(prompt_ids)
+        self.vocab_size = vocab_size
+        self.cache = self.head.new_cache()
+        self.pairs = 0  # true pairs in the head's cache
+        self.features: list[torch.Tensor] = []  # (m, H) blocks; f_0..f_{len(ids)-2} once the target ran
+        self.n_features = 0
+        self.tokens_processed = 0  # pairs fed through the head, so tests can prove rollback never re-feeds
+        self._drafts: list[int] = []
+        self.read_feature: int | None = None  # position of the target feature the last draft round read
+
+    @torch.inference_mode()
+    def _step(self, tokens: list[int], features: torch.Tensor) -> torch.Tensor:
+        """Feed pairs (tokens[i], features[i]); return the (n, H) predicted next features."""
+        embed = self.target.get_input_embeddings()
+        x = torch.tensor([tokens], device=embed.weight.device)
+        self.tokens_processed += len(tokens)
+        return self.head(embed(x), features[None], self.cache)[0]
+
+    @torch.inference_mode()
+    def _logits(self, feature: torch.Tensor) -> torch.Tensor:
+        return self.target.get_output_embeddings()(feature)[: self.vocab_size]
+
+    def propose(self, k: int, cfg: SamplingConfig, gen: torch.Generator) -> Proposal:
+        self._drafts = []
+        if k == 0 or self.n_features == 0:
+            return Proposal([], None)
+        if len(self.features) > 1:
+            self.features = [torch.cat(self.features)]
+        f = self.features[0]
+        # Pairs j = pairs+1 .. len(ids)-1: token x_j with the target's feature f_{j-1}.
+        start = self.pairs + 1
+        predicted = self._step(self.ids[start:], f[start - 1 :])
+        self.pairs = len(self.ids) - 1
+        self.read_feature = len(self.ids) - 2
+        tokens, qs = [], []
+        feature = predicted[-1]
+        for i in range(k):
+            logits = sampling.penalise(self._logits(feature)[None], self.ids + tokens, [], cfg)[0]
+            if cfg.greedy:
+                x = int(logits.argmax())
+            else:
+                qs.append(sampling.probs(logits, cfg))
+                x = sampling.sample(qs[-1], gen)
+            tokens.append(x)
+            if i < k - 1:  # EAGLE drafts on its own predicted feature
+                feature = self._step([x], feature[None])[-1]
+        self._drafts = tokens
+        return Proposal(tokens, torch.stack(qs) if qs else None, self.read_feature)
+
+    def commit(self, accepted: int, token: int, features: torch.Tensor | None = None) -> None:
+        if features is None:
+            raise ValueError("a feature head needs the target's features at every commit")
+        drafted_pairs = self.cache.get_seq_length() - self.pairs
+        if drafted_pairs > 0:  # pairs built on predicted features: the target's true ones replace them
+            self.cache.crop(-drafted_pairs)
+        self.ids += self._drafts[:accepted] + [token]
+        self.features.append(features.detach())
+        self.n_features += features.shape[0]
         self._drafts = []

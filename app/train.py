@@ -74,6 +74,11 @@ KD_WEIGHT = 0.7  # share of the distilled draft's loss that is KL to the target
 ON_POLICY_BATCHES = 80  # generation batches of the target
 ON_POLICY_BATCH, ON_POLICY_PREFIX, ON_POLICY_NEW = 64, 128, 128
 ON_POLICY_STEPS = 1500  # extra optimiser steps on those continuations
+# The feature-level draft (EAGLE-1) trains after the target, on the frozen target's features.
+FEATURE_HEAD = "draft-feature"
+FEATURE_STEPS, FEATURE_LR = 2000, 2e-3
+FEATURE_NOISE = 0.1  # uniform noise on input features, as in EAGLE: drafting reads its own imperfect ones
+FEATURE_WEIGHTS = (1.0, 0.1)  # (feature regression, token cross-entropy), the paper's weights
 
 
 def stdlib_files(root: Path | None = None) -> list[Path]:
@@ -203,6 +208,8 @@ def train_tokenizer(texts: list[str], vocab_size: int) -> PreTrainedTokenizerFas
 def encode_stream(tokenizer: PreTrainedTokenizerFast, texts: list[str]) -> torch.Tensor:
     """One long 1-D stream: BOS file EOS BOS file EOS ..."""
     ids: list[int] = []
+    if not texts:
+        return torch.zeros(0, dtype=torch.long)
     for enc in tokenizer(texts, add_special_tokens=False)["input_ids"]:
         ids += [tokenizer.bos_token_id, *enc, tokenizer.eos_token_id]
     return torch.tensor(ids, dtype=torch.long)
@@ -357,6 +364,68 @@ def train_one(shape, model, data, args, log, teacher=None, corpus=None, steps=No
     return result
 
 
+@torch.no_grad()
+def target_features(target, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(B, T, H) last-layer features and (B, T, V) logits of the frozen target over x."""
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = target(input_ids=x, output_hidden_states=True)
+    return out.hidden_states[-1].float(), out.logits.float()
+
+
+def feature_head_loss(head, target, x: torch.Tensor, noise: float = 0.0) -> tuple[torch.Tensor, dict]:
+    """EAGLE-1's loss on one batch: SmoothL1 on predicted features plus CE to the target's p."""
+    f, p_logits = target_features(target, x)
+    inputs = f[:, :-1]
+    if noise:
+        inputs = inputs + (torch.rand_like(inputs) * 2 - 1) * noise
+    embed = target.get_input_embeddings()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        pred = head(embed(x[:, 1:]).detach(), inputs).float()
+    q_logits = target.get_output_embeddings()(pred)
+    reg = F.smooth_l1_loss(pred, f[:, 1:])
+    p = p_logits[:, 1:].softmax(-1)
+    ce = -(p * q_logits.log_softmax(-1)).sum(-1).mean()
+    top1 = (q_logits.argmax(-1) == p_logits[:, 1:].argmax(-1)).float().mean()
+    w_reg, w_ce = FEATURE_WEIGHTS
+    return w_reg * reg + w_ce * ce, dict(reg=reg.item(), ce=ce.item(), top1=top1.item())
+
+
+def train_feature_head(target, data, steps: int, lr: float = FEATURE_LR, log=lambda r: None,
+                       held: torch.Tensor | None = None, ctx: int = 512):
+    """A FeatureHead for `target`, trained on its frozen features; returns (head, info)."""
+    from app.feature_head import FeatureHead
+
+    target.eval().requires_grad_(False)
+    head = FeatureHead(target.config)
+    opt = torch.optim.AdamW(head.parameters(), lr=lr, weight_decay=0.0, betas=(0.9, 0.95))
+    warmup = max(1, steps // 20)
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: min(1.0, (s + 1) / warmup) * (0.1 + 0.45 * (1 + math.cos(math.pi * min(s, steps) / steps)))
+    )
+    start = time.time()
+    head.train()
+    for step in tqdm(range(steps), desc=FEATURE_HEAD, mininterval=5):
+        loss, parts = feature_head_loss(head, target, next(data), FEATURE_NOISE)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(head.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        if step % 50 == 0 or step == steps - 1:
+            log(dict(model=FEATURE_HEAD, step=step, loss=round(loss.item(), 4),
+                     **{k: round(v, 4) for k, v in parts.items()}, elapsed_s=round(time.time() - start, 1)))
+    head.eval()
+    info = dict(model=FEATURE_HEAD, steps=steps, train_seconds=round(time.time() - start, 1),
+                params=sum(p.numel() for p in head.parameters()))
+    if held is not None and len(held) > ctx + 1:
+        windows = [held[i * ctx : (i + 1) * ctx + 1].long() for i in range(min(8, (len(held) - 1) // ctx))]
+        with torch.no_grad():
+            parts = [feature_head_loss(head, target, w[None])[1] for w in windows]
+        info |= {f"held_out_{k}": round(sum(p[k] for p in parts) / len(parts), 4) for k in parts[0]}
+    log(dict(done=info))
+    return head, info
+
+
 def save(model: LlamaForCausalLM, tokenizer, out: Path, info: dict) -> None:
     """Hugging Face format, fp16 safetensors: the loader upcasts to fp32 on CPU."""
     out.mkdir(parents=True, exist_ok=True)
@@ -423,16 +492,29 @@ def main(argv=None) -> dict:
                                   steps=ON_POLICY_STEPS, hard=True)
             info = on_policy | dict(corpus_phase=info, on_policy_rows=len(rows),
                                     tokens_trained=info["tokens_trained"] + on_policy["tokens_trained"])
-        info |= dict(shape=asdict(shape), corpus=corpus.manifest, command=f"python -m app train --out {args.out} --seed {args.seed}")
+        info |= dict(shape=asdict(shape), corpus=corpus.manifest,
+                     command=f"python -m app train --out {args.out} --seed {args.seed}")
         save(model, tokenizer, args.out / shape.name, info)
         results[shape.name] = info
+    if not args.only or FEATURE_HEAD in args.only:
+        torch.manual_seed(args.seed)
+        target = load_teacher(args.out / "target")
+        data = corpus.batches(args.batch, args.ctx, torch.Generator().manual_seed(args.seed))
+        head, info = train_feature_head(target, data, max(1, round(FEATURE_STEPS * args.scale)),
+                                        log=log, held=corpus.held, ctx=args.ctx)
+        info |= dict(lr=FEATURE_LR, noise=FEATURE_NOISE, loss_weights=FEATURE_WEIGHTS, batch=args.batch,
+                     tokens_trained=max(1, round(FEATURE_STEPS * args.scale)) * args.batch * args.ctx,
+                     corpus=corpus.manifest, reads="target", layout="EAGLE-1 (fc + one decoder layer)",
+                     command=f"python -m app train --out {args.out} --seed {args.seed}")
+        head.save(args.out / FEATURE_HEAD, info)
+        results[FEATURE_HEAD] = info
     log_file.close()
     return results
 
 
 def load_teacher(path: Path) -> LlamaForCausalLM:
     if not path.exists():
-        raise SystemExit(f"distillation needs the target at {path}: train it first (omit --only)")
+        raise SystemExit(f"the drafts need the target at {path}: train it first (omit --only)")
     return LlamaForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
 
 

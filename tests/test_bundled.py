@@ -59,7 +59,7 @@ def test_target_is_really_trained(held_out_text):
     assert held_out_loss(random, tok, held_out_text) > bound, "the bound must fail for random weights"
 
 
-@pytest.mark.parametrize("draft", NAMES[1:])
+@pytest.mark.parametrize("draft", [*NAMES[1:], train.FEATURE_HEAD])
 def test_greedy_speculative_equals_target_greedy(draft, held_out_text):
     pair = models.load_pair(models.DEFAULT_TARGET, str(models.BUNDLED / draft))
     ids = pair.tokenizer(held_out_text[:800])["input_ids"]
@@ -70,16 +70,32 @@ def test_greedy_speculative_equals_target_greedy(draft, held_out_text):
     assert spec == ar and len(ar) == 48
 
 
+def test_bundled_feature_draft_is_an_eagle1_head_of_the_target():
+    from app.feature_head import is_head_dir
+
+    path = models.BUNDLED / train.FEATURE_HEAD
+    assert is_head_dir(path) and json.loads((path / "config.json").read_text())["num_hidden_layers"] == 1
+    pair = models.load_pair(models.DEFAULT_TARGET, "feature draft (EAGLE-style, bundled)")
+    assert pair.head is not None and pair.head.fc.in_features == 2 * pair.target.config.hidden_size
+    info = json.loads((path / "training.json").read_text())
+    assert info["reads"] == "target" and info["held_out_top1"] > 0.5, "it must really be trained"
+
+
 def test_training_command_runs_end_to_end(tmp_path):
     out = tmp_path / "family"
     results = train.main(["--out", str(out), "--max-files", "6", "--scale", "0.002", "--ctx", "64",
                           "--vocab-size", "400", "--batch", "2"])
-    assert set(results) == set(NAMES)
+    assert set(results) == set(NAMES) | {train.FEATURE_HEAD}
     for name in NAMES:
         model = AutoModelForCausalLM.from_pretrained(out / name)
         assert model.config.vocab_size == len(AutoTokenizer.from_pretrained(out / name))
         info = json.loads((out / name / "training.json").read_text())
         assert info["held_out_loss"] > 0 and info["command"].startswith("python -m app train")
+        assert info["corpus"]["python-stdlib"]["tokens"] > 0 and len(info["corpus"]) > 1  # packages too
+    head = json.loads((out / train.FEATURE_HEAD / "training.json").read_text())
+    assert head["held_out_top1"] >= 0 and head["reads"] == "target"
+    pair = models.load_pair(str(out / "target"), str(out / train.FEATURE_HEAD))
+    assert pair.head is not None
     log = [json.loads(line) for line in (out / "training_log.jsonl").read_text().splitlines()]
-    assert sum("done" in r for r in log) == len(NAMES) + 1  # the distilled draft logs two phases
+    assert sum("done" in r for r in log) == len(NAMES) + 2  # the distilled draft logs two phases, plus the head
     assert any("on_policy_rows" in r for r in log)

@@ -1,0 +1,172 @@
+"""The feature-level (EAGLE-style) draft: lossless, fed the target's true features, Hub layout."""
+
+import json
+
+import pytest
+import torch
+from conftest import run
+from safetensors.torch import save_file
+from test_sampling import N, exact_distribution, tv, tv_bound
+
+from app import models, train
+from app.config import SamplingConfig, SpecError
+from app.feature_head import FeatureHead, is_head_dir, load_head
+from app.proposers import FeatureProposer
+
+PROMPTS = ["def add(a, b):\n  return a", "the cat sat on the mat. the cat"]
+
+
+def random_windows(vocab: int, batch: int, length: int, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    while True:
+        yield torch.randint(3, vocab, (batch, length + 1), generator=g)
+
+
+@pytest.fixture(scope="module")
+def head(target, tokenizer):
+    """A head trained for a few seconds on the tiny target: right often, wrong often."""
+    torch.manual_seed(0)
+    h, _ = train.train_feature_head(target, random_windows(len(tokenizer), 8, 48), steps=120, lr=5e-3)
+    return h
+
+
+@pytest.fixture(scope="module")
+def no_eos(target):
+    saved = target.generation_config.eos_token_id
+    target.generation_config.eos_token_id = None
+    yield
+    target.generation_config.eos_token_id = saved
+
+
+def hf_greedy(model, tokenizer, prompt, n):
+    ids = tokenizer(prompt, return_tensors="pt")["input_ids"]
+    out = model.generate(ids, max_new_tokens=n, do_sample=False, eos_token_id=None, pad_token_id=2)[0, ids.shape[1]:]
+    ref = out.tolist()
+    return ref[: ref.index(1) + 1] if 1 in ref else ref
+
+
+@pytest.mark.parametrize("k,policy", [(1, "fixed"), (4, "fixed"), (8, "fixed"), (4, "adaptive")])
+def test_greedy_equals_generate(target, tokenizer, head, no_eos, k, policy):
+    accepted = rejected = 0
+    for prompt in PROMPTS:
+        spec, steps = run(target, tokenizer, prompt, FeatureProposer(target, head), k=k, k_policy=policy,
+                          max_new_tokens=40)
+        assert spec == hf_greedy(target, tokenizer, prompt, 40)
+        accepted += sum(s.accepted for s in steps)
+        rejected += sum(len(s.rejected) > 0 for s in steps)
+    assert accepted > 0 and rejected > 0, "the head must be sometimes right and sometimes wrong to bite"
+
+
+def test_features_equal_a_fresh_forward_and_rollback_never_refeeds(target, tokenizer, head, no_eos):
+    proposer = FeatureProposer(target, head)
+    seen = []
+    commit = proposer.commit
+
+    def spy(accepted, token, features=None):
+        seen.append(features.clone())
+        commit(accepted, token, features)
+
+    proposer.commit = spy
+    ids, steps = run(target, tokenizer, PROMPTS[0], proposer, k=4, k_policy="fixed", max_new_tokens=40)
+    full = tokenizer(PROMPTS[0])["input_ids"] + ids
+    with torch.no_grad():
+        fresh = target(input_ids=torch.tensor([full]), output_hidden_states=True).hidden_states[-1][0]
+    handed = torch.cat(seen)
+    assert handed.shape[0] == len(full) - 1  # every committed position but the newest token
+    assert torch.allclose(handed, fresh[:-1], atol=1e-4)
+    assert sum(len(s.rejected) for s in steps) > 0, "rollback must have happened"
+    # Each true pair was fed once; only drafted pairs (k - 1 per round) were fed beyond that.
+    assert proposer.tokens_processed == proposer.pairs + sum(max(0, len(s.drafted) - 1) for s in steps)
+    assert proposer.cache.get_seq_length() == proposer.pairs
+
+
+def test_sampling_with_the_head_as_q_matches_the_target_distribution():
+    from test_sampling import char_tokenizer, tiny_llama
+
+    tok = char_tokenizer("ab")
+    p_model = tiny_llama(len(tok), layers=2, hidden=16, seed=11, scale=8.0)
+    torch.manual_seed(3)
+    h = FeatureHead(p_model.config).eval()
+    with torch.no_grad():
+        h.fc.weight.mul_(4.0)  # a head whose q is far from p, so rejections happen
+    prompt = tok("abba")["input_ids"]
+    cfg_t = 0.6
+    exact = exact_distribution(p_model, prompt, SamplingConfig(temperature=cfg_t))
+    counts, rejections = {}, 0
+    for seed in range(N):
+        ids, steps = run(p_model, tok, prompt, FeatureProposer(p_model, h), temperature=cfg_t, seed=seed, k=2,
+                         k_policy="fixed", max_new_tokens=3)
+        counts[tuple(ids)] = counts.get(tuple(ids), 0) + 1
+        rejections += sum(len(s.drafted) > s.accepted for s in steps)
+    got = {s: c / N for s, c in counts.items()}
+    assert rejections > N // 10, "q must differ from p for the test to bite"
+    assert tv(got, exact) < tv_bound(exact)
+
+
+def eagle_layout(head: FeatureHead, target, out, extra_embed=True, dtype=torch.float16):
+    """Write a head exactly as published EAGLE-1 repos do: config.json + fused-layer tensors."""
+    out.mkdir(parents=True)
+    tensors = {k: v.to(dtype) for k, v in head.state_for_disk().items()}
+    if extra_embed:
+        tensors["embed_tokens.weight"] = target.get_input_embeddings().weight.detach().to(dtype).clone()
+    save_file(tensors, str(out / "model.safetensors"))
+    c = target.config
+    (out / "config.json").write_text(json.dumps({
+        "architectures": ["LlamaForCausalLM"], "bias": True, "hidden_act": "silu", "hidden_size": c.hidden_size,
+        "intermediate_size": c.intermediate_size, "max_position_embeddings": c.max_position_embeddings,
+        "model_type": "llama", "num_attention_heads": c.num_attention_heads, "num_hidden_layers": 1,
+        "num_key_value_heads": c.num_key_value_heads, "rms_norm_eps": c.rms_norm_eps,
+        "torch_dtype": "float16", "vocab_size": c.vocab_size}))
+
+
+def test_a_published_eagle1_head_loads_from_its_layout(tmp_path):
+    pair = models.load_pair(models.DEFAULT_TARGET, "prompt-lookup")
+    torch.manual_seed(0)
+    head = FeatureHead(pair.target.config)
+    eagle_layout(head, pair.target, tmp_path / "EAGLE-bundled")
+    assert is_head_dir(tmp_path / "EAGLE-bundled") and not is_head_dir(models.BUNDLED / "target")
+    loaded = load_head(tmp_path / "EAGLE-bundled", pair.target)
+    for name, t in head.state_for_disk().items():
+        assert torch.equal(loaded.state_for_disk()[name], t.to(torch.float16).float()), name
+    for draft in (str(tmp_path / "EAGLE-bundled"), "eagle:" + str(tmp_path / "EAGLE-bundled")):
+        fpair = models.load_pair(models.DEFAULT_TARGET, draft)
+        assert fpair.head is not None
+        ids = fpair.encode("def main(argv=None):\n")
+        ar, _ = run(fpair.target, fpair.tokenizer, ids, max_new_tokens=24)
+        spec, _ = run(fpair.target, fpair.tokenizer, ids, fpair.proposer(), k=3, k_policy="fixed", max_new_tokens=24)
+        assert spec == ar
+
+
+def test_qwen2_heads_keep_their_qkv_biases(tmp_path, tokenizer):
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(0)
+    target = Qwen2ForCausalLM(Qwen2Config(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64,
+                                          num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2)).eval()
+    head = FeatureHead(target.config)
+    names = set(head.state_for_disk())
+    assert "layers.0.self_attn.q_proj.bias" in names and "layers.0.self_attn.o_proj.bias" not in names
+    eagle_layout(head, target, tmp_path / "qwen-head")
+    cfg = json.loads((tmp_path / "qwen-head" / "config.json").read_text())
+    (tmp_path / "qwen-head" / "config.json").write_text(json.dumps(cfg | {"qkv_bias": True}))
+    loaded = load_head(tmp_path / "qwen-head", target)
+    ids = tokenizer("the cat")["input_ids"]
+    ar, _ = run(target, tokenizer, ids, max_new_tokens=16)
+    spec, _ = run(target, tokenizer, ids, FeatureProposer(target, loaded), k=3, k_policy="fixed", max_new_tokens=16)
+    assert spec == ar
+
+
+def test_bad_heads_are_refused_clearly(tmp_path, target, tokenizer):
+    (tmp_path / "bin-only").mkdir()
+    (tmp_path / "bin-only" / "pytorch_model.bin").write_bytes(b"not loaded")
+    with pytest.raises(SpecError, match="safetensors"):
+        load_head(tmp_path / "bin-only", target)
+    wide = FeatureHead(__import__("conftest").tiny_llama(len(tokenizer), hidden=32).config)
+    eagle_layout(wide, __import__("conftest").tiny_llama(len(tokenizer), hidden=32), tmp_path / "wide")
+    with pytest.raises(SpecError, match="width"):
+        load_head(tmp_path / "wide", target)
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    gpt2 = GPT2LMHeadModel(GPT2Config(vocab_size=len(tokenizer), n_embd=32, n_layer=2, n_head=4))
+    with pytest.raises(SpecError, match="Llama or Qwen2"):
+        FeatureHead(gpt2.config)
