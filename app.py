@@ -1,13 +1,21 @@
 """Entry point: python app.py [--host 127.0.0.1] [--port 7860] [--share]"""
 
 import argparse
+import os
 
-from app.ui import launch
+from app import hosting, threads, zerogpu
+from app.ui import launch  # imports `spaces` where it exists, before anything touches CUDA
 
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description="Speculative decoding, live (Gradio app)")
     ap.add_argument("--host", help="interface to bind (default 127.0.0.1, or GRADIO_SERVER_NAME)")
     ap.add_argument("--port", type=int, help="port (default 7860, or GRADIO_SERVER_PORT)")
     ap.add_argument("--share", action="store_true", help="create a public gradio.live link (off by default)")
+    ap.add_argument("--threads", type=int, help="torch threads (default: 1, or SPECDEC_THREADS; see README)")
     args = ap.parse_args()
+    threads.apply(args.threads)
+    # A non-loopback bind, or a share link anyone can open, is public hosting: presets only by default.
+    shared = args.share or os.environ.get("GRADIO_SHARE", "").lower() in ("1", "true")
+    hosting.configure("gradio.live" if shared else args.host)
+    zerogpu.preload()  # on ZeroGPU: the preset models, placed once at start-up (a no-op elsewhere)
     launch(args.host, args.port, args.share)

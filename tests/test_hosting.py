@@ -1,0 +1,106 @@
+"""Public hosting defaults: presets only, no owner's token for visitors' ids, no host paths in messages."""
+
+import http.server
+import json
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from app import hosting, models
+from app.config import SpecError
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def on_space(monkeypatch):
+    monkeypatch.setenv("SPACE_ID", "someone/specdec")
+    monkeypatch.delenv("SPECDEC_ALLOWED_MODELS", raising=False)
+
+
+def test_private_machine_is_open_and_public_hosting_is_presets_only(monkeypatch):
+    monkeypatch.delenv("SPACE_ID", raising=False)
+    monkeypatch.delenv("SPECDEC_ALLOWED_MODELS", raising=False)
+    hosting.configure("127.0.0.1")
+    assert not hosting.public() and models.allowlist() is None
+    hosting.configure("0.0.0.0")
+    try:
+        assert hosting.public()
+        with pytest.raises(SpecError, match="not on this server's model list"):
+            models.resolve("someone/custom-model")
+    finally:
+        hosting.configure(None)
+
+
+def test_on_a_space_a_custom_id_is_refused_and_presets_load(on_space):
+    with pytest.raises(SpecError, match="pick one of the presets"):
+        models.load_pair("someone/custom-model", "prompt-lookup")
+    pair = models.load_pair("stdlib-code target (bundled)", "prompt lookup (n-grams)")
+    assert pair.draft_name == models.PROMPT_LOOKUP
+    assert all("/" not in name or not name.startswith("/") for name in models.allowlist())
+
+
+@pytest.mark.parametrize("bad", ["prompt-lookup", "early-exit:2"])
+def test_draft_sources_are_never_targets(bad):
+    with pytest.raises(SpecError, match="draft source, not a target"):
+        models.load_pair(bad, "prompt-lookup")
+
+
+@pytest.mark.parametrize("typed", ["/proc/self/cwd", "/proc/self/exe", "~", "..", str(ROOT / "assets"), "x" * 300])
+@pytest.mark.parametrize("mode", ["space", "open"])
+def test_no_message_contains_a_resolved_host_path(monkeypatch, typed, mode):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    if mode == "space":
+        monkeypatch.setenv("SPACE_ID", "someone/specdec")
+        monkeypatch.delenv("SPECDEC_ALLOWED_MODELS", raising=False)
+    else:
+        monkeypatch.delenv("SPACE_ID", raising=False)
+        monkeypatch.setenv("SPECDEC_ALLOWED_MODELS", "any")
+    with pytest.raises(SpecError) as err:
+        models.load_pair(typed, "prompt-lookup")
+    message = str(err.value)
+    resolved = {os.getcwd(), str(ROOT), os.path.expanduser("~"), sys.executable, os.path.realpath(sys.executable)}
+    assert not any(p in message for p in resolved if p not in typed), message  # echoing what was typed is fine
+    assert len(message) < 600
+
+
+class _Recorder(http.server.BaseHTTPRequestHandler):
+    seen: list = []
+
+    def _answer(self):
+        _Recorder.seen.append(dict(self.headers))
+        self.send_response(404)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("X-Error-Code", "RepoNotFound")
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(json.dumps({"error": "Repository not found"}).encode())
+
+    do_GET = do_HEAD = _answer
+
+    def log_message(self, *args):
+        pass
+
+
+def test_a_visitors_id_never_reaches_the_hub_with_the_owners_token(tmp_path):
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Recorder)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    _Recorder.seen.clear()
+    env = dict(os.environ, SPACE_ID="someone/specdec", SPECDEC_ALLOWED_MODELS="any", HF_TOKEN="hf_owner_secret",
+               HF_ENDPOINT=f"http://127.0.0.1:{server.server_port}", HF_HOME=str(tmp_path / "hf"),
+               HF_HUB_DISABLE_IMPLICIT_TOKEN="0", OMP_NUM_THREADS="1")
+    env.pop("HF_HUB_OFFLINE", None)
+    code = ("from app import models\n"
+            "from app.config import SpecError\n"
+            "try:\n    models.load_pair('visitor/private-model', 'prompt-lookup')\n"
+            "except SpecError as e:\n    print('refused:', e)\n")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=400)
+    server.shutdown()
+    assert "refused:" in out.stdout, out.stderr[-2000:]
+    assert _Recorder.seen, "the mock Hub must have been asked"
+    assert not any("hf_owner_secret" in json.dumps(h) for h in _Recorder.seen)
+    assert not any(k.lower() == "authorization" for h in _Recorder.seen for k in h)

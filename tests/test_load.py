@@ -1,0 +1,124 @@
+"""Many clients at once against 127.0.0.1: no errors, the same outputs as solo runs; bad input is refused clearly."""
+
+from __future__ import annotations
+
+import json
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+from app_server import serve
+
+from app import models
+
+CLIENTS, REQUESTS = 8, 5
+BASE = ["def f(a):\n    return a", "stdlib-code target (bundled)", "", "distilled draft (bundled)", "", False,
+        "greedy", 0.8, 0, 1.0, 0, 12, "adaptive", 4, 1.0, 0]
+
+
+def _request(i: int) -> list:
+    """Five different requests: prompts, drafts and both decodings (sampling with a fixed seed)."""
+    args = list(BASE)
+    args[0] = ["def f(a):\n    return a", "import os\n", "class Point:\n", "for i in range(", "x = [1, 2"][i]
+    args[3] = ["distilled draft (bundled)", "prompt lookup (n-grams)", "small draft (bundled)"][i % 3]
+    if i >= 3:
+        args[6], args[10] = "sampling", 100 + i
+    return args
+
+
+def _tokens(client, args) -> tuple[list[int], list[int]]:
+    doc = client.predict(*args, api_name="/generate")[-1]
+    return doc["speculative"]["token_ids"], doc["autoregressive"]["token_ids"]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    log = tmp_path_factory.mktemp("load") / "server.log"
+    with serve(log) as url:
+        yield url, log
+
+
+def test_eight_clients_times_five_requests_match_solo_runs(server):
+    from gradio_client import Client
+
+    url, _ = server
+    solo_client = Client(url, verbose=False)
+    solo = [_tokens(solo_client, _request(i)) for i in range(REQUESTS)]
+    assert all(spec == ar for spec, ar in solo[:3]), "greedy: speculative equals plain decoding"
+
+    def one_client(c: int) -> list[tuple[int, object]]:
+        client = Client(url, verbose=False)
+        out = []
+        for j in range(REQUESTS):
+            i = (c + j) % REQUESTS  # clients start at different requests, so different work overlaps
+            try:
+                out.append((i, _tokens(client, _request(i))))
+            except Exception as e:  # noqa: BLE001 - counted as an error below
+                out.append((i, e))
+        return out
+
+    with ThreadPoolExecutor(CLIENTS) as pool:
+        results = [r for rs in pool.map(one_client, range(CLIENTS)) for r in rs]
+    errors = [r for _, r in results if isinstance(r, Exception)]
+    assert not errors, errors[:3]
+    assert len(results) == CLIENTS * REQUESTS
+    assert all(r == solo[i] for i, r in results), "every output is the solo run's, token for token"
+
+
+def _raw_call(url: str, api: str, values: list[str]) -> tuple[str, dict | None]:
+    """POST raw JSON (NaN and lone surrogates are not what a polite client sends); return the final event."""
+    import httpx
+
+    body = '{"data": [' + ", ".join(values) + "]}"
+    r = httpx.post(f"{url}gradio_api/call/{api}", content=body, headers={"content-type": "application/json"},
+                   timeout=60)
+    r.raise_for_status()
+    with httpx.stream("GET", f"{url}gradio_api/call/{api}/{r.json()['event_id']}", timeout=120) as stream:
+        lines = list(stream.iter_lines())
+    event = [x for x in lines if x.startswith("event:")][-1].split(":", 1)[1].strip()
+    data = json.loads([x for x in lines if x.startswith("data:")][-1].split(":", 1)[1])
+    return event, data
+
+
+BAD = [  # (argument index, raw JSON value, what the message says)
+    (10, str(2**70), "seed must be a whole number"),
+    (7, "NaN", "temperature must be a finite number"),
+    (8, "NaN", "top-k must be a finite number"),
+    (13, "NaN", "k must be a finite number"),
+    (11, "NaN", "max new tokens must be a finite number"),
+    (0, '"ab\\ud800cd"', "prompt contains an invalid character"),
+    (2, json.dumps("x" * 300), "model id is too long"),
+    (13, "2.5", "k must be a whole number"),
+]
+
+
+def test_every_bad_input_gets_a_clear_message_and_the_server_keeps_serving(server):
+    url, log = server
+    raw = [json.dumps(v) for v in BASE]
+    for api in ("generate", "step"):
+        for i, value, message in BAD:
+            args = list(raw)
+            args[i] = value
+            event, data = _raw_call(url, api, args)
+            assert event == "error" and message in data["error"], (api, i, value, data)
+    event, data = _raw_call(url, "generate", raw)
+    assert event == "complete" and data[-1]["speculative"]["token_ids"] == data[-1]["autoregressive"]["token_ids"]
+    logged = log.read_text()
+    assert "internal error" not in logged and "Traceback" not in logged, logged[-3000:]
+
+
+def test_no_reply_names_a_host_path(server):
+    url, _ = server
+    raw = [json.dumps(v) for v in BASE]
+    event, data = _raw_call(url, "generate", raw)
+    assert str(models.ROOT) not in json.dumps(data), "records name models as picked, not by install path"
+    event, presets = _raw_call(url, "presets", [])
+    assert str(models.ROOT) not in json.dumps(presets) and "stdlib-code target (bundled)" in presets[0]["targets"]
+
+
+def test_uploads_are_refused_above_a_few_bytes(server):
+    """The app has no file inputs, so /upload takes nothing of size (it took any size before)."""
+    import httpx
+
+    url, _ = server
+    r = httpx.post(f"{url}gradio_api/upload", files={"files": ("a.txt", b"x" * 10_000)}, timeout=30)
+    assert r.status_code >= 400, r.text[:200]

@@ -1,0 +1,100 @@
+"""Teaching sessions are plain data; live runs are bounded; a rebuilt run shows the same rounds."""
+
+from __future__ import annotations
+
+import gc
+import json
+import pickle
+
+import pytest
+
+from app import engine, sessions
+from app.config import RunConfig, SamplingConfig, SpecConfig
+from app.policy import make_policy
+from app.proposers import ModelProposer
+
+PROMPT = "def add(a, b):\n  return a"
+
+
+def _start(target, draft, tokenizer, s, sp, r):
+    ids = tokenizer(PROMPT)["input_ids"]
+    return lambda policy: engine.generate(target, tokenizer, ids, ModelProposer(draft, "draft"), s, sp, r,
+                                          policy=policy, teach=True)
+
+
+def _step_through(live, target, draft, tokenizer, s, sp, r, rounds):
+    session, shown = None, []
+    for _ in range(rounds):
+        session, steps, step = sessions.advance(session, ("k",), _start(target, draft, tokenizer, s, sp, r),
+                                                lambda: make_policy(sp), live)
+        assert steps[-1] is step and len(steps) == session.rounds
+        shown.append((step.k, step.drafted, step.accepted, step.token, [d.u for d in step.decisions]))
+        session = pickle.loads(pickle.dumps(session))  # what crosses a ZeroGPU worker boundary
+    return session, shown
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.9])
+def test_a_rebuilt_session_shows_exactly_the_rounds_a_live_one_does(target, near_draft, tokenizer, temperature):
+    s, sp, r = SamplingConfig(temperature, seed=7), SpecConfig(k_policy="heuristic", k=2), RunConfig(40)
+    _, live = _step_through(sessions.LiveRuns(max_live=4), target, near_draft, tokenizer, s, sp, r, 6)
+    _, rebuilt = _step_through(sessions.LiveRuns(max_live=0), target, near_draft, tokenizer, s, sp, r, 6)
+    assert rebuilt == live and len({k for k, *_ in live}) > 1, "the recorded k of each round is replayed"
+
+
+def test_a_session_is_small_picklable_data_and_a_new_key_starts_over(target, near_draft, tokenizer):
+    s, sp, r = SamplingConfig(), SpecConfig(), RunConfig(20)
+    live = sessions.LiveRuns()
+    session, _ = _step_through(live, target, near_draft, tokenizer, s, sp, r, 3)
+    assert len(pickle.dumps(session)) < 1000 and session.ks and not session.done
+    fresh, steps, _ = sessions.advance(session, ("other",), _start(target, near_draft, tokenizer, s, sp, r),
+                                       lambda: make_policy(sp), live)
+    assert fresh.id != session.id and len(steps) == 1 and len(live) == 1, "the old run was dropped"
+    sessions.LIVE.put(fresh.id, sessions._Live(iter(()), [], 0.0))
+    sessions.forget(fresh)  # gr.State's delete_callback, on the app's own store
+    assert sessions.LIVE.take(fresh.id) is None
+
+
+def test_live_runs_are_bounded_by_count_and_time():
+    now = [0.0]
+    live = sessions.LiveRuns(max_live=2, ttl=10, clock=lambda: now[0])
+    for sid in "abc":
+        live.put(sid, sessions._Live(iter(()), [], 0.0))
+        now[0] += 1
+    assert len(live) == 2 and live.take("a") is None, "least recently used goes first"
+    now[0] += 11
+    assert live.take("b") is None and len(live) == 0, "idle past the time-to-live"
+
+
+def test_the_ui_state_expires_and_drops_its_live_run():
+    import gradio as gr
+
+    from app.ui import build_ui
+
+    states = [b for b in build_ui().blocks.values() if isinstance(b, gr.State) and b.delete_callback is sessions.forget]
+    assert len(states) == 1 and states[0].time_to_live == sessions.STATE_TTL
+
+
+def _rss_mib() -> float:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * 4096 / 2**20
+
+
+RSS_BOUND_MIB = 20  # measured: about 6 MiB with the bound, 45 MiB with every run kept (bundled pair, 3x prompt)
+
+
+def test_thirty_abandoned_teaching_sessions_stay_under_the_memory_bound():
+    from app import models, ui
+
+    prompt = json.loads((models.ROOT / "assets" / "prompts.json").read_text())[0]["prompt"] * 3
+    args = (prompt, "stdlib-code target (bundled)", "", "distilled draft (bundled)", "", False, "greedy", 0.8, 0,
+            1.0, 0, 64, "adaptive", 4)
+    for _ in range(sessions.MAX_LIVE + 1):  # load the pair and fill the store once
+        ui.step_round(None, *args)
+    gc.collect()
+    before = _rss_mib()
+    for _ in range(30):  # each visitor presses Step once and leaves
+        ui.step_round(None, *args)
+    gc.collect()
+    grown = _rss_mib() - before
+    assert len(sessions.LIVE) <= sessions.MAX_LIVE
+    assert grown < RSS_BOUND_MIB, f"30 abandoned sessions grew RSS by {grown:.1f} MiB"
