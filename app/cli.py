@@ -1,14 +1,18 @@
-"""python -m app generate | bench | train: every UI claim, reproducible from a terminal."""
+"""python -m app generate | bench | train | gpucheck: every UI claim, reproducible from a terminal."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import sys
+import traceback
 
+# Only light modules here: `--help` and argument errors must not wait for torch to import.
 from app.config import RunConfig, SamplingConfig, SpecConfig, SpecError, settings_dict
+from app.events import KIND_LABELS, REJECTED
 
-COLOURS = {"accepted": "\x1b[32m", "corrected": "\x1b[31m", "bonus": "\x1b[34m", "rejected": "\x1b[2;9m", "target": ""}
+COLOURS = {"accepted": "\x1b[32m", "corrected": "\x1b[31m", "bonus": "\x1b[34m", "rejected": "\x1b[2;9m",
+           "target": "\x1b[1m"}
 RESET = "\x1b[0m"
 
 
@@ -31,6 +35,9 @@ def add_generation_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--chat", action="store_true", help="format the prompt with the chat template")
     ap.add_argument("--device", help="cuda, cuda:1, mps or cpu (default: best available)")
     ap.add_argument("--dtype", help="fp32, fp16 or bf16 (default: bf16 on CUDA, fp32 on CPU)")
+    ap.add_argument("--threads", type=int, help="torch threads (default: 1, or SPECDEC_THREADS; see README)")
+    ap.add_argument("--compile", action="store_true",
+                    help="CUDA only: static KV cache and CUDA graphs (torch.compile); off on ZeroGPU")
 
 
 def configs(args) -> tuple[SamplingConfig, SpecConfig, RunConfig]:
@@ -44,9 +51,21 @@ def configs(args) -> tuple[SamplingConfig, SpecConfig, RunConfig]:
     )
 
 
-def cmd_generate(args) -> int:
-    from app import engine, metrics, models
+def _quiet_transformers() -> None:
+    """stderr carries our one-line errors and summary only: no warnings, no progress bars."""
+    from transformers.utils import logging as hf_logging
 
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+
+
+def cmd_generate(args) -> int:
+    from app import calibrate, engine, metrics, models, render, static_cache, threads
+    from app.policy import make_policy
+
+    _quiet_transformers()
+
+    threads.apply(args.threads)
     s, sp, r = configs(args)
     for cfg in (s, sp, r):
         cfg.validate()
@@ -54,10 +73,16 @@ def cmd_generate(args) -> int:
         raise SpecError("prompt is empty: pass --prompt TEXT")
     pair = models.load_pair(args.target, args.draft, args.device, args.dtype, draft=args.mode == "speculative")
     ids = pair.encode(args.prompt, r.chat)
-    proposer = pair.proposer(sp) if args.mode == "speculative" else None
-    steps = list(engine.generate(pair.target, pair.tokenizer, ids, proposer, s, sp, r))
+    proposer, cache, note = static_cache.setup(pair, sp, args.compile, len(ids), r.max_new_tokens,
+                                               args.mode == "speculative")
+    if args.compile:
+        print(f"--compile: {note}", file=sys.stderr)
+    costs = calibrate.costs_for(pair, sp, cache) if proposer else None  # this machine's, measured once
+    policy = make_policy(sp, costs) if proposer else None
+    steps = list(engine.generate(pair.target, pair.tokenizer, ids, proposer, s, sp, r, policy, cache,
+                                 teach=args.json))
     draft = pair.draft_name if proposer else None
-    doc = metrics.report(steps, pair.target_name, draft, settings_dict(args.mode, s, sp, r))
+    doc = metrics.report(steps, pair.target_name, draft, settings_dict(args.mode, s, sp, r), costs)
     if args.json:
         json.dump(doc, sys.stdout)
         print()
@@ -66,20 +91,22 @@ def cmd_generate(args) -> int:
     if colour:  # the prompt, then each round with its rejected drafts struck through
         print(args.prompt, end="")
         for step in steps:
-            for piece, kind in step.spans():
-                print(f"{COLOURS[kind]}{piece}{RESET}", end="")
+            for piece, kind in step.spans():  # rejected whitespace as · and ↵, so the layout holds
+                print(f"{COLOURS[kind]}{render.visible(piece) if kind == REJECTED else piece}{RESET}", end="")
         print()
     else:  # exactly the generated text, as --json's "text", so it can be piped
         print(doc["text"])
     st = doc["stats"]
     line = (f"\n{st['new_tokens']} tokens in {st['elapsed_s']:.2f}s ({st['tokens_per_s']:.1f} tok/s), "
             f"{st['target_passes']} target passes")
+    if st["stop_reason"] == "context_full":
+        line += "; stopped: context full"
     if draft:
         line += (f"; acceptance {_pct(st['acceptance_rate'])} of drafts, alpha {_pct(st['alpha'])}, "
-                 f"{st['tokens_per_pass']:.2f} tokens/pass, theoretical speedup {_num(st['theoretical_speedup'])}x")
+                 f"{st['tokens_per_pass']:.2f} tokens/pass, speedup predicted for this machine "
+                 f"{_num(st['predicted_speedup'])}x (Leviathan's idealised {_num(st['theoretical_speedup'])}x)")
         if colour:
-            line += f"\n{COLOURS['accepted']}accepted{RESET} {COLOURS['corrected']}corrected{RESET} " \
-                    f"{COLOURS['bonus']}bonus{RESET} {COLOURS['rejected']}rejected{RESET}"
+            line += "\n" + " ".join(f"{COLOURS[kind]}{label}{RESET}" for kind, label in KIND_LABELS.items())
     print(line, file=sys.stderr)
     return 0
 
@@ -94,6 +121,8 @@ def _num(x):
 
 def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m app", description=__doc__)
+    ap.add_argument("--debug", action="store_true",
+                    help="print the full traceback of an unexpected error (may also follow the command)")
     sub = ap.add_subparsers(dest="command", required=True)
     g = sub.add_parser("generate", help="one generation; --json prints records and stats")
     g.add_argument("--prompt", required=True)
@@ -105,14 +134,30 @@ def parser() -> argparse.ArgumentParser:
     # bench and train parse their own options (see --help on each).
     sub.add_parser("bench", help="speculative vs autoregressive (and transformers) on prompt suites", add_help=False)
     sub.add_parser("train", help="rebuild the bundled model family", add_help=False)
+    sub.add_parser("gpucheck", help="time the GPU fast path on random 7B/0.5B-shaped models", add_help=False)
+    sub.add_parser("export", help="the pair and settings as vllm serve / llama-server commands", add_help=False)
+    sub.add_parser("quality", help="the target's held-out loss, loops and distinct n-grams", add_help=False)
     return ap
 
 
 def _delegate(command: str, rest: list[str]) -> int:
+    _quiet_transformers()
     if command == "bench":
         from app import bench
 
         return bench.main(rest)
+    if command == "gpucheck":
+        from app import gpucheck
+
+        return gpucheck.main(rest)
+    if command == "export":
+        from app import export
+
+        return export.main(rest)
+    if command == "quality":
+        from app import quality
+
+        return quality.main(rest)
     from app import train
 
     train.main(rest)
@@ -121,19 +166,24 @@ def _delegate(command: str, rest: list[str]) -> int:
 
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.set_verbosity_error()  # stderr carries our one-line errors and summary only
-    hf_logging.disable_progress_bar()
+    debug = "--debug" in argv  # accepted anywhere, so `generate ... --debug` works too
+    argv = [a for a in argv if a != "--debug"]
     try:
-        if argv and argv[0] in ("bench", "train"):
+        if argv and argv[0] in ("bench", "train", "gpucheck", "export", "quality"):
             return _delegate(argv[0], argv[1:])
         args = parser().parse_args(argv)
         return args.func(args)
-    except SpecError as e:
+    except SpecError as e:  # a user error: the message says what to change
         print(f"error: {e}", file=sys.stderr)
         return 2
-    except Exception as e:  # anything else still ends in one line, never a traceback
-        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
-        print(f"error: {type(e).__name__}: {first}", file=sys.stderr)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    except Exception as e:  # a bug, not a user error: never hidden
+        if debug:
+            traceback.print_exc()
+        else:
+            first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+            print(f"error: {type(e).__name__}: {first}\n(an unexpected error, likely a bug: "
+                  "run again with --debug for the traceback)", file=sys.stderr)
         return 1

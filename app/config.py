@@ -34,7 +34,9 @@ class SamplingConfig:
         if not self.temperature >= 0:  # also refuses NaN
             raise SpecError(f"temperature must be >= 0 (0 means greedy), got {self.temperature}")
         if not self.repetition_penalty > 0 or self.repetition_penalty == float("inf"):
-            raise SpecError(f"repetition penalty must be a positive number (1 disables it), got {self.repetition_penalty}")
+            raise SpecError(
+                f"repetition penalty must be a positive number (1 disables it), got {self.repetition_penalty}"
+            )
         if self.no_repeat_ngram_size < 0:
             raise SpecError(f"no-repeat n-gram size must be >= 0 (0 disables it), got {self.no_repeat_ngram_size}")
         if self.top_k < 0:

@@ -7,7 +7,7 @@ both share loading, sampling, stopping and timing code and compare fairly.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import torch
 from transformers import PreTrainedModel
@@ -28,6 +28,7 @@ class NoDraft:
     """The draft source of plain autoregressive decoding: it never proposes."""
 
     name = "none"
+    wants_features = False
 
     def begin(self, prompt_ids, vocab_size):
         pass
@@ -35,7 +36,7 @@ class NoDraft:
     def propose(self, k, cfg, gen):
         return Proposal([], None)
 
-    def commit(self, accepted, token):
+    def commit(self, accepted, token, features=None):
         pass
 
 
@@ -109,6 +110,8 @@ def _top(tokenizer, proposal: Proposal, p_logits, p, v: verify.Verdict, size: in
     size = min(size, width)
     ids = torch.unique(torch.cat([p_row.topk(size).indices, residual.topk(size).indices]))
     ids = ids[p_row[ids].argsort(descending=True)][:size]
+    if int(v.token) not in ids.tolist():  # the token the target drew is always plotted
+        ids = torch.cat([ids[: size - 1], torch.tensor([int(v.token)], device=ids.device)])
     return [
         (int(i), tokenizer.decode([int(i)]), float(p_row[i]), float(q_row[i]), float(residual[i]))
         for i in ids
@@ -124,15 +127,23 @@ def generate(
     spec: SpecConfig = SpecConfig(),
     run: RunConfig = RunConfig(),
     policy: KPolicy | None = None,
+    target_cache: Callable[[PreTrainedModel], CachedModel] = CachedModel,
+    teach: bool = False,
 ) -> Iterator[Step]:
-    """Speculative decoding with `proposer`, or autoregressive decoding when it is None."""
+    """Speculative decoding with `proposer`, or autoregressive decoding when it is None.
+
+    teach=True also fills each Step's `top` table (top-p/q/residual at the decision point),
+    which only the teaching view reads; the hot loop skips it otherwise.
+
+    target_cache builds the target's per-request cache (static_cache.py: the GPU fast path).
+    """
     for cfg in (sampling_cfg, spec, run):
         cfg.validate()
     autoregressive = proposer is None
     proposer = proposer or NoDraft()
     policy = policy or make_policy(spec)
     gen = torch.Generator().manual_seed(sampling_cfg.seed)
-    lm = CachedModel(target)
+    lm = target_cache(target)
     limit = context_length(target, *([proposer.model] if hasattr(proposer, "model") else []))
     eos = {tokenizer.eos_token_id, *_as_list(target.generation_config.eos_token_id)} - {None}
     out = _Output(tokenizer, prompt_ids, run, eos)
@@ -148,7 +159,11 @@ def generate(
         t1 = time.perf_counter()
         drafts = proposal.tokens
         base = len(ids)
-        p_logits = lm.extend(ids[lm.length :] + drafts, keep=len(drafts) + 1)
+        fed = ids[lm.length :] + drafts
+        if proposer.wants_features:
+            p_logits, features = lm.extend_with_features(fed, keep=len(drafts) + 1)
+        else:
+            p_logits, features = lm.extend(fed, keep=len(drafts) + 1), None
         p_logits = sampling.penalise(p_logits, ids, drafts, sampling_cfg)
         p = None
         if sampling_cfg.greedy:
@@ -158,7 +173,9 @@ def generate(
             q = proposal.q if proposal.q is not None else verify.one_hot_q(drafts, p.shape[-1], p.device)
             v = verify.speculative_sampling(drafts, p, q, gen)
         lm.rollback(base + v.accepted)
-        proposer.commit(v.accepted, v.token)
+        # The target's features of the positions it kept: the fed committed ones plus accepted drafts.
+        kept_features = None if features is None else features[: len(fed) - len(drafts) + v.accepted]
+        proposer.commit(v.accepted, v.token, kept_features)
         sync(lm.device)
         t2 = time.perf_counter()
         policy.update(len(drafts), v.accepted, t1 - t0, t2 - t1)
@@ -178,8 +195,8 @@ def generate(
             token_text=token_text, rejected=drafts[n:], emitted=emitted, text=new_text,
             draft_time=t1 - t0, verify_time=t2 - t1, elapsed=busy,
             decisions=_decisions(drafts, texts, v),
-            top=[] if autoregressive else _top(tokenizer, proposal, p_logits, p, v),
-            stop_reason=out.stop_reason,
+            top=_top(tokenizer, proposal, p_logits, p, v) if teach and not autoregressive else [],
+            stop_reason=out.stop_reason, feature_position=proposal.feature_position,
         )
         if out.stop_reason:
             return

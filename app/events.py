@@ -5,7 +5,16 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 
 ACCEPTED, CORRECTED, BONUS, REJECTED, TARGET = "accepted", "corrected", "bonus", "rejected", "target"
-# TARGET marks a token of plain autoregressive decoding: the target alone chose it.
+# TARGET marks a token the target chose with no drafts before it: every token of plain
+# autoregressive decoding, and a speculative round that drafted nothing (prompt lookup
+# without a match, or a last round with no room left to draft).
+KIND_LABELS = {  # how the legend, the plots and the CLI name each kind
+    ACCEPTED: "accepted draft",
+    CORRECTED: "corrected by the target",
+    BONUS: "bonus (all drafts kept)",
+    TARGET: "target token (no drafts)",
+    REJECTED: "rejected draft",
+}
 
 
 @dataclass
@@ -31,7 +40,7 @@ class Step:
     draft_text: list[str]
     accepted: int  # how many drafts were kept
     token: int  # the target's own token this round
-    token_kind: str  # CORRECTED, BONUS or TARGET
+    token_kind: str  # CORRECTED, BONUS, or TARGET when nothing was drafted this round
     token_text: str
     rejected: list[int]  # drafts after the first rejection, all thrown away
     emitted: list[int]  # tokens appended to the output this round, after stop truncation
@@ -44,6 +53,7 @@ class Step:
     # [(token_id, text, p, q, residual)] for the position where the target's token was chosen.
     top: list[tuple[int, str, float, float, float]] = field(default_factory=list)
     stop_reason: str | None = None  # eos | stop_string | max_new_tokens | context_full, on the last step
+    feature_position: int | None = None  # feature drafts: the position of the target feature the head read
 
     def spans(self) -> list[tuple[str, str]]:
         """(text, kind) pieces in display order, rejected drafts where they were proposed.

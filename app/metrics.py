@@ -4,7 +4,17 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from app.events import Step
+from app.costs import Costs
+from app.events import BONUS, CORRECTED, TARGET, Step
+
+# What each speedup figure means; the JSON report carries these beside the numbers.
+LABELS = {
+    "theoretical_speedup": "Leviathan et al.'s idealised speedup at the measured alpha and c: "
+                           "assumes one verify pass costs one plain step",
+    "predicted_speedup": "predicted for this machine: the same expected tokens per round over this "
+                         "machine's measured round time (verify time per width, draft cost, overhead)",
+    "achieved_speedup": "measured: speculative tokens/s over autoregressive tokens/s",
+}
 
 
 def expected_tokens_per_pass(alpha: float, k: float) -> float:
@@ -19,12 +29,13 @@ def expected_speedup(alpha: float, c: float, k: float) -> float:
     return expected_tokens_per_pass(alpha, k) / (k * c + 1)
 
 
-def summarize(steps: Sequence[Step]) -> dict:
+def summarize(steps: Sequence[Step], costs: Costs | None = None) -> dict:
     """Summary of one run (speculative or autoregressive) from its records.
 
     acceptance_rate is accepted / drafted; alpha is accepted / (accepted + rejections),
     the per-token rate in Leviathan's formula. They differ because a round stops
-    judging at its first rejection.
+    judging at its first rejection. With `costs` (calibrate.py), predicted_speedup is
+    what this machine's cost model expects at the measured alpha for these rounds.
     """
     tokens = sum(len(s.emitted) for s in steps)
     drafted = sum(len(s.drafted) for s in steps)
@@ -41,6 +52,8 @@ def summarize(steps: Sequence[Step]) -> dict:
     stats = dict(
         new_tokens=tokens,
         rounds=len(steps),
+        # How each round's own token came about: corrected, bonus, or target (nothing drafted).
+        rounds_by_kind={kind: sum(s.token_kind == kind for s in steps) for kind in (CORRECTED, BONUS, TARGET)},
         target_passes=len(steps),
         drafted=drafted,
         accepted=accepted,
@@ -57,12 +70,15 @@ def summarize(steps: Sequence[Step]) -> dict:
         cost_ratio_c=c,
         expected_tokens_per_pass=None,
         theoretical_speedup=None,
+        predicted_speedup=None,
         stop_reason=steps[-1].stop_reason if steps else None,
     )
     if alpha is not None and drafted:
         stats["expected_tokens_per_pass"] = expected_tokens_per_pass(min(alpha, 1.0), mean_k)
         if c is not None:
             stats["theoretical_speedup"] = expected_speedup(min(alpha, 1.0), c, mean_k)
+        if costs is not None:
+            stats["predicted_speedup"] = costs.predicted_speedup(min(alpha, 1.0), [len(s.drafted) for s in steps])
     return stats
 
 
@@ -71,7 +87,8 @@ def compare(spec: dict, ar: dict) -> dict:
     achieved = None
     if spec.get("tokens_per_s") and ar.get("tokens_per_s"):
         achieved = spec["tokens_per_s"] / ar["tokens_per_s"]
-    return dict(achieved_speedup=achieved, theoretical_speedup=spec.get("theoretical_speedup"))
+    return dict(achieved_speedup=achieved, theoretical_speedup=spec.get("theoretical_speedup"),
+                predicted_speedup=spec.get("predicted_speedup"))
 
 
 def acceptance_by_position(steps: Sequence[Step]) -> list[float]:
@@ -87,14 +104,20 @@ def acceptance_by_position(steps: Sequence[Step]) -> list[float]:
     return [k / o for k, o in zip(kept, offered, strict=True)]
 
 
-def report(steps: Sequence[Step], target: str, draft: str | None, settings: dict) -> dict:
-    """The JSON document of one run: text, generated ids, records and summary."""
+def report(steps: Sequence[Step], target: str, draft: str | None, settings: dict,
+           costs: Costs | None = None) -> dict:
+    """The JSON document of one run: text, generated ids, records and summary.
+
+    `costs` (this machine's, from calibrate.py) adds predicted_speedup and the measured costs.
+    """
     return dict(
         text="".join(s.text for s in steps),
         token_ids=[t for s in steps for t in s.emitted],
         target=target,
         draft=draft,
         settings=settings,
-        stats=summarize(steps),
+        stats=summarize(steps, costs),
+        labels=LABELS,
+        costs=costs.to_dict() if costs is not None else None,
         steps=[s.to_dict() for s in steps],
     )

@@ -8,20 +8,27 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
-from app import text
+from app import draft_spec, feature_head, hosting, text
+from app.cache import refuse_uncroppable
 from app.config import SpecConfig, SpecError
-from app.proposers import ModelProposer, PromptLookup, Proposer, early_exit
+from app.cross_tokenizer import CrossTokenizerProposer, TokenBridge
+from app.draft_spec import DraftSpec
+from app.proposers import FeatureProposer, ModelProposer, PromptLookup, Proposer, early_exit
 
 ROOT = Path(__file__).resolve().parent.parent
 BUNDLED = ROOT / "assets" / "models"
 DEFAULT_TARGET = str(BUNDLED / "target")
 DEFAULT_DRAFT = str(BUNDLED / "draft-distilled")
+FEATURE_DRAFT = str(BUNDLED / "draft-feature")
+EAGLE = "eagle:"  # prefix for a published EAGLE-1 head (Hub id or directory) as the draft
 PROMPT_LOOKUP = "prompt-lookup"
 EARLY_EXIT = "early-exit:"
 
@@ -37,6 +44,7 @@ TARGET_PRESETS = {
 }
 DRAFT_PRESETS = {
     "distilled draft (bundled)": DEFAULT_DRAFT,
+    "feature draft (EAGLE-style, bundled)": FEATURE_DRAFT,
     "small draft (bundled)": str(BUNDLED / "draft-small"),
     "weak draft (bundled)": str(BUNDLED / "draft-weak"),
     "Qwen2.5-0.5B-Instruct": "Qwen/Qwen2.5-0.5B-Instruct",
@@ -77,25 +85,29 @@ def _resolve(model_id: str) -> str:
     return str(path.resolve()) if model_id and path.exists() else model_id
 
 
-def allowlist() -> set[str] | None:
-    """Ids a public server may load, from SPECDEC_ALLOWED_MODELS: a comma list, or 'presets'."""
-    raw = os.environ.get("SPECDEC_ALLOWED_MODELS", "").strip()
-    if not raw:
+def preset_ids() -> set[str]:
+    """Every preset, by label and by id, as a visitor may type it."""
+    return {*TARGET_PRESETS, *TARGET_PRESETS.values(), *DRAFT_PRESETS, *DRAFT_PRESETS.values()}
+
+
+def allowlist() -> list[str] | None:
+    """What this server lets visitors load (names, never install paths), or None for any id."""
+    allowed = hosting.allowed_ids(preset_ids())
+    if allowed is None:
         return None
-    if raw == "presets":
-        return {_resolve(x) for x in (*TARGET_PRESETS.values(), *DRAFT_PRESETS.values())}
-    return {_resolve(x) for x in raw.split(",") if x.strip()}
+    paths = {str(v) for v in (*TARGET_PRESETS.values(), *DRAFT_PRESETS.values()) if Path(v).is_absolute()}
+    return sorted(a for a in allowed if a not in paths)
 
 
-def resolve(model_id: str) -> str:
-    """A preset label, a local directory or a Hub id, as the string from_pretrained gets."""
-    name = _resolve(model_id)
-    if not name:
+def resolve(model_id: str, role: str = "target") -> str:
+    """A preset label, a local directory or a Hub id, as the string from_pretrained gets.
+
+    Who may load what is checked on the id as typed, before the filesystem is touched.
+    """
+    if not (model_id or "").strip():
         raise SpecError("no model given: pick a preset, a Hub id or a local directory")
-    allowed = allowlist()
-    if allowed is not None and name not in allowed and name != PROMPT_LOOKUP and not name.startswith(EARLY_EXIT):
-        raise SpecError(f"{name!r} is not on this server's model allowlist: pick one of the presets")
-    return name
+    hosting.check(model_id, role, preset_ids())
+    return _resolve(model_id)
 
 
 _cache: dict[tuple, tuple[PreTrainedModel, object]] = {}
@@ -103,32 +115,42 @@ _lock = threading.Lock()
 MAX_CACHED = 4  # models kept loaded at once; the oldest is dropped first
 
 
-def load(model_id: str, device: str | None = None, dtype: str | None = None, spread: bool = False):
+def load(model_id: str, device: str | None = None, dtype: str | None = None, spread: bool = False,
+         role: str = "target"):
     """(model, tokenizer) for a Hub id or local dir, loaded once and shared read-only.
 
     spread=True places a CUDA model over all visible GPUs with device_map="auto".
+    Messages name the model as it was typed, never by a resolved host path.
     """
-    name = resolve(model_id)
+    name = resolve(model_id, role)
+    shown = hosting.shown(model_id)
+    token = hosting.token_for(model_id.strip(), preset_ids())
     dev, torch_dtype = choose_device(device, dtype)
     key = (name, str(dev), torch_dtype, spread)
     with _lock:
         if key in _cache:
             return _cache[key]
         multi = spread and dev.type == "cuda" and torch.cuda.device_count() > 1
+        # Offline, a Hub id may still be in the local cache; never wait on a Hub that is not there.
+        hub_id = not Path(name).exists() and not name.startswith(("/", ".", "~"))
+        offline = hub_id and not hub_reachable()
         try:
-            tokenizer = AutoTokenizer.from_pretrained(name, trust_remote_code=False)
+            tokenizer = AutoTokenizer.from_pretrained(name, trust_remote_code=False, local_files_only=offline,
+                                                      token=token)
             model = AutoModelForCausalLM.from_pretrained(
                 name, dtype=torch_dtype, trust_remote_code=False, use_safetensors=True,
-                device_map="auto" if multi else {"": str(dev)},
+                device_map="auto" if multi else {"": str(dev)}, local_files_only=offline, token=token,
             )
         except (OSError, ValueError, KeyError) as e:
+            if offline:
+                raise SpecError(_offline_message(shown, name)) from None
             raise SpecError(
-                f"could not load {name!r} as a causal LM with safetensors weights: {_first_line(e)}. "
+                f"could not load {shown!r} as a causal LM with safetensors weights: {_safe_reason(e, name)}. "
                 "Give a local directory or a Hub id (network access needed for Hub ids)."
             ) from None
         except torch.cuda.OutOfMemoryError:
             torch.cuda.empty_cache()
-            raise SpecError(f"out of memory loading {name!r}: pick a smaller model") from None
+            raise SpecError(f"out of memory loading {shown!r}: pick a smaller model") from None
         model.eval()
         if len(_cache) >= MAX_CACHED:
             _cache.pop(next(iter(_cache)))
@@ -136,29 +158,135 @@ def load(model_id: str, device: str | None = None, dtype: str | None = None, spr
         return model, tokenizer
 
 
+def preload(model_id: str, role: str = "target", device: str = "cuda:0") -> None:
+    """Load to the CPU, `.to(device)`, and cache it under the key a request on that device looks up.
+
+    zerogpu.py's start-up step: on ZeroGPU, CUDA at start-up is emulated, and the move is recorded
+    and replayed in each call's GPU worker, so a worker finds the model in place instead of loading
+    it on every call. bf16, as choose_device picks on ZeroGPU's GPUs.
+    """
+    dev, dtype, spread = torch.device(device), torch.bfloat16, role == "target"
+    model, tokenizer = load(model_id, "cpu", "bf16", spread=spread, role=role)
+    model.to(dev)
+    name = resolve(model_id, role)
+    with _lock:
+        _cache.pop((name, "cpu", dtype, spread), None)
+        _cache[(name, str(dev), dtype, spread)] = (model, tokenizer)
+
+
+_heads: dict[tuple, object] = {}
+
+
+def _load_head(name: str, target: PreTrainedModel):
+    """A feature head for this target, loaded once; a Hub id fetches config + safetensors only."""
+    key = (name, id(target))
+    with _lock:
+        if key not in _heads:
+            path = Path(name)
+            if not path.is_dir():
+                from huggingface_hub import snapshot_download
+
+                if not hub_reachable():
+                    raise SpecError(_offline_message(hosting.shown(name), name))
+
+                try:  # a visitor's id never uses the owner's token; weights are safetensors only
+                    path = Path(snapshot_download(name, allow_patterns=["config.json", "*.safetensors"], token=False))
+                except Exception as e:  # noqa: BLE001 - any download failure is the same user error
+                    raise SpecError(f"could not fetch feature head {name!r}: {_first_line(e)}") from None
+            if len(_heads) >= MAX_CACHED:
+                _heads.pop(next(iter(_heads)))
+            _heads[key] = feature_head.load_head(path, target)
+        return _heads[key]
+
+
+HUB_PROBE_TIMEOUT = 3.0  # seconds for the one look at the Hub before a download (instead of ~47 s of retries)
+HUB_PROBE_TTL = 60.0  # seconds a probe's answer is reused
+_hub_seen: dict[str, tuple[float, bool]] = {}  # endpoint -> (when probed, reachable)
+
+
+def hub_reachable() -> bool:
+    """Whether the Hugging Face Hub answers at all: False under HF_HUB_OFFLINE, else one quick probe."""
+    from huggingface_hub import constants
+    from huggingface_hub.utils import get_session
+
+    if constants.HF_HUB_OFFLINE:
+        return False
+    endpoint, now = constants.ENDPOINT, time.monotonic()
+    seen = _hub_seen.get(endpoint)
+    if seen is None or now - seen[0] > HUB_PROBE_TTL:
+        try:  # any HTTP answer, even an error status, means the Hub can be reached
+            get_session().head(endpoint, timeout=HUB_PROBE_TIMEOUT)
+            seen = (now, True)
+        except Exception:  # noqa: BLE001 - refused, unresolvable, timed out: all mean offline
+            seen = (now, False)
+        _hub_seen[endpoint] = seen
+    return seen[1]
+
+
+def _offline_message(shown: str, repo_id: str) -> str:
+    """How to get a Hub model when the Hub cannot be reached (repo_id is a Hub id, never a host path)."""
+    from huggingface_hub import constants
+
+    why = "HF_HUB_OFFLINE is set" if constants.HF_HUB_OFFLINE else f"the Hub ({constants.ENDPOINT}) cannot be reached"
+    return (f"{shown!r} is not a local directory and is not in the Hugging Face cache, and {why}. "
+            f"Download it where there is network (`hf download {repo_id}`, then HF_HUB_OFFLINE=1 loads it from "
+            "the cache), or give the model's local directory.")
+
+
+def needs_download(model_id: str) -> bool:
+    """Whether loading this preset or id fetches files from the Hub: not a local dir, not in the cache."""
+    name = _resolve(model_id)
+    if not name or name == PROMPT_LOOKUP or name.startswith(EARLY_EXIT) or Path(name).exists():
+        return False
+    from huggingface_hub import try_to_load_from_cache
+
+    try:
+        return not isinstance(try_to_load_from_cache(name, "config.json"), str)
+    except Exception:  # noqa: BLE001 - not a valid repo id: loading it would not find it locally either
+        return True
+
+
+def _safe_reason(e: Exception, resolved: str) -> str:
+    """The first line of a loader error, without the host paths it may quote."""
+    reason = _first_line(e).rstrip(".")
+    for path in {resolved, str(Path(resolved).parent), str(ROOT), os.path.expanduser("~")}:
+        if len(path) > 1 and os.path.isabs(path):
+            reason = reason.replace(path, "<dir>")
+    return reason[:200]
+
+
 def _first_line(e: Exception) -> str:
     return (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
 
 
-def check_compatible(target_tok, draft_tok, target_name: str, draft_name: str) -> None:
-    """Refuse a draft whose vocabulary differs from the target's.
+# Text any draft tokenizer must spell back exactly before it may draft for another tokenizer.
+SPELLING_PROBE = "def main(argv=None):\n    return {'a': 1, 'B': [2.5]}  # Hello, world!"
 
-    Identical vocabularies pass even when the embedding matrices differ in padded rows;
-    so does one that only adds a few special tokens at the end.
+
+def check_compatible(target_tok, draft_tok, target_name: str, draft_name: str) -> bool:
+    """True when the draft shares the target's vocabulary, False when its drafts must be re-tokenised.
+
+    Identical vocabularies count as shared even when the embedding matrices differ in padded rows;
+    so does one that only adds a few special tokens at the end. A different tokenizer is refused
+    only if it cannot spell ordinary text, since the draft reads the committed text in its tokens.
     """
     vt, vd = target_tok.get_vocab(), draft_tok.get_vocab()
     if vt == vd:
-        return
+        return True
     small, large = (vt, vd) if len(vt) <= len(vd) else (vd, vt)
     shared = all(large.get(tok) == i for tok, i in small.items())
     extra = set(large) - set(small)
     if shared and len(extra) <= 8 and all(large[t] >= len(small) for t in extra):
-        return
-    raise SpecError(
-        f"draft {draft_name!r} has a different vocabulary ({len(vd)} tokens, "
-        f"{type(draft_tok).__name__}) from target {target_name!r} ({len(vt)} tokens, "
-        f"{type(target_tok).__name__}): pick a draft from the target's model family"
-    )
+        return True
+    back = draft_tok.decode(draft_tok(SPELLING_PROBE, add_special_tokens=False)["input_ids"])
+    if back != SPELLING_PROBE:
+        raise SpecError(
+            f"draft {draft_name!r} has a different vocabulary ({len(vd)} tokens, "
+            f"{type(draft_tok).__name__}) from target {target_name!r} ({len(vt)} tokens, "
+            f"{type(target_tok).__name__}), and its tokenizer cannot spell ordinary text "
+            f"({SPELLING_PROBE[:20]!r} comes back as {back[:20]!r}): pick a draft whose tokenizer covers the text"
+        )
+    return False
 
 
 def context_length(*models: PreTrainedModel) -> int:
@@ -173,17 +301,33 @@ class Pair:
     target_name: str
     draft_name: str
     draft_model: PreTrainedModel | None  # None for prompt lookup and early exit
+    head: object | None = None  # a FeatureHead when the draft reads the target's features
+    bridge: TokenBridge | None = None  # set when the draft has another tokenizer: its drafts are re-tokenised
+
+    @property
+    def note(self) -> str:
+        """One line for the UI about how this pair drafts ('' when there is nothing to say)."""
+        return "different tokenizers: drafts are re-tokenised" if self.bridge else ""
 
     def encode(self, prompt: str, chat: bool = False) -> list[int]:
         """The prompt's ids (through the chat template when asked), checked against the context."""
         return text.prompt_ids(self.tokenizer, prompt, chat, context_length(self.target))
 
+    @cached_property
+    def draft_spec(self) -> DraftSpec:
+        """The draft's kind and parameters, parsed once from draft_name."""
+        return DraftSpec.parse(self.draft_name)
+
     def proposer(self, spec: SpecConfig = SpecConfig()) -> Proposer:
         """A fresh proposer for one request (its cache and ids are that request's own)."""
-        if self.draft_name == PROMPT_LOOKUP:
+        if self.draft_spec.kind == draft_spec.PROMPT_LOOKUP:
             return PromptLookup(spec.ngram_max, spec.ngram_min)
-        if self.draft_name.startswith(EARLY_EXIT):
-            return early_exit(self.target, int(self.draft_name[len(EARLY_EXIT):]))
+        if self.draft_spec.kind == draft_spec.EARLY_EXIT:
+            return early_exit(self.target, self.draft_spec.layers)
+        if self.head is not None:
+            return FeatureProposer(self.target, self.head, self.draft_name)
+        if self.bridge is not None:
+            return CrossTokenizerProposer(self.draft_model, self.bridge, self.draft_name)
         return ModelProposer(self.draft_model, self.draft_name)
 
 
@@ -198,17 +342,20 @@ def load_pair(target_id: str | None = None, draft_id: str | None = None,
     target_name = resolve(target_id or DEFAULT_TARGET)
     if not draft:
         return Pair(target, tokenizer, target_name, "", None)
-    draft_name = resolve(draft_id or DEFAULT_DRAFT)
-    if draft_name == PROMPT_LOOKUP:
-        return Pair(target, tokenizer, target_name, draft_name, None)
-    if draft_name.startswith(EARLY_EXIT):
-        try:
-            n = int(draft_name[len(EARLY_EXIT):])
-        except ValueError:
-            raise SpecError(f"early exit needs a layer count, like early-exit:2; got {draft_name!r}") from None
-        early_exit(target, n)  # validates n against the target's depth
-        return Pair(target, tokenizer, target_name, f"{EARLY_EXIT}{n}", None)
+    refuse_uncroppable(target)  # before the user waits: speculation needs a cache that rolls back
+    draft_name = resolve(draft_id or DEFAULT_DRAFT, "draft")
+    spec = DraftSpec.parse(draft_name)  # the one place a draft's text is read
+    if spec.kind == draft_spec.PROMPT_LOOKUP:
+        return Pair(target, tokenizer, target_name, str(spec), None)
+    if spec.kind == draft_spec.EARLY_EXIT:
+        early_exit(target, spec.layers)  # validates N against the target's depth
+        return Pair(target, tokenizer, target_name, str(spec), None)
+    if spec.kind == draft_spec.FEATURE_HEAD:
+        head = _load_head(spec.source, target)
+        return Pair(target, tokenizer, target_name, draft_name, None, head)
     first = target.get_input_embeddings().weight.device
-    draft, draft_tok = load(draft_name, str(first), dtype)
-    check_compatible(tokenizer, draft_tok, target_name, draft_name)
-    return Pair(target, tokenizer, target_name, draft_name, draft)
+    draft, draft_tok = load(draft_id or DEFAULT_DRAFT, str(first), dtype, role="draft")
+    refuse_uncroppable(draft)
+    if check_compatible(tokenizer, draft_tok, target_name, draft_name):
+        return Pair(target, tokenizer, target_name, draft_name, draft)
+    return Pair(target, tokenizer, target_name, draft_name, draft, bridge=TokenBridge(tokenizer, draft_tok))

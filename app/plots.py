@@ -7,23 +7,41 @@ from collections.abc import Sequence
 import plotly.graph_objects as go
 
 from app import metrics
-from app.events import Step
+from app.events import BONUS, CORRECTED, KIND_LABELS, TARGET, Step
+from app.render import visible
 
 COLOURS = {"accepted": "#2e9d57", "corrected": "#d9534f", "bonus": "#3a74c9", "rejected": "#9aa0a6",
            "target": "#555555", "speculative": "#2e9d57", "autoregressive": "#888888"}
 
 
 def _layout(fig: go.Figure, title: str, x: str, y: str) -> go.Figure:
-    fig.update_layout(title=dict(text=title, x=0.02, font=dict(size=14)), height=260,
+    # The legend sits under the plot, left-aligned: above it, it collides with the title on narrow screens.
+    fig.update_layout(title=dict(text=title, x=0.02, font=dict(size=14)), height=300,
                       margin=dict(l=45, r=10, t=40, b=40), xaxis_title=x, yaxis_title=y,
-                      template="plotly_white", legend=dict(orientation="h", y=1.02, x=1, xanchor="right",
-                                                          yanchor="bottom"))
+                      template="plotly_white", legend=dict(orientation="h", y=-0.38, x=0, xanchor="left",
+                                                          yanchor="top"))
     return fig
 
 
+def capped_last_round(steps: Sequence[Step]) -> Step | None:
+    """The last round when its k was cut to the tokens (or context) left, not chosen by the policy."""
+    if len(steps) < 2 or steps[-1].stop_reason not in ("max_new_tokens", "context_full"):
+        return None
+    return steps[-1] if steps[-1].k < steps[-2].k else None
+
+
 def k_per_round(steps: Sequence[Step]) -> go.Figure:
+    """k asked of the draft each round; draftless rounds and a capped last round are marked."""
     fig = go.Figure(go.Scatter(x=[s.round for s in steps], y=[s.k for s in steps], mode="lines+markers",
                                line_shape="hv", name="k", marker_color=COLOURS["bonus"]))
+    empty = [s for s in steps if not s.drafted and s.k > 0]
+    if empty:  # asked for k, got nothing (prompt lookup without a match)
+        fig.add_trace(go.Scatter(x=[s.round for s in empty], y=[s.k for s in empty], mode="markers",
+                                 name=KIND_LABELS[TARGET], marker=dict(color=COLOURS["target"], symbol="x", size=9)))
+    last = capped_last_round(steps)
+    if last is not None:
+        fig.add_trace(go.Scatter(x=[last.round], y=[last.k], mode="markers", name="last round: k capped by tokens left",
+                                 marker=dict(color=COLOURS["corrected"], symbol="diamond-open", size=11)))
     return _layout(fig, "k per round", "round", "k")
 
 
@@ -65,33 +83,43 @@ def acceptance_by_position(steps: Sequence[Step]) -> go.Figure:
 
 
 def tokens_per_round(steps: Sequence[Step]) -> go.Figure:
-    counts = [len(s.emitted) for s in steps]
-    fig = go.Figure(go.Histogram(x=counts, xbins=dict(start=0.5, end=max(counts, default=1) + 0.5, size=1),
-                                 marker_color=COLOURS["bonus"]))
+    """Histogram of tokens emitted per round, stacked by how the round's own token came about."""
+    top = max((len(s.emitted) for s in steps), default=1)
+    fig = go.Figure()
+    for kind in (CORRECTED, BONUS, TARGET):
+        counts = [len(s.emitted) for s in steps if s.token_kind == kind]
+        if counts or kind != TARGET:
+            fig.add_trace(go.Histogram(x=counts, xbins=dict(start=0.5, end=top + 0.5, size=1),
+                                       name=f"round ends with: {KIND_LABELS[kind]}", marker_color=COLOURS[kind]))
+    fig.update_layout(barmode="stack")
     return _layout(fig, "tokens per round (per target pass)", "tokens emitted", "rounds")
 
 
 def decision_figure(step: Step) -> go.Figure:
-    """p, q and the residual norm(max(0, p - q)) over the top tokens where the target chose."""
+    """Where the target's own token came from, over the top tokens at that position.
+
+    After a rejection: p, q and the residual norm(max(0, p - q)) it was drawn from. A bonus or
+    draftless token is drawn from p itself, so p is drawn once.
+    """
     labels = []
     for t in step.top:  # whitespace made visible, and never two bars under one label
         label = visible(t[1]) or f"#{t[0]}"
         labels.append(label if label not in labels else f"{label} #{t[0]}")
-    fig = go.Figure([
-        go.Bar(x=labels, y=[t[2] for t in step.top], name="p (target)", marker_color=COLOURS["accepted"]),
-        go.Bar(x=labels, y=[t[3] for t in step.top], name="q (draft)", marker_color=COLOURS["rejected"]),
-        go.Bar(x=labels, y=[t[4] for t in step.top],
-               name="norm(max(0, p - q))" if step.token_kind == "corrected" else "p at the bonus position",
-               marker_color=COLOURS["corrected"] if step.token_kind == "corrected" else COLOURS["bonus"]),
-    ])
+    if step.token_kind == CORRECTED:
+        fig = go.Figure([
+            go.Bar(x=labels, y=[t[2] for t in step.top], name="p (target)", marker_color=COLOURS["accepted"]),
+            go.Bar(x=labels, y=[t[3] for t in step.top], name="q (draft)", marker_color=COLOURS["rejected"]),
+            go.Bar(x=labels, y=[t[4] for t in step.top], name="norm(max(0, p - q))",
+                   marker_color=COLOURS["corrected"]),
+        ])
+    else:
+        fig = go.Figure(go.Bar(x=labels, y=[t[2] for t in step.top], name=f"p: the {step.token_kind} token's source",
+                               marker_color=COLOURS[step.token_kind]))
     fig.update_layout(barmode="group")
-    return _layout(fig, f"round {step.round}: where the target's token “{visible(step.token_text)}” came from",
-                   "token", "probability")
-
-
-def visible(piece: str) -> str:
-    """Token text with spaces, tabs and newlines drawn, for axis labels."""
-    return piece.replace(" ", "␣").replace("\t", "⇥").replace("\n", "↵")
+    missing = step.token not in [t[0] for t in step.top]
+    # A short title: plotly never wraps one, and the plot may be a phone's width.
+    return _layout(fig, f"round {step.round}: where “{visible(step.token_text)}” came from"
+                   + (" (not in the top tokens)" if missing else ""), "", "probability")
 
 
 def bench_figure(doc: dict) -> go.Figure:

@@ -7,6 +7,10 @@ import torch
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
+from app import threads
+
+threads.apply()  # the app's thread policy (SPECDEC_THREADS overrides): tests stay fast on a busy machine
+
 CHARS = "abcdefghijklmnopqrstuvwxyz .,:()=\n_0123456789"
 
 
@@ -35,6 +39,36 @@ def tiny_llama(vocab: int, layers: int = 2, hidden: int = 32, seed: int = 0, sca
     model.generation_config.eos_token_id = 1
     model.generation_config.pad_token_id = 2
     return model
+
+
+def _tree_outputs() -> dict[str, str] | None:
+    """Changed or new non-source files in the git work tree, with a hash of each (None outside git)."""
+    import hashlib
+    import os
+    import subprocess
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    try:
+        out = subprocess.run(["git", "status", "--porcelain", "--untracked-files=all"], cwd=root,
+                             capture_output=True, text=True, timeout=60, check=True).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    paths = [line[3:].split(" -> ")[-1] for line in out.splitlines()]
+    # Source and docs are left out: people edit them while a suite runs; tests write neither.
+    # So is the screenshot a run was asked to refresh (SPECDEC_SCREENSHOT, see README).
+    asked = Path(os.environ.get("SPECDEC_SCREENSHOT") or root / "-").resolve()
+    return {p: hashlib.sha1((root / p).read_bytes()).hexdigest() if (root / p).is_file() else "gone"
+            for p in paths if not p.endswith((".py", ".md")) and (root / p).resolve() != asked}
+
+
+@pytest.fixture(scope="session", autouse=True)
+def leaves_the_work_tree_alone():
+    """The suite writes to temporary paths only: git status is the same before and after it."""
+    before = _tree_outputs()
+    yield
+    after = _tree_outputs()
+    assert before is None or after == before, f"tests changed files in the work tree: {after} (was {before})"
 
 
 @pytest.fixture(scope="session")
@@ -74,9 +108,11 @@ def run(target, tokenizer, prompt, proposer=None, **kw):
     from app.config import RunConfig, SamplingConfig, SpecConfig
     from app.engine import generate
 
-    sampling = SamplingConfig(**{k: kw.pop(k) for k in ("temperature", "top_k", "top_p", "seed", "repetition_penalty", "no_repeat_ngram_size") if k in kw})
+    sampling_keys = ("temperature", "top_k", "top_p", "seed", "repetition_penalty", "no_repeat_ngram_size")
+    sampling = SamplingConfig(**{k: kw.pop(k) for k in sampling_keys if k in kw})
     spec = SpecConfig(**{k: kw.pop(k) for k in ("k", "k_policy", "k_max", "ngram_max", "ngram_min") if k in kw})
+    teach = kw.pop("teach", True)  # tests read the teaching table too
     cfg = RunConfig(**kw)
     ids = prompt if isinstance(prompt, list) else tokenizer(prompt)["input_ids"]
-    steps = list(generate(target, tokenizer, ids, proposer, sampling, spec, cfg))
+    steps = list(generate(target, tokenizer, ids, proposer, sampling, spec, cfg, teach=teach))
     return [t for s in steps for t in s.emitted], steps

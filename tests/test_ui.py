@@ -2,6 +2,7 @@
 answers gradio_client and a real browser with the bundled models."""
 
 import dataclasses
+import logging
 import os
 import socket
 import subprocess
@@ -12,8 +13,9 @@ from pathlib import Path
 import pytest
 from conftest import run
 
-from app import plots, render
-from app.events import ACCEPTED, BONUS, CORRECTED, REJECTED
+from app import models, plots, render
+from app.config import MAX_NEW_TOKENS_CAP
+from app.events import ACCEPTED, BONUS, CORRECTED, REJECTED, TARGET
 from app.proposers import ModelProposer
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -46,8 +48,8 @@ def test_spans_carry_each_category_in_order(records):
     for kind, cls in ((ACCEPTED, "acc"), (CORRECTED, "cor"), (BONUS, "bon"), (REJECTED, "rej")):
         assert counts.get(kind, 0) > 0, kind
         assert html.count(f'class="tok {cls}"') == counts[kind]
-    # Accepted + corrected + bonus spans are exactly the output; rejected ones are extra.
-    kept = sum(counts.get(k, 0) for k in (ACCEPTED, CORRECTED, BONUS))
+    # Accepted, corrected, bonus and draftless target spans are exactly the output; rejected ones are extra.
+    kept = sum(counts.get(k, 0) for k in (ACCEPTED, CORRECTED, BONUS, TARGET))
     assert kept == sum(len(s.emitted) for s in spec)
     step = next(s for s in spec if s.accepted < len(s.drafted))
     kinds = [kind for _, kind in step.spans()]
@@ -59,9 +61,9 @@ def test_summary_and_greedy_check(records):
     spec, ar = records
     text = render.summary_markdown(spec, ar)
     assert "Speedup" in text and "theoretical" in text and "α per token" in text
-    assert render.greedy_check(spec, ar, greedy=True).startswith("✅")
-    assert render.greedy_check(spec, ar[:-1], greedy=True, done=False).startswith("⏳")
-    assert render.greedy_check(spec, ar[:-1], greedy=True).startswith("❌")
+    assert "Greedy check passed" in render.greedy_check(spec, ar, greedy=True)
+    assert "identical so far" in render.greedy_check(spec, ar[:-1], greedy=True, done=False)
+    assert "Greedy check failed" in render.greedy_check(spec, ar[:-1], greedy=True)
     other = [dataclasses.replace(s, emitted=[t + 1 for t in s.emitted]) for s in ar]
     assert "differ at token 0" in render.greedy_check(spec, other, greedy=True)
 
@@ -79,7 +81,8 @@ def test_figures_hold_the_records_values(records):
     assert t.data[0].y[-1] == sum(len(s.emitted) for s in spec) and t.data[1].y[-1] == len(ar)
     pos = plots.acceptance_by_position(spec)
     assert pos.data[0].y[0] == pytest.approx(sum(s.accepted >= 1 for s in drafted) / len(drafted))
-    assert sorted(plots.tokens_per_round(spec).data[0].x) == sorted(len(s.emitted) for s in spec)
+    hist = plots.tokens_per_round(spec).data  # one trace per kind of round
+    assert sorted(x for t in hist for x in t.x) == sorted(len(s.emitted) for s in spec)
     corrected = next(s for s in spec if s.token_kind == CORRECTED)
     fig = plots.decision_figure(corrected)
     assert list(fig.data[2].y) == [t[4] for t in corrected.top]
@@ -90,6 +93,77 @@ def test_figures_hold_the_records_values(records):
     assert rows[-1][-1].startswith("corrected") and rows[corrected.accepted][-1] == "reject"
 
 
+def _slider(demo, elem_id):
+    return next(c for c in demo.config["components"] if c["props"].get("elem_id") == elem_id)["props"]
+
+
+def test_max_new_tokens_is_capped_to_the_targets_context():
+    from app import ui
+
+    bundled = next(iter(models.TARGET_PRESETS))
+    assert _slider(ui.build_ui(), "max-new")["maximum"] == 512 < MAX_NEW_TOKENS_CAP
+    capped = ui.cap_for_target(bundled, "", 2048)
+    assert capped.maximum == 512 and capped.value == 512 and "512" in capped.label
+    assert ui.cap_for_target("someone/unknown-model", "", 300).maximum == MAX_NEW_TOKENS_CAP
+
+
+def test_blank_seed_is_filled_and_adaptive_ignores_k():
+    from app import ui
+
+    assert ui.fill_seed(None, "greedy") == 0 and ui.fill_seed(7, "sampling") == 7
+    seeds = {ui.fill_seed(None, "sampling") for _ in range(5)}
+    assert len(seeds) > 1 and all(isinstance(x, int) and x >= 0 for x in seeds)
+    s, sp, _ = ui._configs("sampling", 0.8, 0, 1.0, None, 32, "adaptive", 12, False)
+    assert isinstance(s.seed, int) and sp.k_max == 8, "the k slider does not move adaptive's cap"
+    assert ui._configs("greedy", 0.8, 0, 1.0, None, 32, "heuristic", 12, False)[1].k_max == 12
+
+
+def test_user_error_is_one_log_line_and_keeps_results(caplog):
+    import gradio as gr
+
+    from app import ui
+
+    caplog.set_level(logging.WARNING)
+    with pytest.raises(gr.Error) as e:
+        ui.check_request("", next(iter(models.TARGET_PRESETS)), "", next(iter(models.DRAFT_PRESETS)), "", False,
+                         "greedy", 0.8, 0, 1.0, None, 32, "adaptive", 4)
+    assert "prompt is empty" in str(e.value) and e.value.print_exception is False
+    assert [r.getMessage() for r in caplog.records] == ["user error: prompt is empty: type some text to continue"]
+    # The request is checked by an event with no outputs, before the run that replaces the results.
+    demo = ui.build_ui()
+    deps = demo.config["dependencies"]
+    check = next(d for d in deps if d["api_name"].startswith("check_request"))
+    assert check["outputs"] == []
+    assert next(d for d in deps if d["api_name"] == "generate")["trigger_only_on_success"]
+
+
+def test_stop_ends_the_run_with_a_partial_update():
+    from app import ui
+
+    control = {"stop": True}  # what the Stop button sets while a run streams
+    outs = list(ui.generate_both(PROMPT, next(iter(models.TARGET_PRESETS)), "", next(iter(models.DRAFT_PRESETS)),
+                                 "", False, "greedy", 0.8, 0, 1.0, 0, 200, "adaptive", 4, control=control))
+    assert len(outs) == 1, "it stops after the first round"
+    spec_html, ar_html, check, summary, *_, doc = outs[0]
+    assert "Stopped</span> after" in check and "partial" in summary and doc["stopped"] is True
+    assert len(doc["speculative"]["token_ids"]) + len(doc["autoregressive"]["token_ids"]) < 20
+
+
+def test_dropdowns_mark_presets_that_need_a_download_and_status_names_presets():
+    from app import ui
+
+    shown = dict(ui._choices(models.TARGET_PRESETS))
+    bundled = next(iter(models.TARGET_PRESETS))
+    assert shown[bundled] == bundled and not models.needs_download(bundled)
+    assert models.needs_download("someone/not-a-model-anywhere")
+    for label, value in shown.items():
+        if value != bundled and models.needs_download(value):
+            assert label.endswith("needs a download")
+    status = ui.load_pair(bundled, "", "weak draft (bundled)", "", progress=lambda *a, **k: None)
+    assert bundled in status and "weak draft (bundled)" in status and str(models.BUNDLED) not in status
+
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -97,12 +171,14 @@ def _free_port() -> int:
 
 
 @pytest.fixture(scope="module")
-def server():
-    """python app.py on localhost with the bundled models, as a user starts it."""
+def served(tmp_path_factory):
+    """python app.py on localhost with the bundled models, as a user starts it: (url, its log file)."""
     port = _free_port()
     env = dict(os.environ, GRADIO_ANALYTICS_ENABLED="False", HF_HUB_OFFLINE="1")
+    log = tmp_path_factory.mktemp("server") / "server.log"
+    out = log.open("w")
     proc = subprocess.Popen([sys.executable, "app.py", "--port", str(port)], cwd=ROOT, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                            stdout=out, stderr=subprocess.STDOUT, text=True)
     url = f"http://127.0.0.1:{port}/"
     deadline = time.time() + 180
     while time.time() < deadline:
@@ -111,14 +187,21 @@ def server():
             break
         except OSError:
             if proc.poll() is not None:
-                pytest.fail(proc.stdout.read())
+                pytest.fail(log.read_text())
             time.sleep(0.5)
-    yield url
+    yield url, log
     proc.terminate()
     proc.wait(timeout=30)
+    out.close()
 
 
-def test_gradio_client_greedy_generation(server):
+@pytest.fixture(scope="module")
+def server(served):
+    return served[0]
+
+
+def test_gradio_client_greedy_generation(served):
+    server, log = served
     from gradio_client import Client
 
     client = Client(server, verbose=False)
@@ -130,9 +213,9 @@ def test_gradio_client_greedy_generation(server):
     spec_html, ar_html, check, summary, *figs, doc = out
     spec, ar = doc["speculative"], doc["autoregressive"]
     assert spec["text"] == ar["text"] and spec["token_ids"] == ar["token_ids"] and len(spec["token_ids"]) > 0
-    assert check.startswith("✅")
+    assert "Greedy check passed" in check
     kinds = {s["token_kind"] for s in spec["steps"]}
-    assert "accepted" in spec_html and kinds <= {"corrected", "bonus"} and kinds
+    assert "accepted" in spec_html and kinds <= {"corrected", "bonus", "target"} and kinds
     assert spec["stats"]["accepted"] > 0 and 'class="tok acc"' in spec_html
     assert "Speedup" in summary
     for fig in figs:
@@ -142,6 +225,14 @@ def test_gradio_client_greedy_generation(server):
     with pytest.raises(Exception, match="could not load"):
         client.predict("stdlib-code target (bundled)", "/no/such/model", "distilled draft (bundled)", "",
                        api_name="/load_pair")
+    time.sleep(0.5)
+    logged = log.read_text()
+    assert "user error: could not load '/no/such/model'" in logged and "Traceback" not in logged, logged[-3000:]
+    assert "Loading weights" not in logged, "no progress bars in the server log"
+    # A blank seed under sampling gets a fresh seed, reported in the settings (no raw Python error).
+    sampled = client.predict(PROMPT, "stdlib-code target (bundled)", "", "distilled draft (bundled)", "", False,
+                             "sampling", 0.8, 0, 1.0, None, 8, "adaptive", 4, api_name="/generate")
+    assert isinstance(sampled[-1]["speculative"]["settings"]["sampling"]["seed"], int)
     again = client.predict(PROMPT, "stdlib-code target (bundled)", "", "prompt lookup (n-grams)", "", False,
                            "greedy", 0.8, 0, 1.0, 0, 16, "fixed", 3, api_name="/generate")
     assert again[-1]["speculative"]["token_ids"] == again[-1]["autoregressive"]["token_ids"]
@@ -158,12 +249,17 @@ def test_gradio_client_steps_one_round_at_a_time(server):
         pane, table, note, fig = client.predict(*args, api_name="/step")
         notes.append(note)
         rows = table["data"]
-        assert rows[-1][-1].split(":")[0] in ("corrected", "bonus")
+        assert rows[-1][-1].split(":")[0] in ("corrected", "bonus", "target")
+        assert table["headers"][3] == "min(1, p/q)"
         judged = [r for r in rows if r[-1] in ("accept", "reject")]
         for _token, q, p, a, u, decision in judged:
             assert a == pytest.approx(min(1.0, p / q), rel=0.02, abs=2e-3)
             assert (u < a) == (decision == "accept")
     assert [n.split("**")[1] for n in notes] == ["Round 1", "Round 2", "Round 3"]
+    # Under greedy the table names the rule actually applied.
+    _, table, _, _ = client.predict(*args[:6], "greedy", *args[7:], api_name="/step")
+    assert table["headers"][3] == "draft == argmax p"
+    assert {r[3] for r in table["data"] if r[-1] in ("accept", "reject")} <= {"yes", "no"}
 
 
 CHROMIUM = "/usr/bin/chromium"
@@ -186,8 +282,14 @@ def page(server):
         browser.close()
 
 
+SCROLLER = """id => { const box = [...document.querySelectorAll(`#${id}, #${id} *`)]
+    .find(e => e.scrollHeight > e.clientHeight + 2 && getComputedStyle(e).overflowY !== 'visible');
+  return box ? [box.scrollTop, box.clientHeight, box.scrollHeight] : null; }"""
+
+
 @needs_browser
-def test_browser_shows_tokens_plots_and_speedup(page):
+def test_browser_shows_tokens_plots_and_speedup(page, tmp_path):
+    assert "Press Generate" in page.locator("#spec-pane").inner_text(), "a placeholder before the first run"
     page.get_by_role("button", name="Generate", exact=True).click()
     page.wait_for_selector("#spec-pane .tok.acc", timeout=120_000)
     page.wait_for_selector("#greedy-check :text('token for token')", timeout=180_000)
@@ -195,17 +297,29 @@ def test_browser_shows_tokens_plots_and_speedup(page):
     assert page.locator("#spec-pane .tok.acc").count() > 0
     assert page.locator("#spec-pane .tok.bon, #spec-pane .tok.cor").count() > 0
     assert page.locator(".js-plotly-plot").count() >= 5
+    assert page.locator("#greedy-check .mark.ok").count() == 1
     summary = page.locator("#summary").inner_text()
     assert "Speedup" in summary and "×" in summary
+    for pane in ("spec-pane", "ar-pane"):  # 200 tokens overflow the pane: it shows the newest ones
+        top, height, total = page.evaluate(SCROLLER, pane)
+        assert top > 0 and top + height >= total - 4, (pane, top, height, total)
     page.wait_for_timeout(500)
-    page.screenshot(path=str(ROOT / "assets" / "screenshot.png"), full_page=True)
+    # Never the tracked README image: SPECDEC_SCREENSHOT=assets/screenshot.png refreshes it (README).
+    page.screenshot(path=os.environ.get("SPECDEC_SCREENSHOT") or str(tmp_path / "screenshot.png"), full_page=True)
+    # A request that fails to load says why and leaves the previous results in place.
+    shown = page.locator("#spec-pane").inner_text(), page.locator("#greedy-check").inner_text()
+    page.get_by_label("…or a custom target (Hub id or local directory)").fill("/no/such/model")
+    page.get_by_role("button", name="Generate", exact=True).click()
+    page.wait_for_selector(":text('could not load')", timeout=60_000)
+    page.wait_for_timeout(1000)
+    assert (page.locator("#spec-pane").inner_text(), page.locator("#greedy-check").inner_text()) == shown
 
 
 @needs_browser
 def test_browser_stop_button_cancels_both_panes(page):
     page.get_by_text("Decoding", exact=True).click()
     box = page.get_by_label("number input for Max new tokens")
-    box.fill("2000")
+    box.fill("500")
     box.press("Enter")
     page.get_by_role("button", name="Generate", exact=True).click()
     page.wait_for_selector("#spec-pane .tok", timeout=120_000)
@@ -223,4 +337,19 @@ def test_browser_stop_button_cancels_both_panes(page):
             break
     page.wait_for_timeout(3000)
     assert panes() == before, "both panes stop changing"
-    assert "token for token" not in page.locator("#greedy-check").inner_text(), "the run never finished"
+    check = page.locator("#greedy-check").inner_text()
+    assert "token for token" not in check, "the run never finished"
+    assert check.startswith("Stopped after") and "so far" not in check, check
+    assert "partial" in page.locator("#summary").inner_text()
+
+
+@needs_browser
+def test_browser_phone_width_stacks_plots(page):
+    page.set_viewport_size({"width": 420, "height": 1700})
+    page.get_by_role("button", name="Generate", exact=True).click()
+    page.wait_for_selector("#greedy-check :text('token for token')", timeout=180_000)
+    page.wait_for_selector("#plot-hist .js-plotly-plot", timeout=60_000)
+    page.wait_for_timeout(1000)
+    widths = [el.bounding_box()["width"] for el in page.locator(".js-plotly-plot").all()]
+    assert len(widths) >= 5 and min(widths) >= 300, widths
+    assert page.evaluate("document.documentElement.scrollWidth") <= 420, "nothing wider than the phone"

@@ -1,0 +1,91 @@
+"""The CLI as a user runs it: plain output is the text, help is quick, bugs show their traceback,
+and a Hub id fails fast when the Hub cannot be reached."""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from app import cli, models
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.parametrize("draft", [None, "prompt-lookup", "early-exit:2"])
+def test_plain_output_is_exactly_the_json_text(capsys, draft):
+    # The bundled target with each kind of draft source; stdout is not a terminal here.
+    argv = ["generate", "--prompt", "import os\n", "--max-new-tokens", "40", "--k", "4",
+            *(["--draft", draft] if draft else [])]
+    assert cli.main([*argv, "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert cli.main(argv) == 0
+    out = capsys.readouterr().out
+    assert out == doc["text"] + "\n"
+    assert doc["text"] and any(s["rejected"] for s in doc["steps"]), "rejected drafts existed and were left out"
+
+
+def test_help_does_not_import_torch():
+    code = ("import sys\nfrom app import cli\ntry:\n    cli.main(['generate', '--help'])\n"
+            "except SystemExit:\n    pass\nprint(sorted({'torch', 'transformers', 'gradio'} & set(sys.modules)))")
+    t = time.monotonic()
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "--max-new-tokens" in proc.stdout and proc.stdout.strip().endswith("[]"), proc.stdout[-200:]
+    print(f"generate --help took {time.monotonic() - t:.2f}s")
+
+
+def test_a_bug_is_one_line_by_default_and_a_traceback_with_debug(capsys, monkeypatch):
+    def broken(*args, **kwargs):
+        raise ZeroDivisionError("planted bug")
+
+    monkeypatch.setattr(models, "load_pair", broken)
+    assert cli.main(["generate", "--prompt", "x"]) == 1
+    err = capsys.readouterr().err
+    assert "ZeroDivisionError: planted bug" in err and "--debug" in err and "Traceback" not in err
+    assert cli.main(["generate", "--prompt", "x", "--debug"]) == 1
+    err = capsys.readouterr().err
+    assert "Traceback" in err and "planted bug" in err
+
+
+def _offline_env(tmp_path, offline: bool) -> dict:
+    """A Hub that refuses connections (a closed local port) and an empty Hugging Face cache."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
+    env.update(HF_HOME=str(tmp_path / "hf"), HF_ENDPOINT=f"http://127.0.0.1:{port}", OMP_NUM_THREADS="1")
+    if offline:
+        env["HF_HUB_OFFLINE"] = "1"
+    return env
+
+
+@pytest.mark.parametrize("offline", [False, True])
+def test_hub_id_fails_fast_and_says_how_to_get_the_model(tmp_path, offline):
+    code = ("import json, time\nfrom app import models\nfor name in ('someone/some-model', 'Qwen2.5-1.5B-Instruct'):\n"
+            "    t = time.monotonic()\n    try:\n        models.load(name)\n    except models.SpecError as e:\n"
+            "        print(json.dumps({'s': time.monotonic() - t, 'msg': str(e)}))\n")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=_offline_env(tmp_path, offline),
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out, preset = (json.loads(line) for line in proc.stdout.strip().splitlines()[-2:])
+    assert out["s"] < 5, f"took {out['s']:.1f}s"
+    assert "hf download Qwen/Qwen2.5-1.5B-Instruct" in preset["msg"], "a preset's hint names its Hub id"
+    assert "HF_HUB_OFFLINE" in out["msg"] and "local directory" in out["msg"] and ".." not in out["msg"]
+    assert ("HF_HUB_OFFLINE is set" in out["msg"]) == offline
+    assert "Retry" not in proc.stderr
+
+
+def test_cli_with_an_unreachable_hub_is_one_line(tmp_path):
+    t = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "app", "generate", "--prompt", "x", "--target", "someone/some-model",
+                           "--mode", "autoregressive"], cwd=ROOT, env=_offline_env(tmp_path, False),
+                          capture_output=True, text=True, timeout=300)
+    took = time.monotonic() - t
+    assert proc.returncode == 2 and proc.stderr.startswith("error: ") and proc.stderr.count("\n") == 1, proc.stderr
+    assert "HF_HUB_OFFLINE" in proc.stderr
+    assert took < 30, f"{took:.1f}s: the Hub was retried instead of detected as unreachable"

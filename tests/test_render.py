@@ -1,0 +1,121 @@
+"""What the panes, the check line, the summary, the teaching table and the plots say, from real records."""
+
+import dataclasses
+
+import pytest
+from conftest import run
+
+from app import metrics, plots, render
+from app.events import BONUS, CORRECTED, KIND_LABELS, TARGET, Decision, Step
+from app.proposers import ModelProposer
+
+PROMPT = "def add(a, b):\n  return a"
+EMOJI = "✅⏳❌"
+
+
+@pytest.fixture(scope="module")
+def records(target, near_draft, tokenizer):
+    _, spec = run(target, tokenizer, PROMPT, ModelProposer(near_draft, "near"), k=4, k_policy="fixed",
+                  max_new_tokens=40)
+    _, ar = run(target, tokenizer, PROMPT, max_new_tokens=40)
+    return spec, ar
+
+
+def _step(**kw) -> Step:
+    """A hand-made round: two drafts, the second rejected, then the target's correction."""
+    base = dict(round=3, k=2, drafted=[5, 6], draft_text=["        ", "\n"], accepted=1, token=7,
+                token_kind=CORRECTED, token_text="else", rejected=[6], emitted=[5, 7], text="        else",
+                draft_time=0.0, verify_time=0.0, elapsed=0.0,
+                decisions=[Decision(5, "        ", 0.49, 1.0, 1.0, None, True),
+                           Decision(6, "\n", 0.2, 1.0, 0.0, None, False)],
+                top=[(5, "        ", 0.49, 1.0, 0.0), (7, "else", 0.3, 0.0, 1.0)])
+    return Step(**(base | kw))
+
+
+def test_greedy_table_shows_the_rule_applied_and_visible_whitespace():
+    rows = render.decision_rows(_step(), greedy=True)
+    assert "draft == argmax p" in render.GREEDY_HEADERS and "min(1, p/q)" not in render.GREEDY_HEADERS
+    assert rows[0][:4] == ["········", 1.0, 0.49, "yes"] and rows[0][-1] == "accept"
+    assert rows[1][0] == "↵" and rows[1][3] == "no" and rows[1][-1] == "reject"
+    assert rows[-1][0] == "else" and rows[-1][-1].startswith("corrected")
+    sampled = render.decision_rows(_step(decisions=[Decision(5, " ", 0.3, 0.6, 0.5, 0.2, True)]), greedy=False)
+    assert sampled[0][3] == 0.5 and sampled[0][4] == 0.2
+
+
+def test_rejected_drafts_render_inline_with_visible_whitespace():
+    html = render.pane_html("x", [_step()])
+    rejected = html.split('class="tok rej"')[1].split("</span>")[0]
+    assert "↵" in rejected and "\n" not in rejected
+    accepted = html.split('class="tok acc"')[1].split("</span>")[0]
+    assert accepted.endswith("        "), "kept text keeps its real layout"
+
+
+def test_draftless_rounds_are_target_tokens_in_pane_legend_stats_and_plots(target, tokenizer, near_draft):
+    # Fixed k = 4 with 6 new tokens: after a fully accepted first round, one token is left and
+    # the last round drafts nothing. Try a few lengths so one of them ends that way.
+    steps = next(s for n in range(5, 12)
+                 for _, s in [run(target, tokenizer, PROMPT, ModelProposer(near_draft, "near"), k=4,
+                                  k_policy="fixed", max_new_tokens=n)]
+                 if any(x.token_kind == TARGET for x in s))
+    last = next(s for s in steps if s.token_kind == TARGET)
+    assert last.drafted == [] and last.accepted == 0
+    assert "target token (no drafts)" in render.LEGEND and "bonus (all drafts kept)" in render.LEGEND
+    assert 'class="tok tgt"' in render.pane_html(PROMPT, steps)
+    assert render.decision_rows(last)[-1][-1].startswith("target: ")
+    stats = metrics.summarize(steps)
+    assert stats["rounds_by_kind"][TARGET] == sum(s.token_kind == TARGET for s in steps) > 0
+    assert stats["rounds_by_kind"][BONUS] == sum(s.token_kind == BONUS for s in steps)
+    names = [t.name for t in plots.tokens_per_round(steps).data]
+    assert any(KIND_LABELS[TARGET] in n for n in names)
+    assert "rounds that drafted nothing" in render.summary_markdown(steps, steps)
+
+
+def test_residual_plot_draws_p_once_for_bonus_and_target_rounds():
+    fig = plots.decision_figure(_step())
+    assert [t.name for t in fig.data] == ["p (target)", "q (draft)", "norm(max(0, p - q))"]
+    assert list(fig.data[0].x) == ["········", "else"]
+    for kind in (BONUS, TARGET):
+        fig = plots.decision_figure(_step(token_kind=kind))
+        assert len(fig.data) == 1 and list(fig.data[0].y) == [0.49, 0.3]
+    missing = plots.decision_figure(_step(token=99))
+    assert "not in the top tokens" in missing.layout.title.text
+
+
+def test_check_line_while_running_after_stop_and_done(records):
+    spec, ar = records
+    n = sum(len(s.emitted) for s in ar[:-3])
+    running = render.greedy_check(spec, ar[:-3], greedy=True, done=False)
+    assert "identical so far" in running
+    stopped = render.greedy_check(spec, ar[:-3], greedy=True, done=False, stopped=True)
+    assert f"Stopped</span> after {n} tokens" in stopped and "so far" not in stopped
+    assert "Greedy check passed" in render.greedy_check(spec, ar, greedy=True)
+    assert "Stopped" in render.greedy_check(spec, ar, greedy=False, done=False, stopped=True)
+    for text in (running, stopped, render.greedy_check(spec, ar, greedy=True), render.LEGEND):
+        assert not set(EMOJI) & set(text), "no emoji: Debian's Chromium draws them as empty boxes"
+    assert 'class="mark ok"' in render.greedy_check(spec, ar, greedy=True)
+
+
+def test_summary_waits_for_rounds_and_says_partial_after_stop(records):
+    spec, ar = records
+    early = render.summary_markdown(spec[:3], ar[:3], done=False)
+    assert "measuring" in early and "×" not in early.split("\n")[0]
+    assert "so far (live)" in render.summary_markdown(spec, ar, done=False)
+    assert "partial" in render.summary_markdown(spec[:3], ar[:3], done=False, stopped=True)
+    assert "achieved" in render.summary_markdown(spec, ar)
+
+
+def test_context_full_is_said_where_the_run_ends(target, tokenizer):
+    # The tiny target's context is 256 positions: asking for more ends the run there.
+    _, steps = run(target, tokenizer, PROMPT, max_new_tokens=400)
+    assert steps[-1].stop_reason == "context_full"
+    assert "stopped: context full" in render.greedy_check(steps, steps, greedy=True)
+    assert "stopped: context full" in render.summary_markdown(steps, steps)
+    assert "context full" not in render.greedy_check(steps[:-1], steps[:-1], greedy=True)
+
+
+def test_capped_last_round_is_marked_in_the_k_plot(records):
+    spec, _ = records
+    capped = dataclasses.replace(spec[-1], k=1, stop_reason="max_new_tokens")
+    fig = plots.k_per_round([*spec[:-1], capped])
+    assert any(t.name.startswith("last round") for t in fig.data)
+    assert not any(t.name.startswith("last round") for t in plots.k_per_round(spec[:-1]).data)
