@@ -64,6 +64,46 @@ def check(model_id: str, role: str, presets: set[str]) -> None:
         raise SpecError(f"{shown(typed)!r} is not on this server's model list: pick one of the presets")
 
 
+def max_params() -> float | None:
+    """The largest model (in parameters) a public server fetches: SPECDEC_MAX_PARAMS, 8e9 by default."""
+    raw = os.environ.get("SPECDEC_MAX_PARAMS", "").strip()
+    if raw:
+        return float(raw) if float(raw) > 0 else None
+    return 8e9 if public() else None
+
+
+def check_size(repo_id: str, token: str | bool | None) -> None:
+    """Refuse a Hub model over the cap from the Hub's metadata, before any weight is downloaded.
+
+    The safetensors parameter count the Hub reports is used; without it, one estimated from
+    config.json (12 L H^2 + V H). A model with neither is refused, since its size is unknown.
+    """
+    from app.config import SpecError
+
+    cap = max_params()
+    if cap is None:
+        return
+    from huggingface_hub import HfApi, hf_hub_download
+
+    try:
+        info = HfApi().model_info(repo_id, token=token)
+        params = info.safetensors.total if info.safetensors else None
+        if params is None:
+            import json
+
+            config = json.loads(open(hf_hub_download(repo_id, "config.json", token=token)).read())
+            hidden, layers = config.get("hidden_size") or config.get("n_embd"), config.get("num_hidden_layers")
+            layers = layers or config.get("n_layer")
+            params = 12 * layers * hidden**2 + config.get("vocab_size", 0) * hidden if hidden and layers else None
+    except Exception:  # noqa: BLE001 - unreachable or unknown repos fail later with the loader's own message
+        return
+    if params is None:
+        raise SpecError(f"{shown(repo_id)!r}: its size is unknown, and this server only loads models it can size")
+    if params > cap:
+        raise SpecError(f"{shown(repo_id)!r} has {params / 1e9:.1f}B parameters; this server loads at most "
+                        f"{cap / 1e9:.1f}B (SPECDEC_MAX_PARAMS)")
+
+
 def token_for(model_id: str, presets: set[str]) -> str | bool | None:
     """The Hub token for loading `model_id`: the owner's only for listed ids, and only on opt-in.
 

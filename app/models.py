@@ -134,6 +134,8 @@ def load(model_id: str, device: str | None = None, dtype: str | None = None, spr
         # Offline, a Hub id may still be in the local cache; never wait on a Hub that is not there.
         hub_id = not Path(name).exists() and not name.startswith(("/", ".", "~"))
         offline = hub_id and not hub_reachable()
+        if hub_id and not offline:
+            hosting.check_size(name, token)  # before any weight is fetched
         try:
             tokenizer = AutoTokenizer.from_pretrained(name, trust_remote_code=False, local_files_only=offline,
                                                       token=token)

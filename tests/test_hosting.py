@@ -104,3 +104,38 @@ def test_a_visitors_id_never_reaches_the_hub_with_the_owners_token(tmp_path):
     assert _Recorder.seen, "the mock Hub must have been asked"
     assert not any("hf_owner_secret" in json.dumps(h) for h in _Recorder.seen)
     assert not any(k.lower() == "authorization" for h in _Recorder.seen for k in h)
+
+
+class _BigModelHub(_Recorder):
+    paths: list = []
+
+    def _answer(self):
+        _BigModelHub.paths.append(self.path)
+        if self.path.startswith("/api/models/"):
+            body = json.dumps({"id": "visitor/huge", "safetensors": {"parameters": {"BF16": 70_000_000_000},
+                                                                      "total": 70_000_000_000}}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.end_headers()
+            self.wfile.write(body)
+        else:
+            super()._answer()
+
+    do_GET = do_HEAD = _answer
+
+
+def test_a_model_over_the_size_cap_is_refused_before_download(tmp_path):
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _BigModelHub)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    _Recorder.seen.clear()
+    env = dict(os.environ, SPACE_ID="someone/specdec", SPECDEC_ALLOWED_MODELS="any", HF_HOME=str(tmp_path / "hf"),
+               HF_ENDPOINT=f"http://127.0.0.1:{server.server_port}", OMP_NUM_THREADS="1")
+    env.pop("HF_HUB_OFFLINE", None)
+    code = ("from app import models\nfrom app.config import SpecError\n"
+            "try:\n    models.load_pair('visitor/huge', 'prompt-lookup')\n"
+            "except SpecError as e:\n    print('refused:', e)\n")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=400)
+    server.shutdown()
+    assert "70.0B parameters" in out.stdout and "at most 8.0B" in out.stdout, out.stdout + out.stderr[-2000:]
+    assert any(p.startswith("/api/models/visitor/huge") for p in _BigModelHub.paths)
+    assert not any("/resolve/" in p for p in _BigModelHub.paths), "no file may be downloaded"
