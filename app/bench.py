@@ -1,26 +1,37 @@
-"""Benchmarks: speculative vs autoregressive vs transformers' assisted generation, and
-the model card's figures for the bundled family. Ratios from one run, not absolute times.
+"""Benchmarks: our engine (autoregressive, adaptive k, fixed k 1..8, prompt lookup) against
+transformers' own generate (plain; assisted and prompt lookup, each with its defaults and
+with a truly constant k), repeated and interleaved; and the model card's figures.
 
-    python -m app bench [--suite code|prose|all] [--draft ...] [--k 4] [--out runs/bench]
+Every contender is warmed up, then each prompt runs every contender `--reps` times in
+rotating order, so drift on a shared machine falls on all alike; medians and spreads are
+reported, and every greedy output is checked against plain decoding token for token.
+
+    python -m app bench [--suite code|prose|all] [--draft ...] [--k 4] [--reps 3] [--out runs/bench]
     python -m app bench --card       # acceptance and cost of every bundled draft
 """
 
 from __future__ import annotations
 
 import argparse
+import html
 import json
 import re
 import statistics
 import sys
 import time
+from collections.abc import Callable
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from app import engine, metrics, models, plots
+from app import calibrate, engine, metrics, models, plots, threads
 from app.cache import CachedModel
 from app.cli import add_generation_args, configs
 from app.config import RunConfig, SamplingConfig, SpecConfig, settings_dict
+from app.costs import Costs
+from app.policy import make_policy
 from app.train import HELD_OUT, stdlib_files
 
 PROMPTS_FILE = models.ROOT / "assets" / "prompts.json"
@@ -46,8 +57,8 @@ def suite(name: str) -> list[str]:
     if name == "code":
         return held_out_prompts()
     if name == "prose":
-        return [e["prompt"] for e in examples if e["kind"] == "prose"]
-    return held_out_prompts() + [e["prompt"] for e in examples if e["kind"] == "prose"]
+        return [e["prompt"] for e in examples if e["kind"] == "open-ended"]
+    return held_out_prompts() + [e["prompt"] for e in examples if e["kind"] == "open-ended"]
 
 
 @torch.inference_mode()
@@ -67,65 +78,34 @@ def decode_seconds_per_token(model, prompt_ids: list[int], n: int = 64) -> float
 
 
 @torch.inference_mode()
-def hf_generate(target, ids: list[int], n: int, assistant=None, lookup: int | None = None, k: int = 4):
-    """transformers' own greedy generate (plain, assisted, or prompt lookup): (ids, seconds)."""
-    x = torch.tensor([ids], device=target.get_input_embeddings().weight.device)
-    kw = dict(max_new_tokens=n, do_sample=False, pad_token_id=target.generation_config.pad_token_id)
-    if assistant is not None:
-        assistant.generation_config.num_assistant_tokens = k
-        assistant.generation_config.num_assistant_tokens_schedule = "constant"
-        kw |= dict(assistant_model=assistant)
-    if lookup:
-        kw |= dict(prompt_lookup_num_tokens=lookup)
-    engine.sync(target.device)
-    start = time.perf_counter()
-    out = target.generate(x, **kw)
-    engine.sync(target.device)
-    return out[0, len(ids):].tolist(), time.perf_counter() - start
+def head_seconds_per_token(pair, prompt_ids: list[int], k: int = 8, rounds: int = 8) -> float:
+    """A feature head's drafting time per token: head step, LM head and sampling, as the engine runs it."""
+    proposer = pair.proposer()
+    lm = CachedModel(pair.target)
+    proposer.begin(prompt_ids, pair.target.get_output_embeddings().weight.shape[0])
+    _, features = lm.extend_with_features(prompt_ids, keep=1)
+    proposer.commit(0, int(prompt_ids[-1]), features)  # the prompt's features, as after a first round
+    greedy, gen = SamplingConfig(), torch.Generator()
+    times = []
+    for _ in range(rounds + 2):  # the first two warm up
+        engine.sync(pair.target.device)
+        start = time.perf_counter()
+        proposer.propose(k, greedy, gen)
+        engine.sync(pair.target.device)
+        times.append((time.perf_counter() - start) / k)
+        proposer.commit(0, int(prompt_ids[-1]), features[-1:])
+    return statistics.median(times[2:])
 
 
-def run_one(pair, prompt: str, s: SamplingConfig, sp: SpecConfig, r: RunConfig, mode: str):
+def run_one(pair, prompt: str, s: SamplingConfig, sp: SpecConfig, r: RunConfig, mode: str, policy=None):
     ids = pair.encode(prompt, r.chat)
     proposer = pair.proposer(sp) if mode == "speculative" else None
-    steps = list(engine.generate(pair.target, pair.tokenizer, ids, proposer, s, sp, r))
+    steps = list(engine.generate(pair.target, pair.tokenizer, ids, proposer, s, sp, r, policy))
     return ids, steps
 
 
-def bench(args) -> dict:
-    """Each prompt: a warm-up, then autoregressive, speculative and HF runs one after another."""
-    s, sp, r = configs(args)
-    pair = models.load_pair(args.target, args.draft, args.device, args.dtype)
-    prompts = suite(args.suite)[: args.limit or None]
-    rows = []
-    run_one(pair, prompts[0], s, sp, RunConfig(8), "speculative")  # warm-up, discarded
-    for i, prompt in enumerate(prompts):
-        ids, ar = run_one(pair, prompt, s, sp, r, "autoregressive")
-        _, spec = run_one(pair, prompt, s, sp, r, "speculative")
-        a, b = metrics.summarize(ar), metrics.summarize(spec)
-        row = dict(prompt=i, prompt_tokens=len(ids), autoregressive=a, speculative=b,
-                   speedup=metrics.compare(b, a)["achieved_speedup"])
-        if s.greedy:
-            row["identical"] = [t for x in spec for t in x.emitted] == [t for x in ar for t in x.emitted]
-            if args.hf and (pair.draft_model is not None or pair.draft_name == models.PROMPT_LOOKUP):
-                n = len([t for x in ar for t in x.emitted])
-                _, t_plain = hf_generate(pair.target, ids, n)
-                lookup = sp.k if pair.draft_name == models.PROMPT_LOOKUP else None
-                _, t_asst = hf_generate(pair.target, ids, n, pair.draft_model, lookup, sp.k)
-                row["hf"] = dict(plain_tokens_per_s=n / t_plain, assisted_tokens_per_s=n / t_asst,
-                                 assisted_speedup=t_plain / t_asst,
-                                 ours_over_hf_assisted=b["tokens_per_s"] / (n / t_asst))
-        rows.append(row)
-        print(f"prompt {i}: speedup {row['speedup']:.2f}x, alpha {_f(b['alpha'])}, "
-              f"accepted/drafted {_f(b['acceptance_rate'])}"
-              + (f", vs HF assisted {row['hf']['ours_over_hf_assisted']:.2f}x" if "hf" in row else ""),
-              file=sys.stderr)
-    return dict(target=pair.target_name, draft=pair.draft_name, suite=args.suite,
-                settings=settings_dict("bench", s, sp, r), summary=aggregate(rows), prompts=rows,
-                device=str(pair.target.device), dtype=str(pair.target.dtype), torch=torch.__version__)
-
-
 def aggregate(rows: list[dict]) -> dict:
-    """Medians over prompts, and pooled acceptance over every round."""
+    """The card's medians over prompts, and pooled acceptance over every round."""
     def med(f):
         vals = [f(r) for r in rows if f(r) is not None]
         return statistics.median(vals) if vals else None
@@ -133,7 +113,7 @@ def aggregate(rows: list[dict]) -> dict:
     acc = sum(r["speculative"]["accepted"] for r in rows)
     drafted = sum(r["speculative"]["drafted"] for r in rows)
     rej = sum(r["speculative"]["rejections"] for r in rows)
-    out = dict(
+    return dict(
         prompts=len(rows),
         median_speedup=med(lambda r: r["speedup"]),
         alpha=acc / (acc + rej) if acc + rej else None,
@@ -141,11 +121,235 @@ def aggregate(rows: list[dict]) -> dict:
         median_tokens_per_pass=med(lambda r: r["speculative"]["tokens_per_pass"]),
         median_cost_ratio_c=med(lambda r: r["speculative"]["cost_ratio_c"]),
         median_theoretical_speedup=med(lambda r: r["speculative"]["theoretical_speedup"]),
-        all_identical=all(r.get("identical", True) for r in rows),
     )
-    if any("hf" in r for r in rows):
-        out["median_hf_assisted_speedup"] = med(lambda r: r.get("hf", {}).get("assisted_speedup"))
-        out["median_ours_over_hf_assisted"] = med(lambda r: r.get("hf", {}).get("ours_over_hf_assisted"))
+
+
+SWEEP = range(1, 9)  # fixed k values timed beside adaptive
+# transformers' assisted generation held to exactly k drafts a round: by default it also stops
+# drafting early when the assistant's confidence drops below a threshold it tunes as it goes.
+CONSTANT = dict(num_assistant_tokens_schedule="constant", assistant_confidence_threshold=0)
+
+
+@dataclass
+class Contender:
+    name: str  # short key in the JSON
+    label: str  # what it is, for the report
+    run: Callable[[list[int], int], tuple[list[int], float, list | None]]  # (prompt ids, n) -> ids, s, Steps
+    ours: bool = True
+
+
+def ours(pair, s: SamplingConfig, sp: SpecConfig, r: RunConfig, speculative: bool, costs: Costs | None):
+    """Our engine as a contender; the wall clock covers everything from prompt ids to the last token."""
+    def run(ids: list[int], n: int):
+        proposer = pair.proposer(sp) if speculative else None
+        policy = make_policy(sp, costs) if speculative else None
+        start = time.perf_counter()
+        steps = list(engine.generate(pair.target, pair.tokenizer, ids, proposer, s, sp,
+                                     RunConfig(n, r.stop, r.chat), policy))
+        engine.sync(pair.target.device)
+        return [t for x in steps for t in x.emitted], time.perf_counter() - start, steps
+    return run
+
+
+def hf(target, assistant=None, assistant_settings: dict | None = None, lookup: dict | None = None):
+    """transformers' greedy generate: plain, assisted (settings on the assistant's generation
+    config, where transformers reads them, restored afterwards) or prompt lookup."""
+    def run(ids: list[int], n: int):
+        x = torch.tensor([ids], device=target.get_input_embeddings().weight.device)
+        kw = dict(max_new_tokens=n, do_sample=False, pad_token_id=target.generation_config.pad_token_id)
+        saved = {}
+        if assistant is not None:
+            cfg = assistant.generation_config
+            saved = {key: getattr(cfg, key, None) for key in assistant_settings or {}}
+            for key, value in (assistant_settings or {}).items():
+                setattr(cfg, key, value)
+            kw["assistant_model"] = assistant
+        kw |= lookup or {}
+        try:
+            with torch.inference_mode():
+                engine.sync(target.device)
+                start = time.perf_counter()
+                out = target.generate(x, **kw)
+                engine.sync(target.device)
+                seconds = time.perf_counter() - start
+        finally:
+            for key, value in saved.items():
+                setattr(assistant.generation_config, key, value)
+        return out[0, len(ids):].tolist(), seconds, None
+    return run
+
+
+def contenders(args, pair, lookup_pair, s, sp, r, costs, lookup_costs) -> list[Contender]:
+    """Everything timed: ours first, then transformers' generate with the same models."""
+    k = sp.k
+    out = [Contender("autoregressive", "ours: plain autoregressive", ours(pair, s, sp, r, False, None)),
+           Contender("adaptive", f"ours: {pair.draft_name}, adaptive k", ours(pair, s, _adaptive(sp), r, True, costs))]
+    if args.sweep:
+        out += [Contender(f"k={j}", f"ours: {pair.draft_name}, fixed k = {j}",
+                          ours(pair, s, _fixed(sp, j), r, True, costs)) for j in SWEEP]
+    if lookup_pair is not None:
+        out += [Contender("lookup_adaptive", "ours: prompt lookup, adaptive k",
+                          ours(lookup_pair, s, _adaptive(sp), r, True, lookup_costs)),
+                Contender(f"lookup_k={k}", f"ours: prompt lookup, fixed k = {k}",
+                          ours(lookup_pair, s, _fixed(sp, k), r, True, lookup_costs))]
+    if not (args.hf and s.greedy):  # transformers' outputs are only comparable under greedy decoding
+        return out
+    out.append(Contender("hf_plain", "transformers: plain generate", hf(pair.target), ours=False))
+    if pair.draft_model is not None:
+        out += [Contender("hf_assisted_default", "transformers: assisted generation, its defaults (up to 20 "
+                          "drafts, stops drafting below 0.4 confidence)",
+                          hf(pair.target, pair.draft_model, {}), ours=False),
+                Contender(f"hf_assisted_k={k}", f"transformers: assisted, constant k = {k}, no confidence stop",
+                          hf(pair.target, pair.draft_model, CONSTANT | dict(num_assistant_tokens=k)), ours=False)]
+    if lookup_pair is not None:
+        out += [Contender("hf_lookup_default", "transformers: prompt lookup, 10 tokens (its usual setting)",
+                          hf(pair.target, lookup=dict(prompt_lookup_num_tokens=10)), ours=False),
+                Contender(f"hf_lookup_k={k}", f"transformers: prompt lookup, k = {k}, n-grams up to {sp.ngram_max}",
+                          hf(pair.target, lookup=dict(prompt_lookup_num_tokens=k,
+                                                      max_matching_ngram_size=sp.ngram_max)),
+                          ours=False)]
+    return out
+
+
+def _adaptive(sp: SpecConfig) -> SpecConfig:
+    return SpecConfig(k=sp.k, k_policy="adaptive", k_max=max(sp.k_max, max(SWEEP)), ngram_max=sp.ngram_max,
+                      ngram_min=sp.ngram_min)
+
+
+def _fixed(sp: SpecConfig, k: int) -> SpecConfig:
+    return SpecConfig(k=k, k_policy="fixed", k_max=max(sp.k_max, k), ngram_max=sp.ngram_max, ngram_min=sp.ngram_min)
+
+
+@contextmanager
+def forward_clock(*modules):
+    """Seconds spent inside the modules' forward calls (device-synchronised), as a one-item list."""
+    total, starts, handles = [0.0], {}, []
+
+    def pre(module, _args):
+        engine.sync(device)
+        starts[id(module)] = time.perf_counter()
+
+    def post(module, _args, _out):
+        engine.sync(device)
+        total[0] += time.perf_counter() - starts.pop(id(module))
+
+    device = modules[0].get_input_embeddings().weight.device
+    for m in {id(m): m for m in modules if m is not None}.values():
+        handles += [m.register_forward_pre_hook(pre), m.register_forward_hook(post)]
+    try:
+        yield total
+    finally:
+        for h in handles:
+            h.remove()
+
+
+def outside_forward(pair, ids: list[int], s, sp, r, costs) -> dict:
+    """One extra adaptive run with forward hooks: the busy time per round outside model passes."""
+    with forward_clock(pair.target, pair.draft_model) as inside:
+        _, _, steps = ours(pair, s, _adaptive(sp), r, True, costs)(ids, r.max_new_tokens)
+    busy = steps[-1].elapsed
+    return dict(ms_per_round=1000 * (busy - inside[0]) / len(steps), share=(busy - inside[0]) / busy)
+
+
+def bench(args) -> dict:
+    """Warm every contender up, then per prompt run each `reps` times in rotating order."""
+    s, sp, r = configs(args)
+    pair = models.load_pair(args.target, args.draft, args.device, args.dtype)
+    lookup_pair = None
+    if args.lookup and pair.draft_name != models.PROMPT_LOOKUP:
+        lookup_pair = models.load_pair(args.target, models.PROMPT_LOOKUP, args.device, args.dtype)
+    costs = calibrate.costs_for(pair, _adaptive(sp))
+    lookup_costs = calibrate.costs_for(lookup_pair, _adaptive(sp)) if lookup_pair else None
+    prompts = suite(args.suite)[: args.limit or None]
+    field = contenders(args, pair, lookup_pair, s, sp, r, costs, lookup_costs)
+    warm = pair.encode(prompts[0], r.chat)
+    for c in field:  # warm-up, discarded: first calls allocate and pick kernels
+        c.run(warm, 16)
+    rows = []
+    for i, prompt in enumerate(prompts):
+        ids = pair.encode(prompt, r.chat)
+        times = {c.name: [] for c in field}
+        outputs, steps = {}, {}
+        for rep in range(args.reps):
+            shift = rep % len(field)
+            for c in field[shift:] + field[:shift]:
+                out, seconds, st = c.run(ids, r.max_new_tokens)
+                times[c.name].append(seconds)
+                outputs[c.name], steps[c.name] = out, st
+        row = prompt_row(i, ids, field, times, outputs, steps, costs, lookup_costs, sp.k)
+        row["outside_forward"] = outside_forward(pair, ids, s, sp, r, costs)
+        rows.append(row)
+        print(f"prompt {i}: adaptive {_x(row['speedup'])}, alpha {_f(row['adaptive']['alpha'])}, "
+              f"predicted {_x(row['adaptive']['predicted_speedup'])}, "
+              f"ours/HF at k = {sp.k} {_x(row['ours_over_hf'].get('fixed_k'))}", file=sys.stderr)
+    return dict(target=pair.target_name, draft=pair.draft_name, suite=args.suite, reps=args.reps,
+                settings=settings_dict("bench", s, sp, r), threads=torch.get_num_threads(),
+                contenders={c.name: c.label for c in field}, labels=metrics.LABELS,
+                costs=costs.to_dict(), lookup_costs=lookup_costs.to_dict() if lookup_costs else None,
+                summary=summarize_rows(rows, [c.name for c in field], sp.k), prompts=rows,
+                device=str(pair.target.device), dtype=str(pair.target.dtype), torch=torch.__version__)
+
+
+def prompt_row(i, ids, field, times, outputs, steps, costs, lookup_costs, k: int) -> dict:
+    """One prompt: each contender's tokens/s (median, min, max over reps) and speedups."""
+    row = dict(prompt=i, prompt_tokens=len(ids), contenders={})
+    reference = outputs["autoregressive"]
+    for c in field:
+        rates = [len(outputs[c.name]) / t for t in times[c.name]]
+        entry = dict(tokens=len(outputs[c.name]), tokens_per_s=statistics.median(rates), min=min(rates),
+                     max=max(rates), spread=(max(rates) - min(rates)) / statistics.median(rates),
+                     identical=outputs[c.name] == reference)
+        if c.ours and c.name != "autoregressive":
+            st = metrics.summarize(steps[c.name], lookup_costs if c.name.startswith("lookup") else costs)
+            entry |= {key: st[key] for key in ("alpha", "mean_k", "tokens_per_pass", "theoretical_speedup",
+                                               "predicted_speedup")}
+        row["contenders"][c.name] = entry
+    ar = row["contenders"]["autoregressive"]["tokens_per_s"]
+    for entry in row["contenders"].values():
+        entry["speedup"] = entry["tokens_per_s"] / ar
+    row["speedup"] = row["contenders"]["adaptive"]["speedup"]
+    row["adaptive"] = row["contenders"]["adaptive"]
+    row["identical"] = all(e["identical"] for e in row["contenders"].values())
+    got = row["contenders"]
+    ratios = {}
+    for ours_name, hf_name, key in (("adaptive", "hf_assisted_default", "defaults"),
+                                    (f"k={k}", f"hf_assisted_k={k}", "fixed_k"),
+                                    ("lookup_adaptive", "hf_lookup_default", "lookup_defaults"),
+                                    (f"lookup_k={k}", f"hf_lookup_k={k}", "lookup_fixed_k")):
+        if ours_name in got and hf_name in got:
+            ratios[key] = got[ours_name]["tokens_per_s"] / got[hf_name]["tokens_per_s"]
+    row["ours_over_hf"] = ratios
+    if "hf_plain" in got and "hf_assisted_default" in got:  # what plots.bench_figure draws beside ours
+        row["hf"] = dict(assisted_speedup=got["hf_assisted_default"]["tokens_per_s"] / got["hf_plain"]["tokens_per_s"])
+    return row
+
+
+def summarize_rows(rows: list[dict], names: list[str], k: int) -> dict:
+    """Medians over prompts (with their min and max), and the targets this benchmark checks."""
+    def med(values):
+        values = [v for v in values if v is not None]
+        return dict(median=statistics.median(values), min=min(values), max=max(values)) if values else None
+
+    per = {n: dict(speedup=med([r["contenders"][n]["speedup"] for r in rows]),
+                   tokens_per_s=med([r["contenders"][n]["tokens_per_s"] for r in rows]),
+                   rep_spread=med([r["contenders"][n]["spread"] for r in rows]),
+                   predicted_speedup=med([r["contenders"][n].get("predicted_speedup") for r in rows]),
+                   identical=all(r["contenders"][n]["identical"] for r in rows)) for n in names}
+    fixed = {n: v["speedup"]["median"] for n, v in per.items() if n.startswith("k=")}
+    best = max(fixed, key=fixed.get) if fixed else None
+    adaptive = per["adaptive"]["speedup"]["median"]
+    out = dict(prompts=len(rows), contenders=per, median_speedup=adaptive,
+               all_identical=all(r["identical"] for r in rows),
+               achieved_over_predicted=med([r["speedup"] / r["adaptive"]["predicted_speedup"] for r in rows
+                                            if r["adaptive"].get("predicted_speedup")]),
+               outside_forward_share=med([r["outside_forward"]["share"] for r in rows]),
+               outside_forward_ms_per_round=med([r["outside_forward"]["ms_per_round"] for r in rows]))
+    if best:
+        out |= dict(best_fixed_k=best, best_fixed_speedup=fixed[best], adaptive_over_best_fixed=adaptive / fixed[best])
+    for key in ("defaults", "fixed_k", "lookup_defaults", "lookup_fixed_k"):
+        values = [r["ours_over_hf"].get(key) for r in rows]
+        if any(v is not None for v in values):
+            out[f"ours_over_hf_{key}"] = med(values)
     return out
 
 
@@ -157,20 +361,26 @@ def card(args) -> dict:
     t_target = statistics.median(decode_seconds_per_token(target, probe) for _ in range(3))
     out = {"target": dict(decode_ms=1000 * t_target, params=target.num_parameters())}
     s, r = SamplingConfig(), RunConfig(args.max_new_tokens)
-    for name in ("draft-distilled", "draft-small", "draft-weak"):
+    for name in ("draft-distilled", "draft-feature", "draft-small", "draft-weak"):
         pair = models.load_pair(models.DEFAULT_TARGET, str(models.BUNDLED / name), args.device, args.dtype)
-        t_draft = statistics.median(decode_seconds_per_token(pair.draft_model, probe) for _ in range(3))
+        if pair.head is not None:  # the first draft of a round also feeds the newest true pairs: not counted
+            t_draft = statistics.median(head_seconds_per_token(pair, probe) for _ in range(3))
+        else:
+            t_draft = statistics.median(decode_seconds_per_token(pair.draft_model, probe) for _ in range(3))
         rows = []
         for prompt in prompts:
             _, ar = run_one(pair, prompt, s, SpecConfig(), r, "autoregressive")
             _, spec = run_one(pair, prompt, s, SpecConfig(k=4, k_policy="fixed"), r, "speculative")
-            _, adaptive = run_one(pair, prompt, s, SpecConfig(k_policy="adaptive"), r, "speculative")
+            _, adaptive = run_one(pair, prompt, s, SpecConfig(k_policy="adaptive"), r, "speculative",
+                                  calibrate.policy_for(pair, SpecConfig(k_policy="adaptive")))
             a, b, c = (metrics.summarize(x) for x in (ar, spec, adaptive))
             rows.append(dict(autoregressive=a, speculative=b, speedup=metrics.compare(b, a)["achieved_speedup"],
                              adaptive_speedup=metrics.compare(c, a)["achieved_speedup"]))
         summary = aggregate(rows)
         summary["median_adaptive_speedup"] = statistics.median(r["adaptive_speedup"] for r in rows)
-        out[name] = dict(params=pair.draft_model.num_parameters(), decode_ms=1000 * t_draft,
+        params = sum(p.numel() for p in pair.head.parameters()) if pair.head is not None \
+            else pair.draft_model.num_parameters()
+        out[name] = dict(params=params, decode_ms=1000 * t_draft,
                          cost_per_token_vs_target=t_draft / t_target, **summary)
         print(name, json.dumps(out[name]), file=sys.stderr)
     return out
@@ -180,20 +390,60 @@ def _f(x):
     return "n/a" if x is None else f"{x:.3f}"
 
 
+def _x(x):
+    return "n/a" if x is None else f"{x:.2f}x"
+
+
+def html_report(doc: dict) -> str:
+    """A self-contained page: the summary, every contender's figures, the per-prompt chart."""
+    sm = doc["summary"]
+    rows = "".join(
+        f"<tr><td>{html.escape(name)}</td><td>{html.escape(doc['contenders'][name])}</td>"
+        f"<td>{_x(v['speedup']['median'])}</td><td>{_x(v['speedup']['min'])} .. {_x(v['speedup']['max'])}</td>"
+        f"<td>{v['tokens_per_s']['median']:.1f}</td><td>{100 * v['rep_spread']['median']:.1f}%</td>"
+        f"<td>{_x((v['predicted_speedup'] or {}).get('median'))}</td><td>{'yes' if v['identical'] else 'NO'}</td></tr>"
+        for name, v in sm["contenders"].items())
+    facts = {k: v for k, v in sm.items() if k != "contenders"}
+    figure = plots.bench_figure(doc).to_html(full_html=False, include_plotlyjs=True)  # opens offline
+    return f"""<!doctype html><html><head><meta charset="utf-8"><title>bench: {html.escape(doc['suite'])}</title>
+<style>body{{font-family:sans-serif;margin:2em}} td,th{{padding:2px 8px;text-align:left}}
+tr:nth-child(even){{background:#f4f4f4}}</style>
+</head><body><h1>Benchmark: {html.escape(doc['target'])} + {html.escape(doc['draft'])}, {doc['suite']} suite</h1>
+<p>{sm['prompts']} prompts x {doc['reps']} interleaved repetitions, {doc['threads']} thread(s), {doc['device']},
+torch {doc['torch']}. Speedup is tokens/s over our plain autoregressive decoding on the same prompt (median of
+repetitions, then median over prompts). Spread: (max - min) / median of a prompt's repetitions.</p>
+<table><tr><th>contender</th><th>what</th><th>median speedup</th><th>range over prompts</th><th>tokens/s</th>
+<th>rep spread</th><th>predicted for this machine</th><th>output = plain</th></tr>{rows}</table>
+<h2>Summary</h2><pre>{html.escape(json.dumps(facts, indent=1))}</pre>
+<h2>Labels</h2><pre>{html.escape(json.dumps(doc['labels'], indent=1))}</pre>
+<h2>This machine's costs</h2><pre>{html.escape(json.dumps(doc['costs'], indent=1))}</pre>
+{figure}</body></html>"""
+
+
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(prog="python -m app bench", description=__doc__.splitlines()[0])
     ap.add_argument("--suite", choices=["code", "prose", "all"], default="code")
     ap.add_argument("--limit", type=int, default=0, help="use only the first N prompts")
-    ap.add_argument("--no-hf", dest="hf", action="store_false", help="skip transformers' assisted generation")
+    ap.add_argument("--reps", type=int, default=3, help="timed repetitions per prompt and contender (>= 1)")
+    ap.add_argument("--no-hf", dest="hf", action="store_false", help="skip transformers' generate")
+    ap.add_argument("--no-sweep", dest="sweep", action="store_false", help="skip the fixed-k sweep 1..8")
+    ap.add_argument("--no-lookup", dest="lookup", action="store_false", help="skip the prompt lookup contenders")
     ap.add_argument("--card", action="store_true", help="model card figures for the bundled family")
     ap.add_argument("--out", type=Path, default=Path("runs/bench"), help="writes OUT.json and OUT.html")
     add_generation_args(ap)
     args = ap.parse_args(argv)
+    threads.apply(args.threads)
+    if args.compile:
+        print("--compile: the benchmark times the default path; see python -m app gpucheck for the fast path",
+              file=sys.stderr)
     doc = card(args) if args.card else bench(args)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.with_suffix(".json").write_text(json.dumps(doc, indent=1) + "\n")
+    written = [args.out.with_suffix(".json")]
+    written[0].write_text(json.dumps(doc, indent=1) + "\n")
     if not args.card:
-        plots.bench_figure(doc).write_html(args.out.with_suffix(".html"), include_plotlyjs=True)  # works offline
+        written.append(args.out.with_suffix(".html"))
+        written[1].write_text(html_report(doc))
     json.dump(doc.get("summary", doc), sys.stdout, indent=1)
     print()
+    print("wrote " + " and ".join(str(w) for w in written), file=sys.stderr)
     return 0

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from app.config import SpecConfig
-from app.metrics import expected_speedup
+from app.costs import Costs
 
 
 class KPolicy:
@@ -33,43 +33,37 @@ class HeuristicK(KPolicy):
 
 
 class AdaptiveK(KPolicy):
-    """Pick the k that maximises (1 - a^(k+1)) / ((1 - a)(k c + 1)) for running a and c.
+    """Pick the k with the most expected tokens per second: E(a, k) / round_seconds(k).
 
-    a is Leviathan's per-token acceptance (accepted / (accepted + rejections)) and c the
-    measured cost of one draft token over one target pass; both decay so they track
-    the text as it changes.
+    a is Leviathan's per-token acceptance (accepted / (accepted + rejections)), decayed so it
+    tracks the text as it changes. round_seconds comes from `costs`, the machine's measured
+    curve (calibrate.py); without one, Leviathan's idealised costs. No clock is read here:
+    the same records give the same k, so the same seed gives the same sampled text.
     """
 
     DECAY = 0.8  # weight kept by the past each round
 
-    def __init__(self, spec: SpecConfig):
+    def __init__(self, spec: SpecConfig, costs: Costs | None = None):
         super().__init__(spec)
+        self.costs = costs or Costs.idealised(k_max=spec.k_max)
         self.accepted, self.rejected = 3.0, 1.0  # a weak prior of a = 0.75
-        self.draft_time, self.verify_time = 0.0, 0.0
-        self.rounds = 0
         self.k = min(spec.k, spec.k_max)
 
     @property
     def alpha(self) -> float:
         return self.accepted / (self.accepted + self.rejected)
 
-    @property
-    def c(self) -> float:
-        return self.draft_time / self.verify_time if self.verify_time > 0 else 0.1
-
     def update(self, drafted, accepted, draft_time, verify_time):
-        self.rounds += 1
         if not drafted:
             return
         d = self.DECAY
         self.accepted = d * self.accepted + accepted
         self.rejected = d * self.rejected + (accepted < drafted)
-        if self.rounds > 1:  # round 1 includes both prefills, which says nothing about c
-            self.draft_time = d * self.draft_time + draft_time / drafted
-            self.verify_time = d * self.verify_time + verify_time
-        a, c = min(self.alpha, 0.999), self.c
-        self.k = max(range(1, self.spec.k_max + 1), key=lambda k: expected_speedup(a, c, k))
+        self.k = self.costs.best_k(min(self.alpha, 0.999), self.spec.k_max)
 
 
-def make_policy(spec: SpecConfig) -> KPolicy:
-    return {"fixed": KPolicy, "heuristic": HeuristicK, "adaptive": AdaptiveK}[spec.k_policy](spec)
+def make_policy(spec: SpecConfig, costs: Costs | None = None) -> KPolicy:
+    """The policy that spec names; `costs` (this machine's, from calibrate.py) guides adaptive k."""
+    if spec.k_policy == "adaptive":
+        return AdaptiveK(spec, costs)
+    return {"fixed": KPolicy, "heuristic": HeuristicK}[spec.k_policy](spec)

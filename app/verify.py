@@ -45,35 +45,63 @@ def one_hot_q(drafts: list[int], width: int, device) -> torch.Tensor:
 
 
 def greedy(drafts: list[int], p_logits: torch.Tensor) -> Verdict:
-    """Keep the longest prefix equal to the target's argmax. p_logits: (n+1, V)."""
-    best = p_logits.argmax(-1).tolist()
-    n = 0
-    while n < len(drafts) and drafts[n] == best[n]:
-        n += 1
-    judged = drafts[: n + 1]
-    soft = p_logits.float().softmax(-1)
-    p_x = [float(soft[i, x]) for i, x in enumerate(judged)]
-    ok = [1.0 if x == best[i] else 0.0 for i, x in enumerate(judged)]
-    residual = torch.zeros_like(soft[n]).scatter_(-1, torch.tensor([best[n]], device=soft.device), 1.0)
-    return Verdict(n, best[n], p_x, [1.0] * len(judged), ok, [None] * len(judged), residual)
+    """Keep the longest prefix equal to the target's argmax. p_logits: (n+1, V).
+
+    All device work is queued first and read back in one transfer: one host sync per round.
+    """
+    n = len(drafts)
+    logits = p_logits.float()
+    best = logits.argmax(-1)
+    # p(x) under softmax at T=1, for teaching: exp(logit - logsumexp) needs no (n, V) softmax.
+    x = torch.tensor(drafts, dtype=torch.long, device=logits.device)
+    p_x = (logits[:n].gather(-1, x[:, None])[:, 0] - logits[:n].logsumexp(-1)).exp()
+    host = torch.cat([best.double(), p_x.double()]).tolist()  # the one sync
+    best, p_x = [int(b) for b in host[: n + 1]], host[n + 1 :]
+    a = 0
+    while a < n and drafts[a] == best[a]:
+        a += 1
+    judged = min(a + 1, n)
+    residual = torch.zeros(logits.shape[-1], device=logits.device)
+    residual[best[a]] = 1.0
+    ok = [1.0] * a + [0.0] * (judged - a)
+    return Verdict(a, best[a], p_x[:judged], [1.0] * judged, ok, [None] * judged, residual)
 
 
 def speculative_sampling(
     drafts: list[int], p: torch.Tensor, q: torch.Tensor, gen: torch.Generator
 ) -> Verdict:
-    """Lossless rejection sampling. p: (n+1, V) target, q: (n, V) draft, both processed."""
+    """Lossless rejection sampling. p: (n+1, V) target, q: (n, V) draft, both processed.
+
+    Vectorised over the drafts with one transfer to the generator's device (the only host
+    sync), and the same draws as judging one draft at a time: u_1.. up to the first
+    rejection, then one sample from the residual or, after n accepts, the bonus from p.
+    """
     p, q = align(p, q)
-    p_x, q_x, a_x, u_x = [], [], [], []
-    for i, x in enumerate(drafts):
-        px, qx = float(p[i, x]), float(q[i, x])
-        a = 1.0 if px >= qx else px / qx
-        u = sampling.uniform(gen)
-        p_x.append(px), q_x.append(qx), a_x.append(a), u_x.append(u)
-        if u >= a:
-            residual = (p[i] - q[i]).clamp_min(0)
-            mass = residual.sum()
-            # Zero mass means p == q where rejection had probability 0: only rounding gets here.
-            residual = residual / mass if mass > 0 else p[i]
-            return Verdict(i, sampling.sample(residual, gen), p_x, q_x, a_x, u_x, residual)
     n = len(drafts)
-    return Verdict(n, sampling.sample(p[n], gen), p_x, q_x, a_x, u_x, p[n])
+    if p.device != gen.device:  # one transfer for the round; everything below runs on the host
+        both = torch.cat([p, q]).to(gen.device)
+        p, q = both[: n + 1], both[n + 1 :]
+    i = n  # index of the first rejected draft; n when all are accepted
+    lists: list[list[float]] = [[], [], [], []]
+    if n:
+        rows, x = torch.arange(n), torch.tensor(drafts, dtype=torch.long, device=p.device)
+        p_x, q_x = p[rows, x].double(), q[rows, x].double()  # double: the same min(1, p/q) as Python floats
+        accept = torch.where(p_x >= q_x, torch.ones_like(p_x), p_x / q_x)
+        state = gen.get_state()
+        u = torch.rand(n, generator=gen, device=gen.device).double()  # = n draws of sampling.uniform
+        rejected = (u >= accept).nonzero()
+        if len(rejected):
+            i = int(rejected[0, 0])
+        if i + 1 < n:  # consume only the draws that were judged, as a one-by-one loop would
+            gen.set_state(state)
+            torch.rand(i + 1, generator=gen, device=gen.device)
+        judged = min(i + 1, n)
+        lists = torch.stack([p_x, q_x, accept, u])[:, :judged].tolist()
+    if i < n:
+        residual = (p[i] - q[i]).clamp_min(0)
+        mass = residual.sum()
+        # Zero mass means p == q where rejection had probability 0: only rounding gets here.
+        residual = residual / mass if mass > 0 else p[i]
+    else:
+        residual = p[n]
+    return Verdict(i, sampling.sample(residual, gen), *lists, residual)

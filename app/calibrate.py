@@ -1,0 +1,164 @@
+"""A quick measurement of this machine's costs for a pair, taken once when it is first used.
+
+The target's pass time for 1..k_max+1 new tokens is timed directly on a cached context;
+the draft's cost per round and per token, and the round's cost outside both, come from
+short engine runs, so they include exactly what a real round includes (prompt lookup's
+search too, which is not free). About half a second for the bundled pair.
+"""
+
+from __future__ import annotations
+
+import itertools
+import statistics
+import threading
+import time
+from collections.abc import Callable
+
+import torch
+
+from app import engine
+from app.cache import CachedModel
+from app.config import RunConfig, SamplingConfig, SpecConfig
+from app.costs import Costs
+from app.models import context_length
+from app.policy import KPolicy, make_policy
+
+# Code with some repetition, so prompt lookup finds matches as it does in real code.
+PROBE = '''import os
+
+
+def walk(root, suffix=".py"):
+    """Yield every file under root that ends with suffix."""
+    for path, dirs, files in os.walk(root):
+        for name in files:
+            if name.endswith(suffix):
+                yield os.path.join(path, name)
+
+
+def count(root, suffix=".py"):
+    """How many files under root end with suffix."""
+    return sum(1 for _ in walk(root, suffix))
+
+
+def sizes(root, suffix=".py"):
+'''
+REPS = 5  # timed passes per width, after one warm-up
+# Pass and draft times keep the fastest of their repetitions: on a shared machine another process
+# only ever adds time, so the minimum is the stable estimate. The engine's own work per round is a
+# difference of two timings, so it takes the median instead (a minimum would pick a lucky 0).
+
+_cache: dict[tuple, Costs] = {}
+_lock = threading.Lock()
+MAX_CACHED = 16
+
+
+class _Alternate(KPolicy):
+    """Drafts 1, then k_max, then 1 ...: two draft lengths give the fixed and per-token draft cost."""
+
+    def __init__(self, spec: SpecConfig):
+        super().__init__(spec)
+        self._ks = itertools.cycle([1, spec.k_max])
+
+    def next_k(self) -> int:
+        return next(self._ks)
+
+
+@torch.inference_mode()
+def verify_curve(target, context: list[int], widths: int, cache: Callable = CachedModel,
+                 reps: int = REPS) -> list[float]:
+    """Fastest seconds of one target pass over n = 1..widths new tokens after `context`.
+
+    Widths are interleaved within each repetition so drift on a shared machine hits all alike.
+    """
+    lm = cache(target)
+    lm.extend(context, keep=1)
+    base = lm.length
+    probe = (context * (widths // max(len(context), 1) + 1))[:widths]
+    times: list[list[float]] = [[] for _ in range(widths)]
+    for rep in range(reps + 1):
+        for n in range(1, widths + 1):
+            start = time.perf_counter()
+            lm.extend(probe[:n], keep=n)
+            engine.sync(lm.device)
+            if rep:  # rep 0 is the warm-up
+                times[n - 1].append(time.perf_counter() - start)
+            lm.rollback(base)
+    fastest = [min(t) for t in times]
+    if widths < 3:
+        return list(itertools.accumulate(fastest, max))
+    # Beyond one token a pass costs about a + b n (one matrix product per layer, wider): a line
+    # through all widths averages out a spike at any one of them.
+    a, b = _fit_line(dict(enumerate(fastest[1:], start=2)))
+    return [fastest[0]] + [max(fastest[0], a + b * n) for n in range(2, widths + 1)]
+
+
+def _busy(steps) -> list[tuple]:
+    """(step, busy seconds of its round) for every round after the first, which holds the prefills."""
+    return [(b, b.elapsed - a.elapsed) for a, b in itertools.pairwise(steps)]
+
+
+def measure(pair, k_max: int, target_cache: Callable = CachedModel) -> Costs:
+    """Costs of `pair` (models.Pair) on this machine for up to k_max drafts per round."""
+    ids = pair.tokenizer(PROBE)["input_ids"][-(context_length(pair.target) // 4) :]
+    curve = verify_curve(pair.target, ids, k_max + 1, target_cache)
+    greedy, run = SamplingConfig(), RunConfig(max_new_tokens=16 * (k_max + 1))
+    spec = SpecConfig(k=1, k_policy="fixed", k_max=k_max)
+    kw = {} if target_cache is CachedModel else dict(target_cache=target_cache)
+
+    def rounds(speculative: bool, n: int) -> list[tuple]:
+        """(step, busy seconds) of n rounds after a first one, over more runs if EOS ends one early."""
+        out, context = [], ids
+        for _ in range(8):
+            proposer, policy = (pair.proposer(spec), _Alternate(spec)) if speculative else (None, None)
+            it = engine.generate(pair.target, pair.tokenizer, context, proposer, greedy, spec, run, policy, **kw)
+            steps = list(itertools.islice(it, n + 1))
+            out += _busy(steps)
+            if len(out) >= n:
+                break
+            context = (context + [t for s in steps for t in s.emitted])[-len(ids):]
+        return out
+
+    # A plain round is one width-1 pass plus the engine's own work around it.
+    plain = rounds(False, 12)
+    plain_round = curve[0] + max(0.0, statistics.median([t - curve[0] for _, t in plain] or [0.0]))
+    by_k: dict[int, list[float]] = {}
+    overhead = []
+    for s, busy in rounds(True, 16):
+        by_k.setdefault(len(s.drafted), []).append(s.draft_time)
+        overhead.append(busy - s.draft_time - curve[min(len(s.drafted), k_max)])
+    draft_round, draft_token = _fit_line({k: min(t) for k, t in by_k.items()} or {0: 0.0})
+    return Costs(verify_s=tuple(curve), draft_round_s=draft_round, draft_token_s=draft_token,
+                 overhead_s=max(0.0, statistics.median(overhead or [0.0])), plain_round_s=plain_round)
+
+
+def _fit_line(points: dict[int, float]) -> tuple[float, float]:
+    """(fixed, per-token) seconds of drafting by least squares over (tokens drafted, median time).
+
+    Both are kept >= 0; with a single draft length all the time is put per token.
+    """
+    if len(points) == 1:
+        (k, t), = points.items()
+        return (t, 0.0) if k == 0 else (0.0, t / k)
+    ks, ts = list(points), list(points.values())
+    mk, mt = statistics.fmean(ks), statistics.fmean(ts)
+    slope = sum((k - mk) * (t - mt) for k, t in zip(ks, ts, strict=True)) / sum((k - mk) ** 2 for k in ks)
+    slope = max(slope, 0.0)
+    return max(mt - slope * mk, 0.0), slope
+
+
+def costs_for(pair, spec: SpecConfig, target_cache: Callable = CachedModel) -> Costs:
+    """This machine's costs for `pair`, measured once per pair, draft, k_max, threads and cache kind."""
+    key = (pair.target_name, pair.draft_name, str(pair.target.device), pair.target.dtype, spec.k_max,
+           torch.get_num_threads(), getattr(target_cache, "__name__", str(target_cache)))
+    with _lock:
+        if key not in _cache:
+            if len(_cache) >= MAX_CACHED:
+                _cache.pop(next(iter(_cache)))
+            _cache[key] = measure(pair, spec.k_max, target_cache)
+        return _cache[key]
+
+
+def policy_for(pair, spec: SpecConfig, target_cache: Callable = CachedModel) -> KPolicy:
+    """A fresh k policy for one request; adaptive k is guided by this machine's measured costs."""
+    costs = costs_for(pair, spec, target_cache) if spec.k_policy == "adaptive" else None
+    return make_policy(spec, costs)

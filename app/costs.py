@@ -1,0 +1,62 @@
+"""This machine's cost model of a round, from measured seconds (no torch, no clock).
+
+Leviathan et al.'s speedup (1 - a^(k+1)) / ((1 - a)(k c + 1)) assumes a target pass over
+k+1 tokens costs one plain step and drafting costs c per token. Measured here, a pass over
+9 tokens costs well over one step, and a draft round has a fixed part too (prompt lookup
+is all fixed part). The same expected tokens per round over the *measured* round time is
+the figure labelled "predicted for this machine".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+
+
+def expected_tokens_per_round(alpha: float, k: int) -> float:
+    """E = (1 - a^(k+1)) / (1 - a): tokens per target pass for k drafts (Leviathan et al., eq. 1)."""
+    if alpha >= 1.0:
+        return k + 1.0
+    return (1 - alpha ** (k + 1)) / (1 - alpha)
+
+
+@dataclass(frozen=True)
+class Costs:
+    """Measured seconds of one round's parts; calibrate.py measures them when a pair loads."""
+
+    verify_s: tuple[float, ...]  # [n - 1]: one target pass over n new tokens, n = 1..k_max+1 (non-decreasing)
+    draft_round_s: float  # fixed seconds of one draft call (all of prompt lookup's cost)
+    draft_token_s: float  # seconds per drafted token on top of that
+    overhead_s: float  # seconds per round outside target passes and drafting (verify rule, rollback, text)
+    plain_round_s: float  # one round of plain autoregressive decoding, all included
+
+    def round_s(self, k: int) -> float:
+        """Seconds of a round that drafts k tokens and verifies k + 1."""
+        width = min(k, len(self.verify_s) - 1)
+        return self.draft_round_s + k * self.draft_token_s + self.verify_s[width] + self.overhead_s
+
+    def tokens_per_s(self, alpha: float, k: int) -> float:
+        return expected_tokens_per_round(alpha, k) / self.round_s(k)
+
+    def speedup(self, alpha: float, k: int) -> float:
+        """Expected speedup over plain decoding at acceptance alpha with k drafts per round."""
+        return self.tokens_per_s(alpha, k) * self.plain_round_s
+
+    def best_k(self, alpha: float, k_max: int) -> int:
+        """The k in 1..k_max with the most expected tokens per second (the smallest on a tie)."""
+        return max(range(1, k_max + 1), key=lambda k: (self.tokens_per_s(alpha, k), -k))
+
+    def predicted_speedup(self, alpha: float, draft_lengths: Sequence[int]) -> float:
+        """Speedup this model expects for rounds that drafted these many tokens, at acceptance alpha."""
+        tokens = sum(expected_tokens_per_round(alpha, k) for k in draft_lengths)
+        seconds = sum(self.round_s(k) for k in draft_lengths)
+        return tokens / seconds * self.plain_round_s
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def idealised(cls, c: float = 0.1, k_max: int = 16) -> Costs:
+        """Leviathan's assumptions (a pass over any width costs one step, c per draft token)."""
+        return cls(verify_s=(1.0,) * (k_max + 1), draft_round_s=0.0, draft_token_s=c, overhead_s=0.0,
+                   plain_round_s=1.0)

@@ -1,0 +1,149 @@
+"""The GPU fast path: a static KV cache with a position pointer, and CUDA graphs for its shapes.
+
+A static cache is allocated once at its full length; rolling back a rejected draft only
+moves the pointer back (the next pass overwrites the stale keys, and the causal mask hides
+any beyond it). Fixed shapes let torch.compile(mode="reduce-overhead") capture each pass
+as a CUDA graph: passes over few tokens (draft steps, verify over k+1) are padded up to a
+bucket width, so a handful of graphs serve every k. Longer passes (the prompt) run eagerly.
+
+CUDA only and behind --compile: on CPU the static cache is correct (the greedy tests run
+it) but was not faster than the dynamic one (README), and ZeroGPU does not support it.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import threading
+
+import torch
+from transformers import PreTrainedModel, StaticCache
+
+from app.cache import CachedModel
+from app.config import K_MAX, SpecError
+from app.proposers import ModelProposer
+
+BUCKETS = (1, 2, 3, 5, 9, 17)  # pass widths with a graph: a draft step, and verify over k+1 for k = 1, 2, 4, 8, 16
+LENGTH_STEP = 256  # cache lengths are rounded up to this, so requests of similar length share graphs
+
+
+def available(requested: bool, device: torch.device) -> tuple[bool, str]:
+    """Whether the fast path runs for this request, and why not when it does not."""
+    if not requested:
+        return False, "not requested (--compile)"
+    if os.environ.get("SPACES_ZERO_GPU"):
+        return False, "off on ZeroGPU, which does not support CUDA graphs"
+    if device.type != "cuda":
+        return False, "CUDA only: on CPU the static cache was not faster"
+    return True, "static cache and CUDA graphs"
+
+
+def cache_length(prompt_len: int, max_new_tokens: int) -> int:
+    """Static length for a request: prompt, new tokens, the widest padded pass; rounded up."""
+    need = prompt_len + max_new_tokens + K_MAX + BUCKETS[-1] + 1
+    return -(-need // LENGTH_STEP) * LENGTH_STEP
+
+
+@functools.cache
+def compiled(model: PreTrainedModel):
+    """The model's forward under torch.compile with CUDA graphs, shared by every request."""
+    return torch.compile(model, mode="reduce-overhead", dynamic=False)
+
+
+_pool: dict[tuple[int, int], list[StaticCache]] = {}
+_pool_lock = threading.Lock()
+
+
+class StaticCachedModel:
+    """CachedModel's interface (extend, rollback, length) over a static cache with a pointer.
+
+    Caches are pooled per model and length and reused by later requests, so a compiled
+    graph sees the same cache tensors again instead of being recaptured.
+    """
+
+    def __init__(self, model: PreTrainedModel, max_len: int, compile: bool = False):
+        if any(getattr(t, "is_sliding", False) for t in StaticCache(config=model.config, max_cache_len=1).layers):
+            raise SpecError("the static cache path supports full-attention models only: run without --compile")
+        self.model, self.max_len = model, max_len
+        self.forward = compiled(model) if compile else model
+        self.compile = compile
+        self._key = (id(model), max_len)
+        with _pool_lock:
+            free = _pool.get(self._key, [])
+            self.cache = free.pop() if free else StaticCache(config=model.config, max_cache_len=max_len)
+        self.device = model.get_input_embeddings().weight.device
+        self.length = 0
+        self.tokens_processed = 0
+        used = int(self.cache.get_seq_length())
+        if used:  # a reused cache: move its pointer back to 0
+            with torch.inference_mode():  # the cache's tensors were made under it
+                self.cache.crop(-used)
+
+    def __del__(self):
+        if hasattr(self, "cache"):  # give the cache back for the next request
+            with _pool_lock:
+                _pool.setdefault(self._key, []).append(self.cache)
+
+    @torch.inference_mode()
+    def extend(self, ids: list[int], keep: int = 0) -> torch.Tensor:
+        """Feed ids after the cached ones; return the (keep, V) logits of the last `keep` (0: all)."""
+        n = len(ids)
+        if self.length + n + BUCKETS[-1] > self.max_len:
+            raise SpecError(f"static cache of {self.max_len} tokens is full: raise its length")
+        width = next((b for b in BUCKETS if b >= n), None)
+        if self.compile and width is not None:
+            # Pad to the bucket: the padding sits after the real tokens, so causal attention
+            # keeps it out of their logits, and the pointer is moved back over it below.
+            x = torch.tensor([ids + ids[-1:] * (width - n)], dtype=torch.long, device=self.device)
+            torch.compiler.cudagraph_mark_step_begin()
+            logits = self.forward(input_ids=x, cache=self.cache, use_cache=True).logits[0, :n].clone()
+            if width > n:
+                self.cache.crop(n - width)
+        else:
+            x = torch.tensor([ids], dtype=torch.long, device=self.device)
+            logits = self.model(input_ids=x, cache=self.cache, use_cache=True, logits_to_keep=keep).logits[0]
+        self.length += n
+        self.tokens_processed += n
+        return logits[-keep:] if keep else logits
+
+    def extend_with_features(self, ids: list[int], keep: int = 0):
+        raise SpecError("the static cache path does not serve feature-level drafts: run without --compile")
+
+    @torch.inference_mode()
+    def rollback(self, length: int) -> None:
+        """Forget every cached position at or after `length`: the pointer moves back, nothing is copied."""
+        if length < self.length:
+            self.cache.crop(length - self.length)
+            self.length = length
+
+
+class StaticModelProposer(ModelProposer):
+    """A draft model whose cache is static (and whose steps are graphs when compiled)."""
+
+    def __init__(self, model: PreTrainedModel, name: str, max_len: int, compile: bool = False):
+        super().__init__(model, name)
+        self.max_len, self.compile = max_len, compile
+
+    def begin(self, prompt_ids: list[int], vocab_size: int) -> None:
+        super().begin(prompt_ids, vocab_size)
+        self.lm = StaticCachedModel(self.model, self.max_len, self.compile)
+
+
+def target_cache(max_len: int, compile: bool = False):
+    """A target_cache for engine.generate: static caches of max_len tokens."""
+    return functools.partial(StaticCachedModel, max_len=max_len, compile=compile)
+
+
+def setup(pair, spec, requested: bool, prompt_len: int, max_new_tokens: int, speculative: bool = True):
+    """(proposer, target_cache, note) for one request: the fast path where it runs, else the usual.
+
+    note says which, so --compile is never silently ignored.
+    """
+    proposer = pair.proposer(spec) if speculative else None
+    ok, note = available(requested, pair.target.device)
+    if not ok:
+        return proposer, CachedModel, note
+    max_len = cache_length(prompt_len, max_new_tokens)
+    if type(proposer) is ModelProposer:  # a draft model; prompt lookup and early exit keep their own
+        proposer = StaticModelProposer(proposer.model, proposer.name, max_len, compile=True)
+    return proposer, target_cache(max_len, compile=True), note

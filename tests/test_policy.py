@@ -1,0 +1,97 @@
+"""Adaptive k follows this machine's measured costs, and reads no clock: same seed, same text."""
+
+import random
+
+import pytest
+import torch
+from conftest import run
+
+from app import calibrate, metrics, threads
+from app.config import SpecConfig, SpecError
+from app.costs import Costs
+from app.models import PROMPT_LOOKUP, Pair
+from app.policy import AdaptiveK
+from app.proposers import ModelProposer
+
+PROMPT = "def add(a, b):\n  return a"
+# A machine where a verify pass over n tokens costs 1 + 0.25 (n - 1) steps, drafting 0.05 a token.
+STEEP = Costs(verify_s=tuple(1 + 0.25 * i for i in range(9)), draft_round_s=0.0, draft_token_s=0.05,
+              overhead_s=0.0, plain_round_s=1.0)
+
+
+def test_k_depends_on_the_records_only():
+    records = [(k, random.Random(k).randint(0, k)) for k in [4, 6, 3, 8, 2, 5, 7, 1, 4, 4]]
+    ks = []
+    for _ in range(2):
+        policy = AdaptiveK(SpecConfig(k_max=8), STEEP)
+        seq = []
+        for drafted, accepted in records:
+            # Wildly different times each pass: the policy must not read them.
+            policy.update(drafted, accepted, random.random(), random.random())
+            seq.append(policy.next_k())
+        ks.append(seq)
+    assert ks[0] == ks[1]
+    assert len(set(ks[0])) > 1
+
+
+def test_same_seed_gives_the_same_sampled_text_with_adaptive_k(target, near_draft, tokenizer):
+    outs = [run(target, tokenizer, PROMPT, ModelProposer(near_draft, "near"), temperature=0.9, seed=3,
+                k_policy="adaptive", k_max=8, max_new_tokens=60) for _ in range(2)]
+    assert outs[0][0] == outs[1][0]
+    assert [s.k for s in outs[0][1]] == [s.k for s in outs[1][1]]
+    assert len({s.k for s in outs[0][1][:-1]}) > 1, "k must move for this to test anything"
+
+
+def test_measured_curve_moves_k_where_leviathans_formula_would_not():
+    idealised = Costs.idealised(c=0.05, k_max=8)
+    for alpha in (0.6, 0.8, 0.9):
+        assert STEEP.best_k(alpha, 8) <= idealised.best_k(alpha, 8)
+    assert STEEP.best_k(0.8, 8) < idealised.best_k(0.8, 8)
+    # Under Leviathan's own assumptions the model is Leviathan's formula.
+    assert idealised.speedup(0.8, 4) == pytest.approx(metrics.expected_speedup(0.8, 0.05, 4))
+    # Free drafts but a costly fixed round (prompt lookup's shape) favour long drafts.
+    lookup = Costs(verify_s=STEEP.verify_s, draft_round_s=0.3, draft_token_s=0.0, overhead_s=0.0, plain_round_s=1.0)
+    assert lookup.best_k(0.8, 8) >= STEEP.best_k(0.8, 8)
+
+
+def test_predicted_speedup_is_reported_beside_leviathans(target, near_draft, tokenizer):
+    _, steps = run(target, tokenizer, PROMPT, ModelProposer(near_draft, "near"), k=4, k_policy="fixed",
+                   max_new_tokens=40)
+    doc = metrics.report(steps, "t", "d", {}, STEEP)
+    st = doc["stats"]
+    lengths = [len(s.drafted) for s in steps]
+    assert st["predicted_speedup"] == pytest.approx(STEEP.predicted_speedup(st["alpha"], lengths))
+    assert st["theoretical_speedup"] is not None
+    assert {"predicted_speedup", "theoretical_speedup"} <= set(doc["labels"])
+    assert list(doc["costs"]["verify_s"]) == list(STEEP.verify_s)
+    assert metrics.summarize(steps)["predicted_speedup"] is None  # without costs, nothing is claimed
+
+
+@pytest.mark.parametrize("draft", ["model", PROMPT_LOOKUP])
+def test_calibration_measures_every_part(target, near_draft, tokenizer, draft):
+    pair = Pair(target, tokenizer, "tiny", draft, near_draft if draft == "model" else None)
+    costs = calibrate.measure(pair, 4)
+    assert len(costs.verify_s) == 5 and all(t > 0 for t in costs.verify_s)
+    assert list(costs.verify_s) == sorted(costs.verify_s)
+    assert costs.plain_round_s >= costs.verify_s[0]
+    assert costs.draft_round_s + costs.draft_token_s > 0  # prompt lookup's search is measured too, not 0
+    policy = calibrate.policy_for(pair, SpecConfig(k_policy="adaptive", k_max=4))
+    assert isinstance(policy, AdaptiveK) and policy.costs is calibrate.costs_for(pair, SpecConfig(k_max=4))
+
+
+def test_thread_policy_default_and_overrides(monkeypatch):
+    monkeypatch.delenv(threads.ENV, raising=False)
+    assert threads.choose() == threads.DEFAULT == 1
+    monkeypatch.setenv(threads.ENV, "2")
+    assert threads.choose() == 2
+    assert threads.choose(3) == 3  # --threads wins over the environment
+    for bad in ("0", "two"):
+        monkeypatch.setenv(threads.ENV, bad)
+        with pytest.raises(SpecError, match=threads.ENV):
+            threads.choose()
+    monkeypatch.delenv(threads.ENV)
+    before = torch.get_num_threads()
+    try:
+        assert threads.apply(2) == 2 and torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)

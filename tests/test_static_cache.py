@@ -1,0 +1,53 @@
+"""The static-cache path (the GPU fast path, run eagerly on CPU) gives the target's own greedy output."""
+
+import pytest
+from conftest import run
+
+from app import engine
+from app.config import RunConfig, SamplingConfig, SpecConfig
+from app.proposers import PromptLookup
+from app.static_cache import BUCKETS, StaticCachedModel, StaticModelProposer, available, cache_length, target_cache
+
+PROMPT = "def add(a, b):\n  return a"
+
+
+def static_run(target, tokenizer, proposer, k_policy="fixed", k=4, n=40):
+    ids = tokenizer(PROMPT)["input_ids"]
+    steps = list(engine.generate(target, tokenizer, ids, proposer, SamplingConfig(), SpecConfig(k=k, k_policy=k_policy),
+                                 RunConfig(n), target_cache=target_cache(cache_length(len(ids), n))))
+    return [t for s in steps for t in s.emitted], steps
+
+
+@pytest.mark.parametrize("k_policy,k", [("fixed", 1), ("fixed", 4), ("fixed", 8), ("adaptive", 4)])
+def test_static_cache_greedy_equals_dynamic(target, near_draft, tokenizer, k_policy, k):
+    ar, _ = run(target, tokenizer, PROMPT, max_new_tokens=40)
+    max_len = cache_length(len(tokenizer(PROMPT)["input_ids"]), 40)
+    plain, _ = static_run(target, tokenizer, None)
+    spec, steps = static_run(target, tokenizer, StaticModelProposer(near_draft, "near", max_len), k_policy, k)
+    lookup, _ = static_run(target, tokenizer, PromptLookup(3, 1), k_policy, k)
+    assert plain == spec == lookup == ar
+    assert 0 < sum(s.accepted for s in steps) < sum(len(s.drafted) for s in steps), "needs accepts and rejections"
+
+
+def test_rollback_moves_the_pointer_and_never_recomputes(target):
+    lm = StaticCachedModel(target, 256)
+    first = lm.extend(list(range(3, 23)), keep=1)
+    lm.extend([5, 6, 7], keep=3)
+    lm.rollback(20)
+    assert int(lm.cache.get_seq_length()) == lm.length == 20
+    again = lm.extend([5], keep=1)
+    assert lm.tokens_processed == 24  # nothing was fed twice
+    fresh = StaticCachedModel(target, 256)
+    assert (fresh.extend(list(range(3, 23)) + [5], keep=1) - again).abs().max() < 1e-4
+    assert first.shape == again.shape
+
+
+def test_fast_path_is_cuda_only_and_off_on_zerogpu(monkeypatch):
+    import torch
+
+    assert not available(True, torch.device("cpu"))[0]
+    assert not available(False, torch.device("cuda"))[0]
+    assert available(True, torch.device("cuda"))[0]
+    monkeypatch.setenv("SPACES_ZERO_GPU", "1")
+    assert "ZeroGPU" in available(True, torch.device("cuda"))[1]
+    assert cache_length(100, 128) % 256 == 0 and cache_length(100, 128) >= 100 + 128 + BUCKETS[-1]
