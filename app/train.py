@@ -16,6 +16,8 @@ import json
 import math
 import random
 import re
+import shlex
+import sys
 import sysconfig
 import time
 from dataclasses import asdict, dataclass
@@ -79,6 +81,9 @@ FEATURE_HEAD = "draft-feature"
 FEATURE_STEPS, FEATURE_LR = 2000, 2e-3
 FEATURE_NOISE = 0.1  # uniform noise on input features, as in EAGLE: drafting reads its own imperfect ones
 FEATURE_WEIGHTS = (1.0, 0.1)  # (feature regression, token cross-entropy), the paper's weights
+# The head's MLP is half the target's: the LM head it shares already costs a third of a target layer
+# stack's FLOPs at this width, and the cost per draft token must stay a small fraction of the target's.
+FEATURE_FFN_SHARE = 0.5
 
 
 def stdlib_files(root: Path | None = None) -> list[Path]:
@@ -396,7 +401,8 @@ def train_feature_head(target, data, steps: int, lr: float = FEATURE_LR, log=lam
     from app.feature_head import FeatureHead
 
     target.eval().requires_grad_(False)
-    head = FeatureHead(target.config)
+    ffn = max(32, int(target.config.intermediate_size * FEATURE_FFN_SHARE) // 32 * 32)
+    head = FeatureHead(target.config, {"intermediate_size": ffn})
     opt = torch.optim.AdamW(head.parameters(), lr=lr, weight_decay=0.0, betas=(0.9, 0.95))
     warmup = max(1, steps // 20)
     sched = torch.optim.lr_scheduler.LambdaLR(
@@ -458,6 +464,8 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def main(argv=None) -> dict:
     args = parse_args(argv)
+    # The exact command, so each model's training.json says how it was made.
+    command = " ".join(["python -m app train", *map(shlex.quote, sys.argv[2:] if argv is None else argv)])
     if args.threads:
         torch.set_num_threads(args.threads)
     random.seed(args.seed)
@@ -493,7 +501,7 @@ def main(argv=None) -> dict:
             info = on_policy | dict(corpus_phase=info, on_policy_rows=len(rows),
                                     tokens_trained=info["tokens_trained"] + on_policy["tokens_trained"])
         info |= dict(shape=asdict(shape), corpus=corpus.manifest,
-                     command=f"python -m app train --out {args.out} --seed {args.seed}")
+                     command=command)
         save(model, tokenizer, args.out / shape.name, info)
         results[shape.name] = info
     if not args.only or FEATURE_HEAD in args.only:
@@ -505,7 +513,7 @@ def main(argv=None) -> dict:
         info |= dict(lr=FEATURE_LR, noise=FEATURE_NOISE, loss_weights=FEATURE_WEIGHTS, batch=args.batch,
                      tokens_trained=max(1, round(FEATURE_STEPS * args.scale)) * args.batch * args.ctx,
                      corpus=corpus.manifest, reads="target", layout="EAGLE-1 (fc + one decoder layer)",
-                     command=f"python -m app train --out {args.out} --seed {args.seed}")
+                     command=command)
         head.save(args.out / FEATURE_HEAD, info)
         results[FEATURE_HEAD] = info
     log_file.close()
