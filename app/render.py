@@ -73,12 +73,13 @@ def _fmt(x, spec: str = ".2f", suffix: str = "") -> str:
     return "–" if x is None else f"{x:{spec}}{suffix}"
 
 
-def summary_markdown(spec: Sequence[Step], ar: Sequence[Step], done: bool = True, stopped: bool = False) -> str:
+def summary_markdown(spec: Sequence[Step], ar: Sequence[Step], done: bool = True, stopped: bool = False,
+                     costs=None) -> str:
     """Both panes' figures side by side, with measured and theoretical speedup.
 
     While running (done=False) the speedup waits for a few rounds; after Stop it is marked partial.
     """
-    a, b = metrics.summarize(ar), metrics.summarize(spec)
+    a, b = metrics.summarize(ar), metrics.summarize(spec, costs)
     cmp = metrics.compare(b, a) if spec and ar else {"achieved_speedup": None}
     pct = lambda x: _fmt(None if x is None else 100 * x, ".1f", "%")  # noqa: E731
     rows = [
@@ -97,8 +98,11 @@ def summary_markdown(spec: Sequence[Step], ar: Sequence[Step], done: bool = True
     table = "| | speculative | autoregressive |\n|---|---|---|\n" + "\n".join(
         f"| {name} | {x} | {y} |" for name, x, y in rows
     )
-    theory = (f"{_fmt(b['theoretical_speedup'], '.2f', '×')} theoretical "
-              "(Leviathan et al. for the measured α, c and mean k)")
+    theory = (f"{_fmt(b['theoretical_speedup'], '.2f', '×')} Leviathan's idealised "
+              "(a verify pass costed as one plain step)")
+    if b.get("predicted_speedup") is not None:
+        theory += (f" · {_fmt(b['predicted_speedup'], '.2f', '×')} predicted for this machine "
+                   "(the same α over this machine's measured verify and draft times)")
     few = min(len(spec), len(ar)) < LIVE_MIN_ROUNDS
     if stopped:
         head = ("### Stopped: partial figures\nOnly the rounds before Stop are counted. "

@@ -17,7 +17,7 @@ from pathlib import Path
 import gradio as gr
 import torch
 
-from app import boundary, engine, hosting, metrics, models, plots, queue_limits, render, sessions
+from app import boundary, calibrate, engine, hosting, metrics, models, plots, queue_limits, render, sessions
 from app.config import MAX_NEW_TOKENS_CAP, RunConfig, SamplingConfig, SpecConfig, SpecError, settings_dict
 from app.events import KIND_LABELS
 from app.policy import make_policy
@@ -189,8 +189,10 @@ def generate_both(prompt, target, custom_target, draft, custom_draft, chat, deco
         pair = _pair(target, draft)
         ids = pair.encode(prompt, r.chat)
         shown = pair.tokenizer.decode(ids, skip_special_tokens=True)
+        costs = calibrate.costs_for(pair, sp)  # measured once per pair: verify curve and draft cost
         runs = _interleave(
-            engine.generate(pair.target, pair.tokenizer, ids, pair.proposer(sp), s, sp, r),
+            engine.generate(pair.target, pair.tokenizer, ids, pair.proposer(sp), s, sp, r,
+                            policy=make_policy(sp, costs)),
             engine.generate(pair.target, pair.tokenizer, ids, None, s, sp, r),
         )
         spec, ar = [], []
@@ -208,14 +210,14 @@ def generate_both(prompt, target, custom_target, draft, custom_draft, chat, deco
                 if now - last_plot >= PLOT_EVERY:
                     figures, last_plot = _figures(spec, ar), now
                 last_text = now
-                yield _outputs(shown, spec, ar, s.greedy, figures, None, done=False)
+                yield _outputs(shown, spec, ar, s.greedy, figures, None, done=False, costs=costs)
         # Models named as the visitor picked them: a resolved name can be an install path on this host.
         doc = {"speculative": metrics.report(spec, target, draft,
-                                             settings_dict("speculative", s, sp, r)),
+                                             settings_dict("speculative", s, sp, r), costs),
                "autoregressive": metrics.report(ar, target, None, settings_dict("autoregressive", s, sp, r))}
         doc["comparison"] = metrics.compare(doc["speculative"]["stats"], doc["autoregressive"]["stats"])
         doc["stopped"] = stopped  # True: Stop ended both runs early, so every figure is partial
-        yield _outputs(shown, spec, ar, s.greedy, _figures(spec, ar), doc, stopped=stopped)
+        yield _outputs(shown, spec, ar, s.greedy, _figures(spec, ar), doc, stopped=stopped, costs=costs)
     except SpecError as e:
         raise _user_error(e) from None
     except torch.cuda.OutOfMemoryError:
@@ -224,10 +226,10 @@ def generate_both(prompt, target, custom_target, draft, custom_draft, chat, deco
             from None
 
 
-def _outputs(prompt, spec, ar, greedy, figures, doc, done=True, stopped=False):
+def _outputs(prompt, spec, ar, greedy, figures, doc, done=True, stopped=False, costs=None):
     return (render.pane_html(prompt, spec), render.pane_html(prompt, ar, kind_classes=False),
             render.greedy_check(spec, ar, greedy, done and not stopped, stopped),
-            render.summary_markdown(spec, ar, done and not stopped, stopped), *figures,
+            render.summary_markdown(spec, ar, done and not stopped, stopped, costs), *figures,
             doc if doc is not None else gr.skip())
 
 

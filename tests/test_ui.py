@@ -60,7 +60,8 @@ def test_spans_carry_each_category_in_order(records):
 def test_summary_and_greedy_check(records):
     spec, ar = records
     text = render.summary_markdown(spec, ar)
-    assert "Speedup" in text and "theoretical" in text and "α per token" in text
+    assert "Speedup" in text and "Leviathan's idealised" in text and "α per token" in text
+    assert "predicted for this machine" not in text, "without measured costs there is no prediction"
     assert "Greedy check passed" in render.greedy_check(spec, ar, greedy=True)
     assert "identical so far" in render.greedy_check(spec, ar[:-1], greedy=True, done=False)
     assert "Greedy check failed" in render.greedy_check(spec, ar[:-1], greedy=True)
