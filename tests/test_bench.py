@@ -2,12 +2,15 @@
 
 import json
 
-from app import bench
+from app import bench, models
 
 
 def test_bench_writes_a_checked_self_contained_report(tmp_path, capsys):
     out = tmp_path / "b"
-    assert bench.main(["--limit", "1", "--reps", "3", "--max-new-tokens", "12", "--out", str(out)]) == 0
+    # A model draft, so that transformers' assisted generation has a counterpart (it has none for a feature head).
+    draft = str(models.BUNDLED / "draft-distilled")
+    argv = ["--limit", "1", "--reps", "3", "--max-new-tokens", "12", "--draft", draft, "--out", str(out)]
+    assert bench.main(argv) == 0
     doc = json.loads(out.with_suffix(".json").read_text())
     names = set(doc["summary"]["contenders"])
     assert {"autoregressive", "adaptive", "hf_plain", "hf_assisted_default", "hf_assisted_k=4",
