@@ -26,8 +26,10 @@ from app.proposers import FeatureProposer, ModelProposer, PromptLookup, Proposer
 ROOT = Path(__file__).resolve().parent.parent
 BUNDLED = ROOT / "assets" / "models"
 DEFAULT_TARGET = str(BUNDLED / "target")
-DEFAULT_DRAFT = str(BUNDLED / "draft-distilled")
+DISTILLED_DRAFT = str(BUNDLED / "draft-distilled")
 FEATURE_DRAFT = str(BUNDLED / "draft-feature")
+# The feature head accepts the most drafts on the v2 target (model card), so it is the default.
+DEFAULT_DRAFT = FEATURE_DRAFT
 EAGLE = "eagle:"  # prefix for a published EAGLE-1 head (Hub id or directory) as the draft
 PROMPT_LOOKUP = "prompt-lookup"
 EARLY_EXIT = "early-exit:"
@@ -43,8 +45,8 @@ TARGET_PRESETS = {
     "gpt2-xl": "openai-community/gpt2-xl",
 }
 DRAFT_PRESETS = {
-    "distilled draft (bundled)": DEFAULT_DRAFT,
     "feature draft (EAGLE-style, bundled)": FEATURE_DRAFT,
+    "distilled draft (bundled)": DISTILLED_DRAFT,
     "small draft (bundled)": str(BUNDLED / "draft-small"),
     "weak draft (bundled)": str(BUNDLED / "draft-weak"),
     "Qwen2.5-0.5B-Instruct": "Qwen/Qwen2.5-0.5B-Instruct",

@@ -21,7 +21,7 @@ log = logging.getLogger(__name__)
 BASE_SECONDS = 15.0  # loading the request onto the lent GPU, prefill, the first rounds
 SECONDS_PER_TOKEN = 0.08  # two interleaved runs (speculative and plain) of a 7B target, with margin
 MAX_SECONDS = 120  # the longest GPU loan ZeroGPU grants one call
-DEFAULT_PRELOAD = ("stdlib-code target (bundled)", "distilled draft (bundled)")
+DEFAULT_PRELOAD = ("stdlib-code target (bundled)", "feature draft (EAGLE-style, bundled)")
 GPU_FUNCTIONS: list[Callable] = []  # every function wrapped by `gpu`, for the pickling test
 
 
