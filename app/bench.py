@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from app import calibrate, engine, metrics, models, plots, threads
+from app import calibrate, draft_spec, engine, metrics, models, plots, threads
 from app.cache import CachedModel
 from app.cli import add_generation_args, configs
 from app.config import RunConfig, SamplingConfig, SpecConfig, settings_dict
@@ -256,7 +256,7 @@ def bench(args) -> dict:
     s, sp, r = configs(args)
     pair = models.load_pair(args.target, args.draft, args.device, args.dtype)
     lookup_pair = None
-    if args.lookup and pair.draft_name != models.PROMPT_LOOKUP:
+    if args.lookup and pair.draft_spec.kind != draft_spec.PROMPT_LOOKUP:
         lookup_pair = models.load_pair(args.target, models.PROMPT_LOOKUP, args.device, args.dtype)
     costs = calibrate.costs_for(pair, _adaptive(sp))
     lookup_costs = calibrate.costs_for(lookup_pair, _adaptive(sp)) if lookup_pair else None

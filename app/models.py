@@ -240,7 +240,7 @@ def _offline_message(shown: str, repo_id: str) -> str:
 def needs_download(model_id: str) -> bool:
     """Whether loading this preset or id fetches files from the Hub: not a local dir, not in the cache."""
     name = _resolve(model_id)
-    if not name or name == PROMPT_LOOKUP or name.startswith(EARLY_EXIT) or Path(name).exists():
+    if not name or not DraftSpec.parse(name).loads_model or Path(name).exists():
         return False
     from huggingface_hub import try_to_load_from_cache
 
