@@ -322,6 +322,8 @@ def test_browser_shows_tokens_plots_and_speedup(page, tmp_path):
 
 @needs_browser
 def test_browser_stop_button_cancels_both_panes(page):
+    # The weak draft makes the run several seconds long, so Stop lands before it could finish.
+    page.get_by_label("or a custom draft", exact=False).fill(str(models.BUNDLED / "draft-weak"))
     page.get_by_text("Decoding", exact=True).click()
     box = page.get_by_label("number input for Max new tokens")
     box.fill("500")
