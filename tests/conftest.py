@@ -116,3 +116,20 @@ def run(target, tokenizer, prompt, proposer=None, **kw):
     ids = prompt if isinstance(prompt, list) else tokenizer(prompt)["input_ids"]
     steps = list(generate(target, tokenizer, ids, proposer, sampling, spec, cfg, teach=teach))
     return [t for s in steps for t in s.emitted], steps
+
+
+@pytest.fixture(scope="module")
+def no_eos(target):
+    """Random weights emit EOS at random; equality must hold over the full length."""
+    saved = target.generation_config.eos_token_id
+    target.generation_config.eos_token_id = None
+    yield
+    target.generation_config.eos_token_id = saved
+
+
+def hf_greedy_until_eos(model, tokenizer, prompt, n, **kw):
+    """transformers' own greedy continuation, cut after the tokenizer's EOS as the engine stops there."""
+    ids = tokenizer(prompt, return_tensors="pt")["input_ids"]
+    out = model.generate(ids, max_new_tokens=n, do_sample=False, eos_token_id=None, pad_token_id=2, **kw)
+    ref = out[0, ids.shape[1]:].tolist()
+    return ref[: ref.index(1) + 1] if 1 in ref else ref

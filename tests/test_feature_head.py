@@ -4,6 +4,7 @@ import json
 
 import pytest
 import torch
+from conftest import hf_greedy_until_eos as hf_greedy
 from conftest import run
 from safetensors.torch import save_file
 from test_sampling import N, exact_distribution, tv, tv_bound
@@ -28,21 +29,6 @@ def head(target, tokenizer):
     torch.manual_seed(0)
     h, _ = train.train_feature_head(target, random_windows(len(tokenizer), 8, 48), steps=120, lr=5e-3)
     return h
-
-
-@pytest.fixture(scope="module")
-def no_eos(target):
-    saved = target.generation_config.eos_token_id
-    target.generation_config.eos_token_id = None
-    yield
-    target.generation_config.eos_token_id = saved
-
-
-def hf_greedy(model, tokenizer, prompt, n):
-    ids = tokenizer(prompt, return_tensors="pt")["input_ids"]
-    out = model.generate(ids, max_new_tokens=n, do_sample=False, eos_token_id=None, pad_token_id=2)[0, ids.shape[1]:]
-    ref = out.tolist()
-    return ref[: ref.index(1) + 1] if 1 in ref else ref
 
 
 @pytest.mark.parametrize("k,policy", [(1, "fixed"), (4, "fixed"), (8, "fixed"), (4, "adaptive")])

@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+from conftest import hf_greedy_until_eos as hf_greedy
 from conftest import run
 from test_sampling import N, empirical, exact_distribution, tv, tv_bound
 
@@ -12,21 +13,6 @@ from app.proposers import ModelProposer, PromptLookup, early_exit
 PROMPT = "the cat sat on the mat. the cat"
 PENALTIES = [dict(repetition_penalty=1.5), dict(no_repeat_ngram_size=3),
              dict(repetition_penalty=1.3, no_repeat_ngram_size=2)]
-
-
-def hf_greedy(model, tokenizer, prompt, n, **kw):
-    ids = tokenizer(prompt, return_tensors="pt")["input_ids"]
-    out = model.generate(ids, max_new_tokens=n, do_sample=False, eos_token_id=None, pad_token_id=2, **kw)
-    ref = out[0, ids.shape[1]:].tolist()
-    return ref[: ref.index(1) + 1] if 1 in ref else ref  # the engine stops at the tokenizer's EOS
-
-
-@pytest.fixture(scope="module")
-def no_eos(target):
-    saved = target.generation_config.eos_token_id
-    target.generation_config.eos_token_id = None
-    yield
-    target.generation_config.eos_token_id = saved
 
 
 @pytest.mark.parametrize("penalty", PENALTIES, ids=lambda d: ",".join(f"{k}={v}" for k, v in d.items()))
