@@ -319,17 +319,32 @@ def row_batches(rows: torch.Tensor, batch: int, gen: torch.Generator):
         yield rows[torch.randint(0, len(rows), (batch,), generator=gen)]
 
 
+def _optimiser(module, lr: float, steps: int, weight_decay: float):
+    """AdamW with a 5% linear warm-up, then cosine decay to a tenth of lr at `steps`."""
+    warmup = max(1, steps // 20)
+    opt = torch.optim.AdamW(module.parameters(), lr=lr, weight_decay=weight_decay, betas=(0.9, 0.95))
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: min(1.0, (s + 1) / warmup) * (0.1 + 0.45 * (1 + math.cos(math.pi * min(s, steps) / steps)))
+    )
+    return opt, sched
+
+
+def _update(module, opt, sched, loss: torch.Tensor) -> None:
+    """One optimiser step with gradients clipped to norm 1."""
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(module.parameters(), 1.0)
+    opt.step()
+    sched.step()
+
+
 def train_one(shape, model, data, args, log, teacher=None, corpus=None, steps=None, hard=False) -> dict:
     """Train one model; the distilled draft also matches the teacher's distribution.
 
     hard=True adds cross-entropy to the teacher's argmax, which is what greedy acceptance needs.
     """
     steps = max(1, round((steps or shape.steps) * args.scale))
-    warmup = max(1, steps // 20)
-    opt = torch.optim.AdamW(model.parameters(), lr=shape.lr, weight_decay=0.1, betas=(0.9, 0.95))
-    sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: min(1.0, (s + 1) / warmup) * (0.1 + 0.45 * (1 + math.cos(math.pi * min(s, steps) / steps)))
-    )
+    opt, sched = _optimiser(model, shape.lr, steps, weight_decay=0.1)
     model.train()
     bar = tqdm(range(steps), desc=shape.name, mininterval=5)
     start = time.time()
@@ -349,11 +364,7 @@ def train_one(shape, model, data, args, log, teacher=None, corpus=None, steps=No
             if hard:
                 ce = F.cross_entropy(logits.flatten(0, 1), p_logits.argmax(-1).flatten())
             loss = (1 - KD_WEIGHT) * ce + KD_WEIGHT * kl
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        sched.step()
+        _update(model, opt, sched, loss)
         if step % 50 == 0 or step == steps - 1:
             bar.set_postfix(ce=f"{ce.item():.3f}")
             log(dict(model=shape.name, step=step, ce=round(ce.item(), 4), loss=round(loss.item(), 4),
@@ -403,20 +414,12 @@ def train_feature_head(target, data, steps: int, lr: float = FEATURE_LR, log=lam
     target.eval().requires_grad_(False)
     ffn = max(32, int(target.config.intermediate_size * FEATURE_FFN_SHARE) // 32 * 32)
     head = FeatureHead(target.config, {"intermediate_size": ffn})
-    opt = torch.optim.AdamW(head.parameters(), lr=lr, weight_decay=0.0, betas=(0.9, 0.95))
-    warmup = max(1, steps // 20)
-    sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: min(1.0, (s + 1) / warmup) * (0.1 + 0.45 * (1 + math.cos(math.pi * min(s, steps) / steps)))
-    )
+    opt, sched = _optimiser(head, lr, steps, weight_decay=0.0)
     start = time.time()
     head.train()
     for step in tqdm(range(steps), desc=FEATURE_HEAD, mininterval=5):
         loss, parts = feature_head_loss(head, target, next(data), FEATURE_NOISE)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(head.parameters(), 1.0)
-        opt.step()
-        sched.step()
+        _update(head, opt, sched, loss)
         if step % 50 == 0 or step == steps - 1:
             log(dict(model=FEATURE_HEAD, step=step, loss=round(loss.item(), 4),
                      **{k: round(v, 4) for k, v in parts.items()}, elapsed_s=round(time.time() - start, 1)))
