@@ -27,8 +27,8 @@ from pathlib import Path
 import torch
 
 from app import calibrate, draft_spec, engine, metrics, models, plots, threads
+from app.args import add_generation_args, configs
 from app.cache import CachedModel
-from app.cli import add_generation_args, configs
 from app.config import RunConfig, SamplingConfig, SpecConfig, settings_dict
 from app.costs import Costs
 from app.policy import make_policy

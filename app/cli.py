@@ -8,47 +8,13 @@ import sys
 import traceback
 
 # Only light modules here: `--help` and argument errors must not wait for torch to import.
-from app.config import RunConfig, SamplingConfig, SpecConfig, SpecError, settings_dict
+from app.args import add_generation_args, configs
+from app.config import SpecError, settings_dict
 from app.events import KIND_LABELS, REJECTED
 
 COLOURS = {"accepted": "\x1b[32m", "corrected": "\x1b[31m", "bonus": "\x1b[34m", "rejected": "\x1b[2;9m",
            "target": "\x1b[1m"}
 RESET = "\x1b[0m"
-
-
-def add_generation_args(ap: argparse.ArgumentParser) -> None:
-    ap.add_argument("--target", help="Hub id or local dir (default: the bundled stdlib-code target)")
-    ap.add_argument("--draft", help="Hub id, local dir, prompt-lookup or early-exit:N (default: bundled draft)")
-    ap.add_argument("--k", type=int, help="draft length; alone it means a fixed k (default: adaptive)")
-    ap.add_argument("--k-policy", choices=["fixed", "heuristic", "adaptive"])
-    ap.add_argument("--k-max", type=int, default=8, help="upper bound for heuristic and adaptive k")
-    ap.add_argument("--temperature", type=float, default=0.0, help="0 means greedy")
-    ap.add_argument("--top-k", type=int, default=0)
-    ap.add_argument("--top-p", type=float, default=1.0)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--repetition-penalty", type=float, default=1.0,
-                    help="> 1 discourages repeating context tokens, as in transformers' generate (1: off)")
-    ap.add_argument("--no-repeat-ngram-size", type=int, default=0,
-                    help="forbid repeating any n-gram of this size, as in generate (0: off)")
-    ap.add_argument("--max-new-tokens", type=int, default=128)
-    ap.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
-    ap.add_argument("--chat", action="store_true", help="format the prompt with the chat template")
-    ap.add_argument("--device", help="cuda, cuda:1, mps or cpu (default: best available)")
-    ap.add_argument("--dtype", help="fp32, fp16 or bf16 (default: bf16 on CUDA, fp32 on CPU)")
-    ap.add_argument("--threads", type=int, help="torch threads (default: 1, or SPECDEC_THREADS; see README)")
-    ap.add_argument("--compile", action="store_true",
-                    help="CUDA only: static KV cache and CUDA graphs (torch.compile); off on ZeroGPU")
-
-
-def configs(args) -> tuple[SamplingConfig, SpecConfig, RunConfig]:
-    policy = args.k_policy or ("fixed" if args.k is not None else "adaptive")
-    k = args.k if args.k is not None else 4
-    return (
-        SamplingConfig(args.temperature, args.top_k, args.top_p, args.seed,
-                       args.repetition_penalty, args.no_repeat_ngram_size),
-        SpecConfig(k=k, k_policy=policy, k_max=max(args.k_max, k) if policy != "fixed" else args.k_max),
-        RunConfig(args.max_new_tokens, tuple(args.stop), args.chat),
-    )
 
 
 def _quiet_transformers() -> None:

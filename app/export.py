@@ -194,13 +194,14 @@ def main(argv: list[str]) -> int:
     """python -m app export: the pair and settings of `generate`, as serving commands."""
     import argparse
 
-    from app import cli, models
+    from app import args as args_module
+    from app import models
 
     ap = argparse.ArgumentParser(prog="python -m app export", description=main.__doc__)
-    cli.add_generation_args(ap)
+    args_module.add_generation_args(ap)
     ap.add_argument("--json", action="store_true", help="print the commands and notes as JSON")
     args = ap.parse_args(argv)
-    sampling, spec, _ = cli.configs(args)
+    sampling, spec, _ = args_module.configs(args)
     sampling.validate(), spec.validate()
     target = models.resolve(args.target or models.DEFAULT_TARGET)
     draft = describe(target, models.resolve(args.draft or models.DEFAULT_DRAFT, "draft"))
