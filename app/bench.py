@@ -30,9 +30,9 @@ from app import calibrate, draft_spec, engine, metrics, models, plots, threads
 from app.args import add_generation_args, configs
 from app.cache import CachedModel
 from app.config import RunConfig, SamplingConfig, SpecConfig, settings_dict
+from app.corpus import HELD_OUT, stdlib_files
 from app.costs import Costs
 from app.policy import make_policy
-from app.train import HELD_OUT, stdlib_files
 
 PROMPTS_FILE = models.ROOT / "assets" / "prompts.json"
 

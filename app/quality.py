@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from app import models, train
+from app import corpus, models
 
 ENGLISH = (
     "Once upon a time",
@@ -51,13 +51,13 @@ def distinct(ids: list[int], n: int = 4) -> float:
 def held_out_texts() -> list[tuple[str, str]]:
     """(name, source) of every held-out file: the stdlib's and the packages'."""
     out = []
-    for path in train.stdlib_files():
-        if path.name in train.HELD_OUT and path.parent.name.startswith("python"):
+    for path in corpus.stdlib_files():
+        if path.name in corpus.HELD_OUT and path.parent.name.startswith("python"):
             out.append((path.name, path.read_text(encoding="utf-8")))
-    for dist_name, rel in train.HELD_OUT_PACKAGES:
+    for dist_name, rel in corpus.HELD_OUT_PACKAGES:
         try:
-            dist = train.md.distribution(dist_name)
-        except train.md.PackageNotFoundError:
+            dist = corpus.md.distribution(dist_name)
+        except corpus.md.PackageNotFoundError:
             continue
         path = Path(dist.locate_file(rel))
         if path.is_file():

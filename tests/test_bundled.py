@@ -7,7 +7,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from app import engine, models, train
+from app import corpus, engine, models, train
 from app.config import RunConfig, SpecConfig
 
 NAMES = ["target", "draft-distilled", "draft-small", "draft-weak"]
@@ -15,7 +15,7 @@ NAMES = ["target", "draft-distilled", "draft-small", "draft-weak"]
 
 @pytest.fixture(scope="module")
 def held_out_text():
-    _, held = train.split_corpus(train.stdlib_files())
+    _, held = corpus.split_corpus(corpus.stdlib_files())
     return held[0][:6000]
 
 
