@@ -58,6 +58,9 @@ ON_POLICY_STEPS = 1500  # extra optimiser steps on those continuations
 FEATURE_HEAD = "draft-feature"
 FEATURE_STEPS, FEATURE_LR = 2000, 2e-3
 FEATURE_NOISE = 0.1  # uniform noise on input features, as in EAGLE: drafting reads its own imperfect ones
+# Then, as for the distilled draft, steps on the target's own greedy continuations: greedy
+# drafting is scored on exactly that text, and first-position acceptance was the head's weak spot.
+FEATURE_ON_POLICY_STEPS = 1000
 FEATURE_WEIGHTS = (1.0, 0.1)  # (feature regression, token cross-entropy), the paper's weights
 # The head's MLP is half the target's: the LM head it shares already costs a third of a target layer
 # stack's FLOPs at this width, and the cost per draft token must stay a small fraction of the target's.
@@ -196,24 +199,30 @@ def feature_head_loss(head, target, x: torch.Tensor, noise: float = 0.0) -> tupl
 
 
 def train_feature_head(target, data, steps: int, lr: float = FEATURE_LR, log=lambda r: None,
-                       held: torch.Tensor | None = None, ctx: int = 512):
-    """A FeatureHead for `target`, trained on its frozen features; returns (head, info)."""
+                       held: torch.Tensor | None = None, ctx: int = 512, on_policy=None, on_policy_steps: int = 0):
+    """A FeatureHead for `target`, trained on its frozen features; returns (head, info).
+
+    `steps` batches come from `data` (the corpus), then `on_policy_steps` from `on_policy` (the
+    target's greedy continuations), one schedule over both phases.
+    """
     from app.feature_head import FeatureHead
 
     target.eval().requires_grad_(False)
     ffn = max(32, int(target.config.intermediate_size * FEATURE_FFN_SHARE) // 32 * 32)
     head = FeatureHead(target.config, {"intermediate_size": ffn})
-    opt, sched = _optimiser(head, lr, steps, weight_decay=0.0)
+    total = steps + (on_policy_steps if on_policy is not None else 0)
+    opt, sched = _optimiser(head, lr, total, weight_decay=0.0)
     start = time.time()
     head.train()
-    for step in tqdm(range(steps), desc=FEATURE_HEAD, mininterval=5):
-        loss, parts = feature_head_loss(head, target, next(data), FEATURE_NOISE)
+    for step in tqdm(range(total), desc=FEATURE_HEAD, mininterval=5):
+        loss, parts = feature_head_loss(head, target, next(data if step < steps else on_policy), FEATURE_NOISE)
         _update(head, opt, sched, loss)
-        if step % 50 == 0 or step == steps - 1:
+        if step % 50 == 0 or step == total - 1:
             log(dict(model=FEATURE_HEAD, step=step, loss=round(loss.item(), 4),
                      **{k: round(v, 4) for k, v in parts.items()}, elapsed_s=round(time.time() - start, 1)))
     head.eval()
-    info = dict(model=FEATURE_HEAD, steps=steps, train_seconds=round(time.time() - start, 1),
+    info = dict(model=FEATURE_HEAD, steps=total, corpus_steps=steps, on_policy_steps=total - steps,
+                train_seconds=round(time.time() - start, 1),
                 params=sum(p.numel() for p in head.parameters()))
     if held is not None and len(held) > ctx + 1:
         windows = [held[i * ctx : (i + 1) * ctx + 1].long() for i in range(min(8, (len(held) - 1) // ctx))]
@@ -274,6 +283,14 @@ def main(argv=None) -> dict:
     tokenizer = corpus.tokenizer
 
     results = {}
+    rows: list[torch.Tensor] = []  # the target's greedy continuations, made once, read by both students
+
+    def on_policy_rows(teacher) -> torch.Tensor:
+        if not rows:
+            rows.append(greedy_continuations(teacher, corpus, args, torch.Generator().manual_seed(args.seed)))
+            log(dict(on_policy_rows=len(rows[0]), on_policy_tokens=rows[0].numel()))
+        return rows[0]
+
     for shape in FAMILY:
         if args.only and shape.name not in args.only:
             continue
@@ -284,13 +301,12 @@ def main(argv=None) -> dict:
         teacher = load_teacher(args.out / "target") if shape.distill else None
         info = train_one(shape, model, data, args, log, teacher=teacher, corpus=corpus)
         if teacher is not None:
-            rows = greedy_continuations(teacher, corpus, args, torch.Generator().manual_seed(args.seed))
-            log(dict(on_policy_rows=len(rows), on_policy_tokens=rows.numel()))
-            per_step = max(1, args.batch * args.ctx // rows.shape[1])  # same tokens per step as before
-            data = row_batches(rows, per_step, torch.Generator().manual_seed(args.seed))
+            continuations = on_policy_rows(teacher)
+            data = row_batches(continuations, _rows_per_step(args, continuations),
+                               torch.Generator().manual_seed(args.seed))
             on_policy = train_one(shape, model, data, args, log, teacher=teacher, corpus=corpus,
                                   steps=ON_POLICY_STEPS, hard=True)
-            info = on_policy | dict(corpus_phase=info, on_policy_rows=len(rows),
+            info = on_policy | dict(corpus_phase=info, on_policy_rows=len(continuations),
                                     tokens_trained=info["tokens_trained"] + on_policy["tokens_trained"])
         info |= dict(shape=asdict(shape), corpus=corpus.manifest,
                      command=command)
@@ -300,16 +316,26 @@ def main(argv=None) -> dict:
         torch.manual_seed(args.seed)
         target = load_teacher(args.out / "target")
         data = corpus.batches(args.batch, args.ctx, torch.Generator().manual_seed(args.seed))
-        head, info = train_feature_head(target, data, max(1, round(FEATURE_STEPS * args.scale)),
-                                        log=log, held=corpus.held, ctx=args.ctx)
+        continuations = on_policy_rows(target)
+        on_policy = row_batches(continuations, _rows_per_step(args, continuations),
+                                torch.Generator().manual_seed(args.seed))
+        steps = max(1, round(FEATURE_STEPS * args.scale)), max(1, round(FEATURE_ON_POLICY_STEPS * args.scale))
+        head, info = train_feature_head(target, data, steps[0], log=log, held=corpus.held, ctx=args.ctx,
+                                        on_policy=on_policy, on_policy_steps=steps[1])
         info |= dict(lr=FEATURE_LR, noise=FEATURE_NOISE, loss_weights=FEATURE_WEIGHTS, batch=args.batch,
-                     tokens_trained=max(1, round(FEATURE_STEPS * args.scale)) * args.batch * args.ctx,
+                     on_policy_rows=len(continuations),
+                     tokens_trained=sum(steps) * args.batch * args.ctx,
                      corpus=corpus.manifest, reads="target", layout="EAGLE-1 (fc + one decoder layer)",
                      command=command)
         head.save(args.out / FEATURE_HEAD, info)
         results[FEATURE_HEAD] = info
     log_file.close()
     return results
+
+
+def _rows_per_step(args, rows: torch.Tensor) -> int:
+    """Continuation rows per step, so an on-policy step sees as many tokens as a corpus step."""
+    return max(1, args.batch * args.ctx // rows.shape[1])
 
 
 def load_teacher(path: Path) -> LlamaForCausalLM:

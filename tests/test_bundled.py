@@ -94,6 +94,7 @@ def test_training_command_runs_end_to_end(tmp_path):
         assert info["corpus"]["python-stdlib"]["tokens"] > 0 and len(info["corpus"]) > 1  # packages too
     head = json.loads((out / train.FEATURE_HEAD / "training.json").read_text())
     assert head["held_out_top1"] >= 0 and head["reads"] == "target"
+    assert head["on_policy_steps"] > 0 and head["on_policy_rows"] > 0  # it also read the target's own text
     pair = models.load_pair(str(out / "target"), str(out / train.FEATURE_HEAD))
     assert pair.head is not None
     log = [json.loads(line) for line in (out / "training_log.jsonl").read_text().splitlines()]
