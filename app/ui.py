@@ -341,7 +341,10 @@ def build_ui() -> gr.Blocks:
         gr.Markdown(KNOWS, elem_id="knows")
         with gr.Row():
             with gr.Column(scale=3):
-                prompt = gr.Textbox(label="Prompt", lines=6, value=EXAMPLES[0]["prompt"], elem_id="prompt")
+                # The first screen is the first example with its own settings, not bare greedy decoding.
+                (first_prompt, first_decoding, first_t, first_top_k, first_top_p, first_rep, first_no_repeat,
+                 first_max_new, first_seed) = example_row(EXAMPLES[0])
+                prompt = gr.Textbox(label="Prompt", lines=6, value=first_prompt, elem_id="prompt")
                 examples_slot = gr.Column()  # filled below, once the settings an example sets exist
             with gr.Column(scale=2):
                 with gr.Accordion("Models", open=True):
@@ -355,16 +358,16 @@ def build_ui() -> gr.Blocks:
                     load_btn = gr.Button("Load pair", size="sm")
                     status = gr.Markdown()
                 with gr.Accordion("Decoding", open=False):
-                    decoding = gr.Radio(["greedy", "sampling"], value="greedy", label="Decoding")
-                    temperature = gr.Slider(0.05, 2.0, 0.8, step=0.05, label="Temperature (sampling)")
-                    top_k = gr.Slider(0, 200, 0, step=1, label="Top-k (0 = off)")
-                    top_p = gr.Slider(0.05, 1.0, 1.0, step=0.05, label="Top-p (1 = off)")
-                    seed = gr.Number(0, precision=0, label="Seed (blank: a fresh random seed)")
+                    decoding = gr.Radio(["greedy", "sampling"], value=first_decoding, label="Decoding")
+                    temperature = gr.Slider(0.05, 2.0, first_t, step=0.05, label="Temperature (sampling)")
+                    top_k = gr.Slider(0, 200, first_top_k, step=1, label="Top-k (0 = off)")
+                    top_p = gr.Slider(0.05, 1.0, first_top_p, step=0.05, label="Top-p (1 = off)")
+                    seed = gr.Number(first_seed, precision=0, label="Seed (blank: a fresh random seed)")
                     # Applied to p and q alike at every position, so speculation stays lossless.
-                    rep_penalty = gr.Slider(1.0, 2.0, 1.0, step=0.05, label="Repetition penalty (1 = off)")
-                    no_repeat = gr.Slider(0, 8, 0, step=1, label="No-repeat n-gram size (0 = off)")
+                    rep_penalty = gr.Slider(1.0, 2.0, first_rep, step=0.05, label="Repetition penalty (1 = off)")
+                    no_repeat = gr.Slider(0, 8, first_no_repeat, step=1, label="No-repeat n-gram size (0 = off)")
                     cap = _context_cap(next(iter(models.TARGET_PRESETS)))
-                    max_new = gr.Slider(1, cap, min(200, cap), step=1, elem_id="max-new",
+                    max_new = gr.Slider(1, cap, min(first_max_new, cap), step=1, elem_id="max-new",
                                         label=_cap_label(cap))
                     chat = gr.Checkbox(False, label="Chat formatting (models with a chat template)")
                 with gr.Accordion("Speculation", open=False):

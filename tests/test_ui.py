@@ -98,6 +98,19 @@ def _slider(demo, elem_id):
     return next(c for c in demo.config["components"] if c["props"].get("elem_id") == elem_id)["props"]
 
 
+def test_first_screen_uses_the_first_examples_settings():
+    """Bare greedy decoding loops on the bundled target: the page opens on example 1 as it is meant to run."""
+    from app import ui
+
+    demo = ui.build_ui()
+    by_label = {c["props"].get("label"): c["props"] for c in demo.config["components"]}
+    first = ui.EXAMPLES[0]
+    assert _slider(demo, "prompt")["value"] == first["prompt"]
+    assert by_label["Repetition penalty (1 = off)"]["value"] == first["settings"]["repetition_penalty"] != 1.0
+    assert by_label["No-repeat n-gram size (0 = off)"]["value"] == first["settings"]["no_repeat_ngram_size"] > 0
+    assert _slider(demo, "max-new")["value"] == first["settings"]["max_new_tokens"]
+
+
 def test_max_new_tokens_is_capped_to_the_targets_context():
     from app import ui
 
