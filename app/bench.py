@@ -8,6 +8,7 @@ reported, and every greedy output is checked against plain decoding token for to
 
     python -m app bench [--suite code|prose|all] [--draft ...] [--k 4] [--reps 3] [--out runs/bench]
     python -m app bench --card       # acceptance and cost of every bundled draft
+    python -m app bench --threads-check   # 1 thread vs every core, idle and beside a busy process
 """
 
 from __future__ import annotations
@@ -15,8 +16,10 @@ from __future__ import annotations
 import argparse
 import html
 import json
+import os
 import re
 import statistics
+import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -245,7 +248,7 @@ def forward_clock(*modules):
 
 def outside_forward(pair, ids: list[int], s, sp, r, costs) -> dict:
     """One extra adaptive run with forward hooks: the busy time per round outside model passes."""
-    with forward_clock(pair.target, pair.draft_model) as inside:
+    with forward_clock(pair.target, pair.draft_model, pair.head) as inside:
         _, _, steps = ours(pair, s, _adaptive(sp), r, True, costs)(ids, r.max_new_tokens)
     busy = steps[-1].elapsed
     return dict(ms_per_round=1000 * (busy - inside[0]) / len(steps), share=(busy - inside[0]) / busy)
@@ -386,6 +389,61 @@ def card(args) -> dict:
     return out
 
 
+@contextmanager
+def busy_neighbour(on: bool):
+    """One other process spinning on a core, as on a shared 2-vCPU host next to the web server."""
+    spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"]) if on else None
+    try:
+        if spinner:
+            time.sleep(0.5)  # let it get scheduled before the clock starts
+        yield
+    finally:
+        if spinner:
+            spinner.kill()
+            spinner.wait()
+
+
+def threads_check(args) -> dict:
+    """Tokens/s of plain and speculative decoding (fixed k) for 1 thread and for every core,
+    idle and beside one busy process: the measurement behind threads.DEFAULT."""
+    s, sp, r = configs(args)
+    pair = models.load_pair(args.target, args.draft, args.device, args.dtype)
+    prompts = [pair.encode(p, r.chat) for p in suite(args.suite)[: args.limit or 3]]
+    field = [Contender("autoregressive", "plain", ours(pair, s, sp, r, False, None)),
+             Contender("speculative", f"{pair.draft_name}, k = {sp.k}", ours(pair, s, _fixed(sp, sp.k), r, True, None))]
+    counts, results = sorted({1, os.cpu_count() or 1}), {}
+    for n in counts:
+        torch.set_num_threads(n)
+        for c in field:
+            c.run(prompts[0], 16)  # warm-up at this thread count
+        for busy in (False, True):
+            rates = {c.name: [] for c in field}
+            with busy_neighbour(busy):
+                for _ in range(args.reps):
+                    for ids in prompts:
+                        for c in field:
+                            out, seconds, _ = c.run(ids, r.max_new_tokens)
+                            rates[c.name].append(len(out) / seconds)
+            results[f"threads={n}, {'busy' if busy else 'idle'}"] = {k: statistics.median(v) for k, v in rates.items()}
+            print(f"threads {n} {'busy' if busy else 'idle'}: "
+                  + ", ".join(f"{k} {v:.0f} tok/s" for k, v in results[f"threads={n}, {'busy' if busy else 'idle'}"].items()),
+                  file=sys.stderr)
+    threads.apply(args.threads)
+    summary = {}
+    for n in counts:
+        idle, busy = results[f"threads={n}, idle"], results[f"threads={n}, busy"]
+        summary[f"threads={n}"] = {
+            **{f"{c.name}_busy_over_idle": busy[c.name] / idle[c.name] for c in field},
+            **{f"{c.name}_idle_over_best_idle": idle[c.name] / max(results[f"threads={m}, idle"][c.name] for m in counts)
+               for c in field},
+            "worst_case_tokens_per_s": min(min(idle.values()), min(busy.values())),
+        }
+    best = max(counts, key=lambda n: summary[f"threads={n}"]["worst_case_tokens_per_s"])
+    return dict(target=pair.target_name, draft=pair.draft_name, cores=os.cpu_count(), reps=args.reps,
+                prompts=len(prompts), settings=settings_dict("bench", s, sp, r), tokens_per_s=results,
+                summary=summary | dict(best_worst_case_threads=best, default_threads=threads.DEFAULT))
+
+
 def _f(x):
     return "n/a" if x is None else f"{x:.3f}"
 
@@ -429,6 +487,8 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--no-sweep", dest="sweep", action="store_false", help="skip the fixed-k sweep 1..8")
     ap.add_argument("--no-lookup", dest="lookup", action="store_false", help="skip the prompt lookup contenders")
     ap.add_argument("--card", action="store_true", help="model card figures for the bundled family")
+    ap.add_argument("--threads-check", action="store_true",
+                    help="tokens/s with 1 thread and every core, idle and beside one busy process")
     ap.add_argument("--out", type=Path, default=Path("runs/bench"), help="writes OUT.json and OUT.html")
     add_generation_args(ap)
     args = ap.parse_args(argv)
@@ -436,11 +496,11 @@ def main(argv: list[str]) -> int:
     if args.compile:
         print("--compile: the benchmark times the default path; see python -m app gpucheck for the fast path",
               file=sys.stderr)
-    doc = card(args) if args.card else bench(args)
+    doc = card(args) if args.card else threads_check(args) if args.threads_check else bench(args)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     written = [args.out.with_suffix(".json")]
     written[0].write_text(json.dumps(doc, indent=1) + "\n")
-    if not args.card:
+    if not (args.card or args.threads_check):
         written.append(args.out.with_suffix(".html"))
         written[1].write_text(html_report(doc))
     json.dump(doc.get("summary", doc), sys.stdout, indent=1)

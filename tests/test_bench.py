@@ -37,3 +37,30 @@ def test_card_still_reports_every_bundled_draft(tmp_path):
     doc = json.loads(out.with_suffix(".json").read_text())
     for name in ("draft-distilled", "draft-small", "draft-weak"):
         assert doc[name]["median_adaptive_speedup"] > 0
+
+
+def test_threads_check_measures_both_counts_idle_and_busy(tmp_path):
+    import psutil
+
+    out = tmp_path / "threads"
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    argv = ["--threads-check", "--limit", "1", "--reps", "1", "--max-new-tokens", "8", "--out", str(out)]
+    assert bench.main(argv) == 0
+    doc = json.loads(out.with_suffix(".json").read_text())
+    assert {"threads=1, idle", "threads=1, busy"} <= set(doc["tokens_per_s"])
+    for entry in doc["summary"].values():
+        if isinstance(entry, dict):
+            assert entry["autoregressive_busy_over_idle"] > 0 and entry["speculative_idle_over_best_idle"] <= 1
+    assert doc["summary"]["best_worst_case_threads"] in (1, doc["cores"])
+    # The busy neighbour is gone afterwards.
+    assert {p.pid for p in psutil.Process().children(recursive=True)} <= before
+
+
+def test_forward_clock_counts_a_feature_heads_passes():
+    import torch
+
+    pair = models.load_pair(models.DEFAULT_TARGET, str(models.BUNDLED / "draft-feature"))
+    h = pair.target.config.hidden_size
+    with bench.forward_clock(pair.target, pair.draft_model, pair.head) as inside, torch.inference_mode():
+        pair.head(torch.zeros(1, 3, h), torch.zeros(1, 3, h))
+    assert inside[0] > 0
