@@ -187,6 +187,8 @@ def _load_head(name: str, target: PreTrainedModel):
     with _lock:
         if key not in _heads:
             path = Path(name)
+            if not path.is_dir() and name.startswith(("/", ".", "~")):  # a path, not a Hub id: no Hub hint
+                raise SpecError(f"feature head directory {hosting.shown(name)!r} does not exist")
             if not path.is_dir():
                 from huggingface_hub import snapshot_download
 

@@ -123,6 +123,12 @@ def test_a_published_eagle1_head_loads_from_its_layout(tmp_path):
         assert spec == ar
 
 
+def test_a_missing_head_directory_is_named_as_a_path_not_a_hub_id(tmp_path):
+    with pytest.raises(SpecError) as e:
+        models.load_pair(models.DEFAULT_TARGET, "eagle:" + str(tmp_path / "no-such-head"))
+    assert "does not exist" in str(e.value) and "Hub" not in str(e.value) and "offline" not in str(e.value)
+
+
 def test_qwen2_heads_keep_their_qkv_biases(tmp_path, tokenizer):
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
