@@ -251,6 +251,11 @@ def step_round(session, prompt, target, custom_target, draft, custom_draft, chat
                top_k, top_p, seed, max_new_tokens, k_policy, k, repetition_penalty=1.0, no_repeat_ngram_size=0):
     """Teaching mode: run exactly one more speculative round of a stepping session."""
     target, draft = _model_ids(target, custom_target, draft, custom_draft)
+    if (seed is None or str(seed).strip() == "") and session is not None and not session.done:
+        # An API caller's blank seed continues the run it is stepping through (whose seed was filled
+        # on round 1) instead of drawing a fresh one, which would restart it every round.
+        _prompt, _target, _draft, _chat, previous, *_ = session.key
+        seed = previous.seed
     try:
         s, sp, r = _configs(decoding, temperature, top_k, top_p, seed, max_new_tokens, k_policy, k, chat,
                             repetition_penalty, no_repeat_ngram_size)

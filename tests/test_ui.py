@@ -132,6 +132,18 @@ def test_blank_seed_is_filled_and_adaptive_ignores_k():
     assert ui._configs("greedy", 0.8, 0, 1.0, None, 32, "heuristic", 12, False)[1].k_max == 12
 
 
+def test_blank_seed_keeps_stepping_the_same_sampled_run():
+    from app import ui
+
+    args = (PROMPT, "stdlib-code target (bundled)", "", "distilled draft (bundled)", "", False, "sampling", 0.9,
+            0, 1.0, None, 24, "fixed", 3)
+    session, notes = None, []
+    for _ in range(3):
+        session, _pane, _table, note, _fig = ui.step_round(session, *args)
+        notes.append(note.split("**")[1])
+    assert notes == ["Round 1", "Round 2", "Round 3"]
+
+
 def test_user_error_is_one_log_line_and_keeps_results(caplog):
     import gradio as gr
 
