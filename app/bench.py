@@ -225,16 +225,24 @@ def _fixed(sp: SpecConfig, k: int) -> SpecConfig:
 
 @contextmanager
 def forward_clock(*modules):
-    """Seconds spent inside the modules' forward calls (device-synchronised), as a one-item list."""
-    total, starts, handles = [0.0], {}, []
+    """Seconds spent inside the modules' forward calls (device-synchronised), as a one-item list.
+
+    A call inside another hooked call is not counted twice: the target's embedding and LM head are
+    hooked too, because a feature head's drafting runs them on their own.
+    """
+    total, start, depth, handles = [0.0], [0.0], [0], []
 
     def pre(module, _args):
-        engine.sync(device)
-        starts[id(module)] = time.perf_counter()
+        if depth[0] == 0:
+            engine.sync(device)
+            start[0] = time.perf_counter()
+        depth[0] += 1
 
     def post(module, _args, _out):
-        engine.sync(device)
-        total[0] += time.perf_counter() - starts.pop(id(module))
+        depth[0] -= 1
+        if depth[0] == 0:
+            engine.sync(device)
+            total[0] += time.perf_counter() - start[0]
 
     device = modules[0].get_input_embeddings().weight.device
     for m in {id(m): m for m in modules if m is not None}.values():
@@ -248,7 +256,8 @@ def forward_clock(*modules):
 
 def outside_forward(pair, ids: list[int], s, sp, r, costs) -> dict:
     """One extra adaptive run with forward hooks: the busy time per round outside model passes."""
-    with forward_clock(pair.target, pair.draft_model, pair.head) as inside:
+    with forward_clock(pair.target, pair.draft_model, pair.head, pair.target.get_input_embeddings(),
+                       pair.target.get_output_embeddings()) as inside:
         _, _, steps = ours(pair, s, _adaptive(sp), r, True, costs)(ids, r.max_new_tokens)
     busy = steps[-1].elapsed
     return dict(ms_per_round=1000 * (busy - inside[0]) / len(steps), share=(busy - inside[0]) / busy)

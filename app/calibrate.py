@@ -43,21 +43,30 @@ def count(root, suffix=".py"):
 def sizes(root, suffix=".py"):
 '''
 REPS = 5  # timed passes per width, after one warm-up
-# Pass and draft times keep the fastest of their repetitions: on a shared machine another process
-# only ever adds time, so the minimum is the stable estimate. The engine's own work per round is a
-# difference of two timings, so it takes the median instead (a minimum would pick a lucky 0).
+# Pass times keep the fastest of their repetitions: on a shared machine another process only ever
+# adds time, so the minimum is the stable estimate. Draft times take the median: a draft round's
+# work depends on the round before (a feature head first re-reads every position the target just
+# kept), so the fastest round is the one after an early rejection, and the minimum predicted a
+# feature draft 20% too fast. The engine's own work per round is a difference of two timings, so it
+# takes the median too (a minimum would pick a lucky 0).
 
 _cache: dict[tuple, Costs] = {}
 _lock = threading.Lock()
 MAX_CACHED = 16
 
 
+BLOCK = 4  # rounds in a row with the same k; the first of each block is not timed
+
+
 class _Alternate(KPolicy):
-    """Drafts 1, then k_max, then 1 ...: two draft lengths give the fixed and per-token draft cost."""
+    """Drafts 1 for BLOCK rounds, then k_max for BLOCK rounds, and so on: two draft lengths give the
+    fixed and per-token draft cost. Blocks, not strict alternation: a feature head's round starts
+    by re-reading the positions kept in the round before, so a round is only timed after one of
+    the same k, as in a real run."""
 
     def __init__(self, spec: SpecConfig):
         super().__init__(spec)
-        self._ks = itertools.cycle([1, spec.k_max])
+        self._ks = itertools.cycle([1] * BLOCK + [spec.k_max] * BLOCK)
 
     def next_k(self) -> int:
         return next(self._ks)
@@ -123,10 +132,13 @@ def measure(pair, k_max: int, target_cache: Callable = CachedModel) -> Costs:
     plain_round = curve[0] + max(0.0, statistics.median([t - curve[0] for _, t in plain] or [0.0]))
     by_k: dict[int, list[float]] = {}
     overhead = []
-    for s, busy in rounds(True, 16):
-        by_k.setdefault(len(s.drafted), []).append(s.draft_time)
+    previous_k = None
+    for s, busy in rounds(True, 6 * BLOCK):
+        if s.k == previous_k:
+            by_k.setdefault(len(s.drafted), []).append(s.draft_time)
+        previous_k = s.k
         overhead.append(busy - s.draft_time - curve[min(len(s.drafted), k_max)])
-    draft_round, draft_token = _fit_line({k: min(t) for k, t in by_k.items()} or {0: 0.0})
+    draft_round, draft_token = _fit_line({k: statistics.median(t) for k, t in by_k.items()} or {0: 0.0})
     return Costs(verify_s=tuple(curve), draft_round_s=draft_round, draft_token_s=draft_token,
                  overhead_s=max(0.0, statistics.median(overhead or [0.0])), plain_round_s=plain_round)
 

@@ -2,7 +2,11 @@
 
 import json
 
+import pytest
+
 from app import bench, models
+
+pytestmark = pytest.mark.slow  # benchmark runs on the bundled models
 
 
 def test_bench_writes_a_checked_self_contained_report(tmp_path, capsys):
@@ -64,3 +68,32 @@ def test_forward_clock_counts_a_feature_heads_passes():
     with bench.forward_clock(pair.target, pair.draft_model, pair.head) as inside, torch.inference_mode():
         pair.head(torch.zeros(1, 3, h), torch.zeros(1, 3, h))
     assert inside[0] > 0
+
+
+def test_forward_clock_counts_nested_calls_once():
+    import time
+
+    import torch
+
+    class Inner(torch.nn.Module):
+        def forward(self, x):
+            time.sleep(0.05)
+            return x
+
+    class Outer(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed, self.inner = torch.nn.Embedding(2, 2), Inner()
+
+        def get_input_embeddings(self):
+            return self.embed
+
+        def forward(self, x):
+            time.sleep(0.05)
+            return self.inner(x)
+
+    outer = Outer()
+    with bench.forward_clock(outer, outer.inner) as inside:
+        outer(torch.zeros(1))  # 0.10 s, of which the inner call is 0.05 s: counted once
+        outer.inner(torch.zeros(1))  # called on its own, as a feature head calls the LM head: counted
+    assert 0.15 <= inside[0] < 0.19
