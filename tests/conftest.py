@@ -62,6 +62,11 @@ def _tree_outputs() -> dict[str, str] | None:
             for p in paths if not p.endswith((".py", ".md")) and (root / p).resolve() != asked}
 
 
+def pytest_configure(config):
+    # The quick tier for development is `python -m pytest -q -m "not slow"`; CI runs everything.
+    config.addinivalue_line("markers", "slow: servers, browsers, benchmarks and bundled-model runs (seconds each)")
+
+
 @pytest.fixture(scope="session", autouse=True)
 def leaves_the_work_tree_alone():
     """The suite writes to temporary paths only: git status is the same before and after it."""

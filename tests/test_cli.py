@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parent.parent
 @pytest.mark.parametrize("draft", [None, "prompt-lookup", "early-exit:2"])
 def test_plain_output_is_exactly_the_json_text(capsys, draft):
     # The bundled target with each kind of draft source; stdout is not a terminal here.
-    prompt = "class Config:\n    def __init__(self, path):\n"  # lookup's drafts are both kept and rejected here
+    prompt = "import os\n\n\ndef main(argv=None):\n"  # every source's drafts are both kept and rejected here
     argv = ["generate", "--prompt", prompt, "--max-new-tokens", "40", "--k", "4",
             *(["--draft", draft] if draft else [])]
     assert cli.main([*argv, "--json"]) == 0

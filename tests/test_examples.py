@@ -9,6 +9,8 @@ import pytest
 from app import engine, metrics, models
 from app.config import RunConfig, SamplingConfig, SpecConfig
 
+pytestmark = pytest.mark.slow  # every example on the bundled pair
+
 EXAMPLES = json.loads((models.ROOT / "assets" / "prompts.json").read_text())
 
 

@@ -10,6 +10,8 @@ from app_server import serve
 
 from app import models
 
+pytestmark = pytest.mark.slow  # a server and 40 requests
+
 CLIENTS, REQUESTS = 8, 5
 BASE = ["def f(a):\n    return a", "stdlib-code target (bundled)", "", "distilled draft (bundled)", "", False,
         "greedy", 0.8, 0, 1.0, 0, 12, "adaptive", 4, 1.0, 0]

@@ -12,6 +12,8 @@ from app_server import serve
 from app import queue_limits
 from app.config import SpecError
 
+pytestmark = pytest.mark.slow  # servers
+
 ARGS = ["def f(a):\n    return a", "stdlib-code target (bundled)", "", "distilled draft (bundled)", "", False,
         "greedy", 0.8, 0, 1.0, 0, 40, "adaptive", 4, 1.0, 0]
 

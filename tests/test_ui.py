@@ -226,6 +226,7 @@ def server(served):
     return served[0]
 
 
+@pytest.mark.slow
 def test_gradio_client_greedy_generation(served):
     server, log = served
     from gradio_client import Client
@@ -264,6 +265,7 @@ def test_gradio_client_greedy_generation(served):
     assert again[-1]["speculative"]["token_ids"] == again[-1]["autoregressive"]["token_ids"]
 
 
+@pytest.mark.slow
 def test_gradio_client_steps_one_round_at_a_time(server):
     from gradio_client import Client
 
@@ -314,8 +316,14 @@ SCROLLER = """id => { const box = [...document.querySelectorAll(`#${id}, #${id} 
 
 
 @needs_browser
+@pytest.mark.slow
 def test_browser_shows_tokens_plots_and_speedup(page, tmp_path):
     assert "Press Generate" in page.locator("#spec-pane").inner_text(), "a placeholder before the first run"
+    page.locator(".label-wrap", has_text="Decoding").first.click()  # open the accordion that holds the slider
+    page.locator("#max-new input[type=number]").fill("200")  # enough tokens to overflow both panes
+    page.locator("#max-new input[type=number]").press("Tab")
+    page.wait_for_function("document.querySelector('#max-new input[type=range]').value === '200'")
+    page.wait_for_timeout(300)  # the change reaches the server's copy of the inputs before Generate reads them
     page.get_by_role("button", name="Generate", exact=True).click()
     page.wait_for_selector("#spec-pane .tok.acc", timeout=120_000)
     page.wait_for_selector("#greedy-check :text('token for token')", timeout=180_000)
@@ -346,6 +354,7 @@ def test_browser_shows_tokens_plots_and_speedup(page, tmp_path):
 
 
 @needs_browser
+@pytest.mark.slow
 def test_browser_stop_button_cancels_both_panes(page):
     # The weak draft makes the run several seconds long, so Stop lands before it could finish.
     page.get_by_label("or a custom draft", exact=False).fill(str(models.BUNDLED / "draft-weak"))
@@ -376,6 +385,7 @@ def test_browser_stop_button_cancels_both_panes(page):
 
 
 @needs_browser
+@pytest.mark.slow
 def test_browser_phone_width_stacks_plots(page):
     page.set_viewport_size({"width": 420, "height": 1700})
     page.get_by_role("button", name="Generate", exact=True).click()
