@@ -320,10 +320,13 @@ SCROLLER = """id => { const box = [...document.querySelectorAll(`#${id}, #${id} 
 def test_browser_shows_tokens_plots_and_speedup(page, tmp_path):
     assert "Press Generate" in page.locator("#spec-pane").inner_text(), "a placeholder before the first run"
     page.locator(".label-wrap", has_text="Decoding").first.click()  # open the accordion that holds the slider
-    page.locator("#max-new input[type=number]").fill("200")  # enough tokens to overflow both panes
-    page.locator("#max-new input[type=number]").press("Tab")
-    page.wait_for_function("document.querySelector('#max-new input[type=range]').value === '200'")
-    page.wait_for_timeout(300)  # the change reaches the server's copy of the inputs before Generate reads them
+    # Enough tokens to overflow both panes: two PageUp keys on the slider itself (the browser's own range
+    # input events, which the slider always sees; typing into its number box did not always reach it).
+    page.locator("#max-new input[type=range]").focus()
+    page.keyboard.press("PageUp")
+    page.keyboard.press("PageUp")
+    page.wait_for_function("Number(document.querySelector('#max-new input[type=number]').value) >= 200")
+    page.wait_for_timeout(300)
     page.get_by_role("button", name="Generate", exact=True).click()
     page.wait_for_selector("#spec-pane .tok.acc", timeout=120_000)
     page.wait_for_selector("#greedy-check :text('token for token')", timeout=180_000)
