@@ -108,6 +108,20 @@ def near_draft(target):
     return noisy_copy(target, 0.05)
 
 
+ADD_PROMPT = "def add(a, b):\n  return a"  # the render and UI tests' prompt
+
+
+@pytest.fixture(scope="module")
+def records(target, near_draft, tokenizer):
+    """Step records of one speculative run (a near draft, k = 4) and one plain run of ADD_PROMPT."""
+    from app.proposers import ModelProposer
+
+    _, spec = run(target, tokenizer, ADD_PROMPT, ModelProposer(near_draft, "near"), k=4, k_policy="fixed",
+                  max_new_tokens=40)
+    _, ar = run(target, tokenizer, ADD_PROMPT, max_new_tokens=40)
+    return spec, ar
+
+
 def run(target, tokenizer, prompt, proposer=None, **kw):
     """Generated ids and the Step records of one engine run."""
     from app.config import RunConfig, SamplingConfig, SpecConfig

@@ -7,11 +7,10 @@ past their sliding window, where a cache that cannot be cropped used to fail mid
 
 from __future__ import annotations
 
-import copy
-
 import pytest
 import torch
 import transformers as tf
+from conftest import noisy_copy
 from transformers import AutoTokenizer
 from transformers.cache_utils import DynamicSlidingWindowLayer
 
@@ -63,16 +62,6 @@ def build(arch: str, vocab: int, seed: int) -> torch.nn.Module:
     return model
 
 
-def noisy(model: torch.nn.Module, noise: float, seed: int) -> torch.nn.Module:
-    """A draft of the same architecture that agrees with the target often, not always."""
-    out = copy.deepcopy(model)
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in out.parameters():
-            p.add_(noise * p.std() * torch.randn(p.shape, generator=g))
-    return out
-
-
 @pytest.fixture(scope="module", params=sorted(CONFIGS))
 def arch_dirs(request, tmp_path_factory):
     """(arch, target dir, draft dir): saved like any local model a user brings."""
@@ -80,7 +69,7 @@ def arch_dirs(request, tmp_path_factory):
     tok = AutoTokenizer.from_pretrained(TOKENIZER)
     root = tmp_path_factory.mktemp(arch)
     target = build(arch, len(tok), seed=0)
-    for name, model in (("target", target), ("draft", noisy(target, 0.1, seed=1))):
+    for name, model in (("target", target), ("draft", noisy_copy(target, 0.1, seed=1))):
         model.save_pretrained(root / name)
         tok.save_pretrained(root / name)
     return arch, str(root / "target"), str(root / "draft")
@@ -172,7 +161,7 @@ def test_draft_with_another_embedding_size(tmp_path, rows):
     never an id the target cannot have, and the target's own output."""
     tok = AutoTokenizer.from_pretrained(TOKENIZER)
     target = build("llama", len(tok), seed=0)
-    draft = noisy(target, 0.1, seed=1)
+    draft = noisy_copy(target, 0.1, seed=1)
     draft.resize_token_embeddings(rows, mean_resizing=False)
     for name, model in (("target", target), ("draft", draft)):
         model.save_pretrained(tmp_path / name)

@@ -107,8 +107,8 @@ def test_stop_string_ends_the_text(target, near_draft, tokenizer, no_eos):
 
 def test_streamed_text_matches_full_decode():
     # Byte-level BPE splits multi-byte characters across tokens; streaming must not.
-    from app.text import Detokenizer
     from app.corpus import train_tokenizer
+    from app.text import Detokenizer
 
     tok = train_tokenizer(["def f(x):\n    return 'héllo wörld ✓ 日本'\n"] * 20, 300)
     text = "    s = 'naïve café ✓ 日本語'  # ok\n\tx = 1\n"

@@ -2,23 +2,14 @@
 
 import dataclasses
 
-import pytest
-from conftest import run
+from conftest import ADD_PROMPT, run
 
 from app import metrics, plots, render
 from app.events import BONUS, CORRECTED, KIND_LABELS, TARGET, Decision, Step
 from app.proposers import ModelProposer
 
-PROMPT = "def add(a, b):\n  return a"
+PROMPT = ADD_PROMPT
 EMOJI = "✅⏳❌"
-
-
-@pytest.fixture(scope="module")
-def records(target, near_draft, tokenizer):
-    _, spec = run(target, tokenizer, PROMPT, ModelProposer(near_draft, "near"), k=4, k_policy="fixed",
-                  max_new_tokens=40)
-    _, ar = run(target, tokenizer, PROMPT, max_new_tokens=40)
-    return spec, ar
 
 
 def _step(**kw) -> Step:

@@ -11,23 +11,14 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import run
+from conftest import ADD_PROMPT
 
 from app import models, plots, render
 from app.config import MAX_NEW_TOKENS_CAP
 from app.events import ACCEPTED, BONUS, CORRECTED, REJECTED, TARGET
-from app.proposers import ModelProposer
 
 ROOT = Path(__file__).resolve().parent.parent
-PROMPT = "def add(a, b):\n  return a"
-
-
-@pytest.fixture(scope="module")
-def records(target, near_draft, tokenizer):
-    _, spec = run(target, tokenizer, PROMPT, ModelProposer(near_draft, "near"), k=4, k_policy="fixed",
-                  max_new_tokens=40)
-    _, ar = run(target, tokenizer, PROMPT, max_new_tokens=40)
-    return spec, ar
+PROMPT = ADD_PROMPT
 
 
 def test_blocks_build_without_launching():
