@@ -1,14 +1,15 @@
 """Benchmarks: our engine (autoregressive, adaptive k, fixed k 1..8, prompt lookup) against
 transformers' own generate (plain; assisted and prompt lookup, each with its defaults and
-with a truly constant k), repeated and interleaved; and the model card's figures.
+with a truly constant k), repeated and interleaved. `--card` (card.py) and `--threads-check`
+(threads_check.py) are its two other modes.
 
 Every contender is warmed up, then each prompt runs every contender `--reps` times in
 rotating order, so drift on a shared machine falls on all alike; medians and spreads are
 reported, and every greedy output is checked against plain decoding token for token.
 
     python -m app bench [--suite code|prose|all] [--draft ...] [--k 4] [--reps 3] [--out runs/bench]
-    python -m app bench --card       # acceptance and cost of every bundled draft
-    python -m app bench --threads-check   # 1 thread vs every core, idle and beside a busy process
+    python -m app bench --card       # acceptance and cost of every bundled draft (card.py)
+    python -m app bench --threads-check   # 1 thread vs every core, idle and busy (threads_check.py)
 """
 
 from __future__ import annotations
@@ -16,10 +17,8 @@ from __future__ import annotations
 import argparse
 import html
 import json
-import os
 import re
 import statistics
-import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -31,7 +30,6 @@ import torch
 
 from app import calibrate, draft_spec, engine, metrics, models, plots, threads
 from app.args import add_generation_args, configs
-from app.cache import CachedModel
 from app.config import RunConfig, SamplingConfig, SpecConfig, settings_dict
 from app.corpus import HELD_OUT, stdlib_files
 from app.costs import Costs
@@ -62,69 +60,6 @@ def suite(name: str) -> list[str]:
     if name == "prose":
         return [e["prompt"] for e in examples if e["kind"] == "open-ended"]
     return held_out_prompts() + [e["prompt"] for e in examples if e["kind"] == "open-ended"]
-
-
-@torch.inference_mode()
-def decode_seconds_per_token(model, prompt_ids: list[int], n: int = 64) -> float:
-    """Batch-1 cached decode time per token, as the engine runs a draft or a target."""
-    lm = CachedModel(model)
-    logits = lm.extend(prompt_ids)
-    tok = int(logits[-1].argmax())
-    for _ in range(4):  # warm-up
-        tok = int(lm.extend([tok])[-1].argmax())
-    engine.sync(model.device)
-    start = time.perf_counter()
-    for _ in range(n):
-        tok = int(lm.extend([tok])[-1].argmax())
-    engine.sync(model.device)
-    return (time.perf_counter() - start) / n
-
-
-@torch.inference_mode()
-def head_seconds_per_token(pair, prompt_ids: list[int], k: int = 8, rounds: int = 8) -> float:
-    """A feature head's drafting time per token: head step, LM head and sampling, as the engine runs it."""
-    proposer = pair.proposer()
-    lm = CachedModel(pair.target)
-    proposer.begin(prompt_ids, pair.target.get_output_embeddings().weight.shape[0])
-    _, features = lm.extend_with_features(prompt_ids, keep=1)
-    proposer.commit(0, int(prompt_ids[-1]), features)  # the prompt's features, as after a first round
-    greedy, gen = SamplingConfig(), torch.Generator()
-    times = []
-    for _ in range(rounds + 2):  # the first two warm up
-        engine.sync(pair.target.device)
-        start = time.perf_counter()
-        proposer.propose(k, greedy, gen)
-        engine.sync(pair.target.device)
-        times.append((time.perf_counter() - start) / k)
-        proposer.commit(0, int(prompt_ids[-1]), features[-1:])
-    return statistics.median(times[2:])
-
-
-def run_one(pair, prompt: str, s: SamplingConfig, sp: SpecConfig, r: RunConfig, mode: str, policy=None):
-    ids = pair.encode(prompt, r.chat)
-    proposer = pair.proposer(sp) if mode == "speculative" else None
-    steps = list(engine.generate(pair.target, pair.tokenizer, ids, proposer, s, sp, r, policy))
-    return ids, steps
-
-
-def aggregate(rows: list[dict]) -> dict:
-    """The card's medians over prompts, and pooled acceptance over every round."""
-    def med(f):
-        vals = [f(r) for r in rows if f(r) is not None]
-        return statistics.median(vals) if vals else None
-
-    acc = sum(r["speculative"]["accepted"] for r in rows)
-    drafted = sum(r["speculative"]["drafted"] for r in rows)
-    rej = sum(r["speculative"]["rejections"] for r in rows)
-    return dict(
-        prompts=len(rows),
-        median_speedup=med(lambda r: r["speedup"]),
-        alpha=acc / (acc + rej) if acc + rej else None,
-        acceptance_rate=acc / drafted if drafted else None,
-        median_tokens_per_pass=med(lambda r: r["speculative"]["tokens_per_pass"]),
-        median_cost_ratio_c=med(lambda r: r["speculative"]["cost_ratio_c"]),
-        median_theoretical_speedup=med(lambda r: r["speculative"]["theoretical_speedup"]),
-    )
 
 
 SWEEP = range(1, 9)  # fixed k values timed beside adaptive
@@ -365,94 +300,6 @@ def summarize_rows(rows: list[dict], names: list[str], k: int) -> dict:
     return out
 
 
-def card(args) -> dict:
-    """Model card figures: greedy acceptance at k=4 on held-out code, and decode cost ratios."""
-    prompts = held_out_prompts()[: args.limit or None]
-    target, tok = models.load(models.DEFAULT_TARGET, args.device, args.dtype)
-    probe = tok(prompts[0])["input_ids"][-200:]
-    t_target = statistics.median(decode_seconds_per_token(target, probe) for _ in range(3))
-    out = {"target": dict(decode_ms=1000 * t_target, params=target.num_parameters())}
-    s, r = SamplingConfig(), RunConfig(args.max_new_tokens)
-    for name in ("draft-distilled", "draft-feature", "draft-small", "draft-weak"):
-        pair = models.load_pair(models.DEFAULT_TARGET, str(models.BUNDLED / name), args.device, args.dtype)
-        if pair.head is not None:  # the first draft of a round also feeds the newest true pairs: not counted
-            t_draft = statistics.median(head_seconds_per_token(pair, probe) for _ in range(3))
-        else:
-            t_draft = statistics.median(decode_seconds_per_token(pair.draft_model, probe) for _ in range(3))
-        rows = []
-        for prompt in prompts:
-            _, ar = run_one(pair, prompt, s, SpecConfig(), r, "autoregressive")
-            _, spec = run_one(pair, prompt, s, SpecConfig(k=4, k_policy="fixed"), r, "speculative")
-            _, adaptive = run_one(pair, prompt, s, SpecConfig(k_policy="adaptive"), r, "speculative",
-                                  calibrate.policy_for(pair, SpecConfig(k_policy="adaptive")))
-            a, b, c = (metrics.summarize(x) for x in (ar, spec, adaptive))
-            rows.append(dict(autoregressive=a, speculative=b, speedup=metrics.compare(b, a)["achieved_speedup"],
-                             adaptive_speedup=metrics.compare(c, a)["achieved_speedup"]))
-        summary = aggregate(rows)
-        summary["median_adaptive_speedup"] = statistics.median(r["adaptive_speedup"] for r in rows)
-        params = sum(p.numel() for p in pair.head.parameters()) if pair.head is not None \
-            else pair.draft_model.num_parameters()
-        out[name] = dict(params=params, decode_ms=1000 * t_draft,
-                         cost_per_token_vs_target=t_draft / t_target, **summary)
-        print(name, json.dumps(out[name]), file=sys.stderr)
-    return out
-
-
-@contextmanager
-def busy_neighbour(on: bool):
-    """One other process spinning on a core, as on a shared 2-vCPU host next to the web server."""
-    spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"]) if on else None
-    try:
-        if spinner:
-            time.sleep(0.5)  # let it get scheduled before the clock starts
-        yield
-    finally:
-        if spinner:
-            spinner.kill()
-            spinner.wait()
-
-
-def threads_check(args) -> dict:
-    """Tokens/s of plain and speculative decoding (fixed k) for 1 thread and for every core,
-    idle and beside one busy process: the measurement behind threads.DEFAULT."""
-    s, sp, r = configs(args)
-    pair = models.load_pair(args.target, args.draft, args.device, args.dtype)
-    prompts = [pair.encode(p, r.chat) for p in suite(args.suite)[: args.limit or 3]]
-    field = [Contender("autoregressive", "plain", ours(pair, s, sp, r, False, None)),
-             Contender("speculative", f"{pair.draft_name}, k = {sp.k}", ours(pair, s, _fixed(sp, sp.k), r, True, None))]
-    counts, results = sorted({1, os.cpu_count() or 1}), {}
-    for n in counts:
-        torch.set_num_threads(n)
-        for c in field:
-            c.run(prompts[0], 16)  # warm-up at this thread count
-        for busy in (False, True):
-            rates = {c.name: [] for c in field}
-            with busy_neighbour(busy):
-                for _ in range(args.reps):
-                    for ids in prompts:
-                        for c in field:
-                            out, seconds, _ = c.run(ids, r.max_new_tokens)
-                            rates[c.name].append(len(out) / seconds)
-            results[f"threads={n}, {'busy' if busy else 'idle'}"] = {k: statistics.median(v) for k, v in rates.items()}
-            print(f"threads {n} {'busy' if busy else 'idle'}: "
-                  + ", ".join(f"{k} {v:.0f} tok/s" for k, v in results[f"threads={n}, {'busy' if busy else 'idle'}"].items()),
-                  file=sys.stderr)
-    threads.apply(args.threads)
-    summary = {}
-    for n in counts:
-        idle, busy = results[f"threads={n}, idle"], results[f"threads={n}, busy"]
-        summary[f"threads={n}"] = {
-            **{f"{c.name}_busy_over_idle": busy[c.name] / idle[c.name] for c in field},
-            **{f"{c.name}_idle_over_best_idle": idle[c.name] / max(results[f"threads={m}, idle"][c.name] for m in counts)
-               for c in field},
-            "worst_case_tokens_per_s": min(min(idle.values()), min(busy.values())),
-        }
-    best = max(counts, key=lambda n: summary[f"threads={n}"]["worst_case_tokens_per_s"])
-    return dict(target=pair.target_name, draft=pair.draft_name, cores=os.cpu_count(), reps=args.reps,
-                prompts=len(prompts), settings=settings_dict("bench", s, sp, r), tokens_per_s=results,
-                summary=summary | dict(best_worst_case_threads=best, default_threads=threads.DEFAULT))
-
-
 def _f(x):
     return "n/a" if x is None else f"{x:.3f}"
 
@@ -505,7 +352,14 @@ def main(argv: list[str]) -> int:
     if args.compile:
         print("--compile: the benchmark times the default path; see python -m app gpucheck for the fast path",
               file=sys.stderr)
-    doc = card(args) if args.card else threads_check(args) if args.threads_check else bench(args)
+    if args.threads_check:
+        from app.threads_check import threads_check  # it times this module's contenders
+
+        doc = threads_check(args)
+    else:
+        from app.card import card  # the model card's figures, timed with this module's prompts
+
+        doc = card(args) if args.card else bench(args)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     written = [args.out.with_suffix(".json")]
     written[0].write_text(json.dumps(doc, indent=1) + "\n")

@@ -1,0 +1,115 @@
+"""`python -m app bench --card`: the model card's figures for every bundled draft.
+
+Greedy acceptance at k = 4 and with adaptive k on the held-out code prompts, and each draft's
+decode cost per token against the target's.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+import time
+
+import torch
+
+from app import calibrate, engine, metrics, models
+from app.bench import held_out_prompts
+from app.cache import CachedModel
+from app.config import RunConfig, SamplingConfig, SpecConfig
+
+
+@torch.inference_mode()
+def decode_seconds_per_token(model, prompt_ids: list[int], n: int = 64) -> float:
+    """Batch-1 cached decode time per token, as the engine runs a draft or a target."""
+    lm = CachedModel(model)
+    logits = lm.extend(prompt_ids)
+    tok = int(logits[-1].argmax())
+    for _ in range(4):  # warm-up
+        tok = int(lm.extend([tok])[-1].argmax())
+    engine.sync(model.device)
+    start = time.perf_counter()
+    for _ in range(n):
+        tok = int(lm.extend([tok])[-1].argmax())
+    engine.sync(model.device)
+    return (time.perf_counter() - start) / n
+
+
+@torch.inference_mode()
+def head_seconds_per_token(pair, prompt_ids: list[int], k: int = 8, rounds: int = 8) -> float:
+    """A feature head's drafting time per token: head step, LM head and sampling, as the engine runs it."""
+    proposer = pair.proposer()
+    lm = CachedModel(pair.target)
+    proposer.begin(prompt_ids, pair.target.get_output_embeddings().weight.shape[0])
+    _, features = lm.extend_with_features(prompt_ids, keep=1)
+    proposer.commit(0, int(prompt_ids[-1]), features)  # the prompt's features, as after a first round
+    greedy, gen = SamplingConfig(), torch.Generator()
+    times = []
+    for _ in range(rounds + 2):  # the first two warm up
+        engine.sync(pair.target.device)
+        start = time.perf_counter()
+        proposer.propose(k, greedy, gen)
+        engine.sync(pair.target.device)
+        times.append((time.perf_counter() - start) / k)
+        proposer.commit(0, int(prompt_ids[-1]), features[-1:])
+    return statistics.median(times[2:])
+
+
+def run_one(pair, prompt: str, s: SamplingConfig, sp: SpecConfig, r: RunConfig, mode: str, policy=None):
+    ids = pair.encode(prompt, r.chat)
+    proposer = pair.proposer(sp) if mode == "speculative" else None
+    steps = list(engine.generate(pair.target, pair.tokenizer, ids, proposer, s, sp, r, policy))
+    return ids, steps
+
+
+def aggregate(rows: list[dict]) -> dict:
+    """The card's medians over prompts, and pooled acceptance over every round."""
+    def med(f):
+        vals = [f(r) for r in rows if f(r) is not None]
+        return statistics.median(vals) if vals else None
+
+    acc = sum(r["speculative"]["accepted"] for r in rows)
+    drafted = sum(r["speculative"]["drafted"] for r in rows)
+    rej = sum(r["speculative"]["rejections"] for r in rows)
+    return dict(
+        prompts=len(rows),
+        median_speedup=med(lambda r: r["speedup"]),
+        alpha=acc / (acc + rej) if acc + rej else None,
+        acceptance_rate=acc / drafted if drafted else None,
+        median_tokens_per_pass=med(lambda r: r["speculative"]["tokens_per_pass"]),
+        median_cost_ratio_c=med(lambda r: r["speculative"]["cost_ratio_c"]),
+        median_theoretical_speedup=med(lambda r: r["speculative"]["theoretical_speedup"]),
+    )
+
+
+def card(args) -> dict:
+    """Model card figures: greedy acceptance at k=4 on held-out code, and decode cost ratios."""
+    prompts = held_out_prompts()[: args.limit or None]
+    target, tok = models.load(models.DEFAULT_TARGET, args.device, args.dtype)
+    probe = tok(prompts[0])["input_ids"][-200:]
+    t_target = statistics.median(decode_seconds_per_token(target, probe) for _ in range(3))
+    out = {"target": dict(decode_ms=1000 * t_target, params=target.num_parameters())}
+    s, r = SamplingConfig(), RunConfig(args.max_new_tokens)
+    for name in ("draft-distilled", "draft-feature", "draft-small", "draft-weak"):
+        pair = models.load_pair(models.DEFAULT_TARGET, str(models.BUNDLED / name), args.device, args.dtype)
+        if pair.head is not None:  # the first draft of a round also feeds the newest true pairs: not counted
+            t_draft = statistics.median(head_seconds_per_token(pair, probe) for _ in range(3))
+        else:
+            t_draft = statistics.median(decode_seconds_per_token(pair.draft_model, probe) for _ in range(3))
+        rows = []
+        for prompt in prompts:
+            _, ar = run_one(pair, prompt, s, SpecConfig(), r, "autoregressive")
+            _, spec = run_one(pair, prompt, s, SpecConfig(k=4, k_policy="fixed"), r, "speculative")
+            _, adaptive = run_one(pair, prompt, s, SpecConfig(k_policy="adaptive"), r, "speculative",
+                                  calibrate.policy_for(pair, SpecConfig(k_policy="adaptive")))
+            a, b, c = (metrics.summarize(x) for x in (ar, spec, adaptive))
+            rows.append(dict(autoregressive=a, speculative=b, speedup=metrics.compare(b, a)["achieved_speedup"],
+                             adaptive_speedup=metrics.compare(c, a)["achieved_speedup"]))
+        summary = aggregate(rows)
+        summary["median_adaptive_speedup"] = statistics.median(r["adaptive_speedup"] for r in rows)
+        params = sum(p.numel() for p in pair.head.parameters()) if pair.head is not None \
+            else pair.draft_model.num_parameters()
+        out[name] = dict(params=params, decode_ms=1000 * t_draft,
+                         cost_per_token_vs_target=t_draft / t_target, **summary)
+        print(name, json.dumps(out[name]), file=sys.stderr)
+    return out
