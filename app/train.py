@@ -283,13 +283,16 @@ def main(argv=None) -> dict:
     tokenizer = corpus.tokenizer
 
     results = {}
-    rows: list[torch.Tensor] = []  # the target's greedy continuations, made once, read by both students
+    continuations: torch.Tensor | None = None  # the target's greedy rows: made once, read by both students
 
-    def on_policy_rows(teacher) -> torch.Tensor:
-        if not rows:
-            rows.append(greedy_continuations(teacher, corpus, args, torch.Generator().manual_seed(args.seed)))
-            log(dict(on_policy_rows=len(rows[0]), on_policy_tokens=rows[0].numel()))
-        return rows[0]
+    def on_policy(teacher):
+        """Batches of the target's greedy continuations, as many tokens a step as a corpus batch."""
+        nonlocal continuations
+        if continuations is None:
+            continuations = greedy_continuations(teacher, corpus, args, torch.Generator().manual_seed(args.seed))
+            log(dict(on_policy_rows=len(continuations), on_policy_tokens=continuations.numel()))
+        per_step = max(1, args.batch * args.ctx // continuations.shape[1])
+        return row_batches(continuations, per_step, torch.Generator().manual_seed(args.seed))
 
     for shape in FAMILY:
         if args.only and shape.name not in args.only:
@@ -301,13 +304,10 @@ def main(argv=None) -> dict:
         teacher = load_teacher(args.out / "target") if shape.distill else None
         info = train_one(shape, model, data, args, log, teacher=teacher, corpus=corpus)
         if teacher is not None:
-            continuations = on_policy_rows(teacher)
-            data = row_batches(continuations, _rows_per_step(args, continuations),
-                               torch.Generator().manual_seed(args.seed))
-            on_policy = train_one(shape, model, data, args, log, teacher=teacher, corpus=corpus,
-                                  steps=ON_POLICY_STEPS, hard=True)
-            info = on_policy | dict(corpus_phase=info, on_policy_rows=len(continuations),
-                                    tokens_trained=info["tokens_trained"] + on_policy["tokens_trained"])
+            phase = train_one(shape, model, on_policy(teacher), args, log, teacher=teacher, corpus=corpus,
+                              steps=ON_POLICY_STEPS, hard=True)
+            info = phase | dict(corpus_phase=info, on_policy_rows=len(continuations),
+                                tokens_trained=info["tokens_trained"] + phase["tokens_trained"])
         info |= dict(shape=asdict(shape), corpus=corpus.manifest,
                      command=command)
         save(model, tokenizer, args.out / shape.name, info)
@@ -316,12 +316,9 @@ def main(argv=None) -> dict:
         torch.manual_seed(args.seed)
         target = load_teacher(args.out / "target")
         data = corpus.batches(args.batch, args.ctx, torch.Generator().manual_seed(args.seed))
-        continuations = on_policy_rows(target)
-        on_policy = row_batches(continuations, _rows_per_step(args, continuations),
-                                torch.Generator().manual_seed(args.seed))
         steps = max(1, round(FEATURE_STEPS * args.scale)), max(1, round(FEATURE_ON_POLICY_STEPS * args.scale))
         head, info = train_feature_head(target, data, steps[0], log=log, held=corpus.held, ctx=args.ctx,
-                                        on_policy=on_policy, on_policy_steps=steps[1])
+                                        on_policy=on_policy(target), on_policy_steps=steps[1])
         info |= dict(lr=FEATURE_LR, noise=FEATURE_NOISE, loss_weights=FEATURE_WEIGHTS, batch=args.batch,
                      on_policy_rows=len(continuations),
                      tokens_trained=sum(steps) * args.batch * args.ctx,
@@ -331,11 +328,6 @@ def main(argv=None) -> dict:
         results[FEATURE_HEAD] = info
     log_file.close()
     return results
-
-
-def _rows_per_step(args, rows: torch.Tensor) -> int:
-    """Continuation rows per step, so an on-policy step sees as many tokens as a corpus step."""
-    return max(1, args.batch * args.ctx // rows.shape[1])
 
 
 def load_teacher(path: Path) -> LlamaForCausalLM:
