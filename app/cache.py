@@ -5,11 +5,19 @@ from __future__ import annotations
 import copy
 
 import torch
+import transformers
+from packaging.version import Version
 from torch import nn
 from transformers import DynamicCache, PreTrainedModel
 from transformers.cache_utils import DummyLayer, DynamicLayer
 
 from app.config import SpecError
+
+# Before 5.24 a model's forward took past_key_values and silently ignored cache=, so every pass
+# would run without its context: refuse to start rather than decode garbage.
+if Version(transformers.__version__) < Version("5.24"):
+    raise ImportError(f"transformers {transformers.__version__} is installed; this app needs >= 5.24 "
+                      "(pip install -r requirements.txt)")
 
 # Layer caches whose crop is exact (DynamicSlidingWindowLayer is a DynamicLayer); DummyLayer holds nothing.
 CROPPABLE = (DynamicLayer, DummyLayer)

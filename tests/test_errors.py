@@ -127,3 +127,11 @@ def test_cli_json_for_a_real_local_pair(pair_dir):
     ar = subprocess.run(cmd[:-3] + ["--mode", "autoregressive", "--json"],
                         capture_output=True, text=True, timeout=300)
     assert json.loads(ar.stdout)["token_ids"] == doc["token_ids"]
+
+
+def test_a_transformers_older_than_the_cache_rename_is_refused_by_name():
+    """Before 5.24 the forward ignored cache=, so every pass would silently lose its context."""
+    code = "import transformers; transformers.__version__ = '5.17.0'; import app.cache"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode != 0
+    assert "transformers 5.17.0 is installed; this app needs >= 5.24" in done.stderr
