@@ -4,7 +4,10 @@ Builds models with the shapes of Qwen2.5-7B (target) and Qwen2.5-0.5B (draft) in
 random weights (no download), then times a plain step, verify over k+1 tokens and a draft
 step, eager (dynamic cache) and compiled (static cache + CUDA graphs), and runs the engine
 with the target as its own draft (alpha = 1) to measure what a round costs outside the
-model's passes. Prints one JSON report. `--shapes tiny` runs the same on CPU in seconds.
+model's passes. Then, unless --no-equality, it runs the bundled family on the same device and
+dtype through each cache kind and checks every greedy output against the target's own
+generate(), with the tokens/s of each. Prints one JSON report. `--shapes tiny` runs the same
+on CPU in seconds.
 """
 
 from __future__ import annotations
@@ -15,14 +18,17 @@ import json
 import statistics
 import sys
 import time
+import traceback
 
 import torch
-from tokenizers import Tokenizer, models, pre_tokenizers
+from tokenizers import Tokenizer, pre_tokenizers
+from tokenizers.models import WordLevel
 from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast, Qwen2Config
 
-from app import engine, static_cache, threads
+from app import calibrate, engine, models, static_cache, threads
 from app.cache import CachedModel
 from app.config import RunConfig, SamplingConfig, SpecConfig
+from app.policy import make_policy
 from app.proposers import ModelProposer
 
 SHAPES = {  # (hidden, intermediate, layers, heads, kv heads, vocab, tied embeddings)
@@ -50,7 +56,7 @@ def build(shape: str, device: torch.device, dtype: torch.dtype, seed: int = 0):
 
 def id_tokenizer(vocab: int) -> PreTrainedTokenizerFast:
     """A tokenizer whose every id decodes to a short word, so the engine can stream any id."""
-    tok = Tokenizer(models.WordLevel({f"t{i}": i for i in range(vocab)}, unk_token="t0"))
+    tok = Tokenizer(WordLevel({f"t{i}": i for i in range(vocab)}, unk_token="t0"))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     return PreTrainedTokenizerFast(tokenizer_object=tok)
 
@@ -117,28 +123,97 @@ def check(shapes: str, device: torch.device, dtype: torch.dtype, ks: list[int], 
                   params=dict(target=target.num_parameters(), draft=draft.num_parameters()), context=context,
                   ks=ks, compiled="timed" if compiled_on else "skipped: CUDA only (--compile on forces it)")
     for name, compiled in kinds.items():
-        t0 = time.perf_counter()
-        # None: the dynamic cache every run uses; False/True: the static cache, eager or compiled.
-        cache = CachedModel if compiled is None else static_cache.target_cache(max_len, compiled)
-        times = dict(target=step_times(target, prompt, ks, n, cache),
-                     draft_step_ms=step_times(draft, prompt, [], n, cache)["step_ms"])
-        ar = engine_run(target, tok, prompt, None, 1, new_tokens, cache)
-        times["engine_autoregressive"] = ar | dict(overhead_ms=ar["round_ms"] - times["target"]["step_ms"])
-        times["engine_self_draft"] = {}
-        for k in ks:
-            proposer = (ModelProposer(target, "self") if compiled is None
-                        else static_cache.StaticModelProposer(target, "self", max_len, compiled))
-            run = engine_run(target, tok, prompt, proposer, k, new_tokens, cache)
-            # A round drafts k tokens (k target steps) and verifies k + 1: the rest is the engine's own.
-            model_ms = k * times["target"]["step_ms"] + times["target"]["verify_ms"][str(k)]
-            run |= dict(model_ms=model_ms, overhead_ms=run["round_ms"] - model_ms,
-                        overhead_share=(run["round_ms"] - model_ms) / run["round_ms"])
-            times["engine_self_draft"][str(k)] = run
-        times["seconds"] = time.perf_counter() - t0
-        report[name] = times
-        print(f"gpucheck: {name} done in {times['seconds']:.1f}s", file=sys.stderr)
+        try:  # one cache kind failing (a compile error, say) still leaves the others' figures
+            t0 = time.perf_counter()
+            # None: the dynamic cache every run uses; False/True: the static cache, eager or compiled.
+            cache = CachedModel if compiled is None else static_cache.target_cache(max_len, compiled)
+            times = dict(target=step_times(target, prompt, ks, n, cache),
+                         draft_step_ms=step_times(draft, prompt, [], n, cache)["step_ms"])
+            ar = engine_run(target, tok, prompt, None, 1, new_tokens, cache)
+            times["engine_autoregressive"] = ar | dict(overhead_ms=ar["round_ms"] - times["target"]["step_ms"])
+            times["engine_self_draft"] = {}
+            for k in ks:
+                proposer = (ModelProposer(target, "self") if compiled is None
+                            else static_cache.StaticModelProposer(target, "self", max_len, compiled))
+                run = engine_run(target, tok, prompt, proposer, k, new_tokens, cache)
+                # A round drafts k tokens (k target steps) and verifies k + 1: the rest is the engine's own.
+                model_ms = k * times["target"]["step_ms"] + times["target"]["verify_ms"][str(k)]
+                run |= dict(model_ms=model_ms, overhead_ms=run["round_ms"] - model_ms,
+                            overhead_share=(run["round_ms"] - model_ms) / run["round_ms"])
+                times["engine_self_draft"][str(k)] = run
+            times["seconds"] = time.perf_counter() - t0
+            report[name] = times
+            # The JSON so far goes to stderr too, so a run cut short still leaves its figures.
+            print(f"gpucheck: {name} done in {times['seconds']:.1f}s {json.dumps(times)}", file=sys.stderr)
+        except Exception as e:  # noqa: BLE001 - reported in the JSON, and the check goes on
+            traceback.print_exc()
+            report[name] = {"error": f"{type(e).__name__}: {e}"[:2000]}
     report["seconds"] = time.perf_counter() - start
     return report
+
+
+EQUALITY_DRAFTS = (models.FEATURE_DRAFT, models.DISTILLED_DRAFT, models.PROMPT_LOOKUP)
+EQUALITY_SPECS = (("k=1", SpecConfig(k=1, k_policy="fixed")), ("k=4", SpecConfig(k=4, k_policy="fixed")),
+                  ("k=8", SpecConfig(k=8, k_policy="fixed")), ("adaptive", SpecConfig(k_policy="adaptive")))
+
+
+def equality(device: torch.device, dtype: str, n_prompts: int, new_tokens: int, compiled_on: bool) -> dict:
+    """The bundled family's greedy outputs on this device, each cache kind against generate().
+
+    Each prompt runs bare greedy and with its example's repetition settings. A mismatch is
+    reported with the first position that differs; under bf16 a verify pass over k+1 tokens
+    and a one-token step may round differently, so a rare flip there is numerics, not logic.
+    """
+    examples = [e for e in json.loads((models.ROOT / "assets" / "prompts.json").read_text()) if e["kind"] == "code"]
+    out = {}
+    for draft in EQUALITY_DRAFTS:
+        pair = models.load_pair(None, draft, str(device), dtype)
+        name = models.Path(draft).name if draft != models.PROMPT_LOOKUP else draft
+        rows = out[name] = {}
+        for kind in ("eager", "compiled") if compiled_on else ("eager",):
+            try:
+                rows[kind] = _equal_runs(pair, examples[:n_prompts], new_tokens, kind == "compiled")
+            except Exception as e:  # noqa: BLE001 - reported in the JSON, and the check goes on
+                traceback.print_exc()
+                rows[kind] = {"error": f"{type(e).__name__}: {e}"[:2000]}
+            row = rows[kind]
+            print(f"gpucheck: equality {name} {kind}: " + (row.get("error") or
+                  f"{row['identical']}/{row['checked']} identical, {row['speedup']:.2f}x"), file=sys.stderr)
+        del pair
+    return out
+
+
+def _equal_runs(pair, examples: list[dict], new_tokens: int, compiled: bool) -> dict:
+    """Every run of one draft and cache kind, against generate(): counts, first mismatches, speeds."""
+    checked = matched = 0
+    mismatches, speeds = [], {"autoregressive": [], "speculative": []}
+    for example in examples:
+        ids = pair.encode(example["prompt"])
+        penalty = {key: example["settings"][key] for key in ("repetition_penalty", "no_repeat_ngram_size")}
+        for extra in ({}, penalty):
+            ref = pair.target.generate(torch.tensor([ids], device=pair.target.device), do_sample=False,
+                                       max_new_tokens=new_tokens, **extra)[0, len(ids):].tolist()
+            for label, sp in (("autoregressive", None),) + EQUALITY_SPECS:
+                proposer, cache, _ = static_cache.setup(pair, sp or SpecConfig(), compiled, len(ids), new_tokens,
+                                                        speculative=sp is not None)
+                policy = make_policy(sp, calibrate.costs_for(pair, sp, cache)) if sp else None
+                t0 = time.perf_counter()
+                steps = list(engine.generate(pair.target, pair.tokenizer, ids, proposer, SamplingConfig(**extra),
+                                             sp or SpecConfig(), RunConfig(new_tokens), policy, cache))
+                seconds = time.perf_counter() - t0
+                got = [t for step in steps for t in step.emitted]
+                checked += 1
+                matched += got == ref
+                if got != ref:
+                    same = [a == b for a, b in zip(got, ref, strict=False)] + [False]
+                    mismatches.append(dict(prompt=example["prompt"][:30], run=label, settings=extra,
+                                           position=same.index(False)))
+                if label in ("autoregressive", "adaptive"):
+                    speeds["autoregressive" if sp is None else "speculative"].append(len(got) / seconds)
+    # The first runs include warm-up (and graph capture when compiled): the median discounts them.
+    ar, spec = (statistics.median(v) for v in speeds.values())
+    return dict(checked=checked, identical=matched, mismatches=mismatches[:8],
+                tokens_per_s=dict(autoregressive=ar, speculative_adaptive=spec), speedup=spec / ar)
 
 
 def main(argv: list[str]) -> int:
@@ -153,14 +228,23 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--new-tokens", type=int, default=128, help="tokens per engine run")
     ap.add_argument("--compile", choices=["auto", "on", "off"], default="auto", help="auto: on CUDA only")
     ap.add_argument("--threads", type=int, help="torch threads on CPU (default: see README)")
+    ap.add_argument("--no-timing", action="store_true", help="skip the random-weight timings")
+    ap.add_argument("--no-equality", action="store_true", help="skip the bundled family's equality check")
+    ap.add_argument("--equality-prompts", type=int, default=3, help="code examples per draft (each run twice)")
+    ap.add_argument("--equality-tokens", type=int, default=96, help="new tokens per equality run")
     args = ap.parse_args(argv)
     threads.apply(args.threads)
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32, None: None}[args.dtype]
     dtype = dtype or (torch.bfloat16 if device.type == "cuda" else torch.float32)
     ks = sorted({int(k) for k in args.k.split(",")})
-    torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
-    doc = check(args.shapes, device, dtype, ks, args.steps, args.context, args.new_tokens, args.compile)
+    doc = {} if args.no_timing else check(args.shapes, device, dtype, ks, args.steps, args.context,
+                                          args.new_tokens, args.compile)
+    if not args.no_equality:
+        compiled_on = args.compile == "on" or (args.compile == "auto" and device.type == "cuda")
+        name = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}[dtype]
+        doc["equality"] = dict(dtype=name, **equality(device, name, args.equality_prompts, args.equality_tokens,
+                                                      compiled_on))
     json.dump(doc, sys.stdout, indent=1)
     print()
     return 0

@@ -8,6 +8,8 @@ bucket width, so a handful of graphs serve every k. Longer passes (the prompt) r
 
 CUDA only and behind --compile: on CPU the static cache is correct (the greedy tests run
 it) but was not faster than the dynamic one (README), and ZeroGPU does not support it.
+A feature-level draft's head keeps its own small dynamic cache; the target's passes, which
+also hand it their hidden states, run on the static cache like any other.
 """
 
 from __future__ import annotations
@@ -47,6 +49,9 @@ def cache_length(prompt_len: int, max_new_tokens: int) -> int:
 @functools.cache
 def compiled(model: PreTrainedModel):
     """The model's forward under torch.compile with CUDA graphs, shared by every request."""
+    # One graph per bucket width, per output kind (logits, or logits and features) and per pooled
+    # cache: more than dynamo's default of 8, past which it would quietly fall back to eager.
+    torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
     return torch.compile(model, mode="reduce-overhead", dynamic=False)
 
 
@@ -87,6 +92,14 @@ class StaticCachedModel:
     @torch.inference_mode()
     def extend(self, ids: list[int], keep: int = 0) -> torch.Tensor:
         """Feed ids after the cached ones; return the (keep, V) logits of the last `keep` (0: all)."""
+        return self._forward(ids, keep, features=False)[0]
+
+    @torch.inference_mode()
+    def extend_with_features(self, ids: list[int], keep: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+        """As extend, plus the (len(ids), H) last-layer hidden states, for a feature-level draft."""
+        return self._forward(ids, keep, features=True)
+
+    def _forward(self, ids: list[int], keep: int, features: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
         n = len(ids)
         if self.length + n + BUCKETS[-1] > self.max_len:
             raise SpecError(f"static cache of {self.max_len} tokens is full: raise its length")
@@ -94,20 +107,22 @@ class StaticCachedModel:
         if self.compile and width is not None:
             # Pad to the bucket: the padding sits after the real tokens, so causal attention
             # keeps it out of their logits, and the pointer is moved back over it below.
+            # Graph outputs are overwritten by the next replay: clone what is kept.
             x = torch.tensor([ids + ids[-1:] * (width - n)], dtype=torch.long, device=self.device)
             torch.compiler.cudagraph_mark_step_begin()
-            logits = self.forward(input_ids=x, cache=self.cache, use_cache=True).logits[0, :n].clone()
+            out = self.forward(input_ids=x, cache=self.cache, use_cache=True, output_hidden_states=features)
+            logits = out.logits[0, :n].clone()
+            hidden = out.hidden_states[-1][0, :n].clone() if features else None
             if width > n:
                 self.cache.crop(n - width)
         else:
             x = torch.tensor([ids], dtype=torch.long, device=self.device)
-            logits = self.model(input_ids=x, cache=self.cache, use_cache=True, logits_to_keep=keep).logits[0]
+            out = self.model(input_ids=x, cache=self.cache, use_cache=True, logits_to_keep=keep,
+                             output_hidden_states=features)
+            logits, hidden = out.logits[0], out.hidden_states[-1][0] if features else None
         self.length += n
         self.tokens_processed += n
-        return logits[-keep:] if keep else logits
-
-    def extend_with_features(self, ids: list[int], keep: int = 0):
-        raise SpecError("the static cache path does not serve feature-level drafts: run without --compile")
+        return (logits[-keep:] if keep else logits), hidden
 
     @torch.inference_mode()
     def rollback(self, length: int) -> None:

@@ -131,9 +131,10 @@ def run(target, tokenizer, prompt, proposer=None, **kw):
     sampling = SamplingConfig(**{k: kw.pop(k) for k in sampling_keys if k in kw})
     spec = SpecConfig(**{k: kw.pop(k) for k in ("k", "k_policy", "k_max", "ngram_max", "ngram_min") if k in kw})
     teach = kw.pop("teach", True)  # tests read the teaching table too
+    cache = {"target_cache": kw.pop("target_cache")} if "target_cache" in kw else {}
     cfg = RunConfig(**kw)
     ids = prompt if isinstance(prompt, list) else tokenizer(prompt)["input_ids"]
-    steps = list(generate(target, tokenizer, ids, proposer, sampling, spec, cfg, teach=teach))
+    steps = list(generate(target, tokenizer, ids, proposer, sampling, spec, cfg, teach=teach, **cache))
     return [t for s in steps for t in s.emitted], steps
 
 

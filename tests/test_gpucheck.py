@@ -2,6 +2,8 @@
 
 import json
 
+import pytest
+
 from app import cli
 
 
@@ -21,3 +23,16 @@ def test_gpucheck_reports_every_figure_on_cpu(capsys):
             assert run["alpha"] == 1.0
             assert run["tokens_per_round"] > 1.5
             assert {"round_ms", "model_ms", "overhead_ms", "overhead_share"} <= set(run)
+
+
+@pytest.mark.slow
+def test_gpucheck_checks_the_bundled_family_against_generate(capsys):
+    assert cli.main(["gpucheck", "--no-timing", "--device", "cpu", "--equality-prompts", "1",
+                     "--equality-tokens", "16"]) == 0
+    doc = json.loads(capsys.readouterr().out)["equality"]
+    assert doc["dtype"] == "fp32"
+    for draft in ("draft-feature", "draft-distilled", "prompt-lookup"):
+        row = doc[draft]["eager"]
+        # One prompt, bare and with its penalties: plain decoding and four speculative settings each.
+        assert row["checked"] == 10 and row["identical"] == 10 and row["mismatches"] == []
+        assert row["tokens_per_s"]["autoregressive"] > 0 and row["speedup"] > 0
