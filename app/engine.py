@@ -167,7 +167,7 @@ def generate(
         p_logits = sampling.penalise(p_logits, ids, drafts, sampling_cfg)
         p = None
         if sampling_cfg.greedy:
-            v = verify.greedy(drafts, p_logits)
+            v = verify.greedy(drafts, p_logits, teach)
         else:
             p = sampling.probs(p_logits, sampling_cfg)
             q = proposal.q if proposal.q is not None else verify.one_hot_q(drafts, p.shape[-1], p.device)
@@ -180,9 +180,8 @@ def generate(
         t2 = time.perf_counter()
         policy.update(len(drafts), v.accepted, t1 - t0, t2 - t1)
 
-        texts = out.detok.peek(drafts)
+        texts, token_text = out.detok.peek(drafts, v.accepted, v.token)
         kept = drafts[: v.accepted] + [v.token]
-        token_text = out.detok.peek(kept)[-1]
         emitted, new_text = out.push(kept)
         ids += kept
         if not out.stop_reason and len(ids) >= limit:

@@ -23,7 +23,7 @@ class Decision:
 
     token: int
     text: str
-    p: float  # p(x): target probability after processing (greedy: softmax at T=1, for teaching)
+    p: float | None  # p(x): target probability after processing (greedy: softmax at T=1, when teaching)
     q: float  # q(x): draft probability after processing (1.0 for prompt lookup's one-hot q)
     accept_prob: float  # min(1, p/q); greedy: 1 if x is the target's argmax else 0
     u: float | None  # the uniform draw; None under greedy, where nothing is random

@@ -139,50 +139,52 @@ class FeatureProposer:
     def __init__(self, target: PreTrainedModel, head, name: str = "feature-head"):
         self.target, self.head, self.name = target, head, name
         self.model = head  # what context_length and the teaching view look at
+        # Looked up once: transformers' accessors walk the module tree on every call.
+        self.embed, self.lm_head = target.get_input_embeddings(), target.get_output_embeddings()
 
     def begin(self, prompt_ids: list[int], vocab_size: int) -> None:
         self.ids = list(prompt_ids)
         self.vocab_size = vocab_size
         self.cache = self.head.new_cache()
         self.pairs = 0  # true pairs in the head's cache
-        self.features: list[torch.Tensor] = []  # (m, H) blocks; f_0..f_{len(ids)-2} once the target ran
-        self.n_features = 0
+        # (m, H) blocks of the target's features not yet fed to the head: f_pairs .. f_{len(ids)-2}.
+        # Fed ones are dropped, so a round never copies the whole history.
+        self.features: list[torch.Tensor] = []
+        self.n_features = 0  # features received in all
         self.tokens_processed = 0  # pairs fed through the head, so tests can prove rollback never re-feeds
         self._drafts: list[int] = []
         self.read_feature: int | None = None  # position of the target feature the last draft round read
 
-    @torch.inference_mode()
     def _step(self, tokens: list[int], features: torch.Tensor) -> torch.Tensor:
         """Feed pairs (tokens[i], features[i]); return the (n, H) predicted next features."""
-        embed = self.target.get_input_embeddings()
-        x = torch.tensor([tokens], device=embed.weight.device)
+        x = torch.tensor([tokens], device=self.embed.weight.device)
         self.tokens_processed += len(tokens)
-        return self.head(embed(x), features[None], self.cache)[0]
-
-    @torch.inference_mode()
-    def _logits(self, feature: torch.Tensor) -> torch.Tensor:
-        return self.target.get_output_embeddings()(feature)[: self.vocab_size]
+        return self.head(self.embed(x), features[None], self.cache)[0]
 
     def propose(self, k: int, cfg: SamplingConfig, gen: torch.Generator) -> Proposal:
         self._drafts = []
         if k == 0 or self.n_features == 0:
             return Proposal([], None)
-        if len(self.features) > 1:
-            self.features = [torch.cat(self.features)]
-        f = self.features[0]
+        with torch.inference_mode():  # one context for the round, not one per step
+            return self._propose(k, cfg, gen)
+
+    def _propose(self, k: int, cfg: SamplingConfig, gen: torch.Generator) -> Proposal:
+        f = self.features[0] if len(self.features) == 1 else torch.cat(self.features)
+        self.features = []
         # Pairs j = pairs+1 .. len(ids)-1: token x_j with the target's feature f_{j-1}.
-        start = self.pairs + 1
-        predicted = self._step(self.ids[start:], f[start - 1 :])
+        predicted = self._step(self.ids[self.pairs + 1 :], f)
         self.pairs = len(self.ids) - 1
         self.read_feature = len(self.ids) - 2
         tokens, qs = [], []
         feature = predicted[-1]
         for i in range(k):
-            logits = sampling.penalise(self._logits(feature)[None], self.ids + tokens, [], cfg)[0]
+            logits = self.lm_head(feature)[None, : self.vocab_size]
+            if cfg.penalised:
+                logits = sampling.penalise(logits, self.ids + tokens, [], cfg)
             if cfg.greedy:
                 x = int(logits.argmax())
             else:
-                qs.append(sampling.probs(logits, cfg))
+                qs.append(sampling.probs(logits[0], cfg))
                 x = sampling.sample(qs[-1], gen)
             tokens.append(x)
             if i < k - 1:  # EAGLE drafts on its own predicted feature

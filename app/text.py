@@ -51,11 +51,13 @@ class Detokenizer:
             return after[len(before) :]
         return ""
 
-    def peek(self, tokens: list[int]) -> list[str]:
-        """Text of each token if it followed the current ids, without committing them."""
-        pieces, ids = [], self.ids[self.prefix :]
-        for t in tokens:
-            before = self._decode(ids)
-            ids = ids + [t]
-            pieces.append(self._decode(ids)[len(before) :])
-        return pieces
+    def peek(self, drafts: list[int], accepted: int, token: int) -> tuple[list[str], str]:
+        """Each draft's text if it followed the current ids, and the text of `token` after the
+        first `accepted` drafts; nothing is committed. One decode per prefix: each draft's
+        "before" is the previous one's "after"."""
+        ids = self.ids[self.prefix :]
+        texts = [self._decode(ids)]
+        for i in range(len(drafts)):
+            texts.append(self._decode(ids + drafts[: i + 1]))
+        after = self._decode(ids + drafts[:accepted] + [token])
+        return [texts[i + 1][len(texts[i]) :] for i in range(len(drafts))], after[len(texts[accepted]) :]

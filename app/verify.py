@@ -18,7 +18,7 @@ from app import sampling
 class Verdict:
     accepted: int  # length of the kept prefix of drafts
     token: int  # the target's own token: a correction, or the bonus
-    p_x: list[float]  # p(x_i) for each draft judged
+    p_x: list[float | None]  # p(x_i) for each draft judged (None: greedy, not asked for)
     q_x: list[float]  # q(x_i)
     accept_prob: list[float]  # min(1, p/q)
     u: list[float | None]  # the draws (None under greedy)
@@ -44,19 +44,23 @@ def one_hot_q(drafts: list[int], width: int, device) -> torch.Tensor:
     return q
 
 
-def greedy(drafts: list[int], p_logits: torch.Tensor) -> Verdict:
+def greedy(drafts: list[int], p_logits: torch.Tensor, teach: bool = True) -> Verdict:
     """Keep the longest prefix equal to the target's argmax. p_logits: (n+1, V).
 
     All device work is queued first and read back in one transfer: one host sync per round.
+    p(x) (softmax at T = 1) is teaching data: without teach it is None, and the (n, V)
+    logsumexp that it needs, the largest cost of a greedy round outside the passes, is skipped.
     """
     n = len(drafts)
     logits = p_logits.float()
     best = logits.argmax(-1)
-    # p(x) under softmax at T=1, for teaching: exp(logit - logsumexp) needs no (n, V) softmax.
-    x = torch.tensor(drafts, dtype=torch.long, device=logits.device)
-    p_x = (logits[:n].gather(-1, x[:, None])[:, 0] - logits[:n].logsumexp(-1)).exp()
-    host = torch.cat([best.double(), p_x.double()]).tolist()  # the one sync
-    best, p_x = [int(b) for b in host[: n + 1]], host[n + 1 :]
+    if teach:  # exp(logit - logsumexp) needs no (n, V) softmax
+        x = torch.tensor(drafts, dtype=torch.long, device=logits.device)
+        p_x = (logits[:n].gather(-1, x[:, None])[:, 0] - logits[:n].logsumexp(-1)).exp()
+        host = torch.cat([best.double(), p_x.double()]).tolist()  # the one sync
+        best, p_x = [int(b) for b in host[: n + 1]], host[n + 1 :]
+    else:
+        best, p_x = best.tolist(), [None] * n
     a = 0
     while a < n and drafts[a] == best[a]:
         a += 1
