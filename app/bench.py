@@ -198,6 +198,16 @@ def outside_forward(pair, ids: list[int], s, sp, r, costs) -> dict:
     return dict(ms_per_round=1000 * (busy - inside[0]) / len(steps), share=(busy - inside[0]) / busy)
 
 
+def hf_passes_share(pair, ids: list[int], k: int, n: int) -> dict:
+    """One extra hooked run of transformers' assisted generation at constant k: the share of its
+    time inside model passes. Both engines make the same passes, so total / inside is the most any
+    engine could run faster than it like for like (its `ceiling`)."""
+    run = hf(pair.target, pair.draft_model, CONSTANT | dict(num_assistant_tokens=k))
+    with forward_clock(pair.target, pair.draft_model) as inside:
+        _, seconds, _ = run(ids, n)
+    return dict(share=inside[0] / seconds, ceiling=seconds / inside[0])
+
+
 def bench(args) -> dict:
     """Warm every contender up, then per prompt run each `reps` times in rotating order."""
     s, sp, r = configs(args)
@@ -225,6 +235,8 @@ def bench(args) -> dict:
                 outputs[c.name], steps[c.name] = out, st
         row = prompt_row(i, ids, field, times, outputs, steps, costs, lookup_costs, sp.k)
         row["outside_forward"] = outside_forward(pair, ids, s, sp, r, costs)
+        if f"hf_assisted_k={sp.k}" in times:
+            row["hf_passes"] = hf_passes_share(pair, ids, sp.k, r.max_new_tokens)
         rows.append(row)
         print(f"prompt {i}: adaptive {_x(row['speedup'])}, alpha {_f(row['adaptive']['alpha'])}, "
               f"predicted {_x(row['adaptive']['predicted_speedup'])}, "
@@ -293,6 +305,9 @@ def summarize_rows(rows: list[dict], names: list[str], k: int) -> dict:
                outside_forward_ms_per_round=med([r["outside_forward"]["ms_per_round"] for r in rows]))
     if best:
         out |= dict(best_fixed_k=best, best_fixed_speedup=fixed[best], adaptive_over_best_fixed=adaptive / fixed[best])
+    if all("hf_passes" in r for r in rows):
+        out |= dict(hf_assisted_passes_share=med([r["hf_passes"]["share"] for r in rows]),
+                    ours_over_hf_ceiling=med([r["hf_passes"]["ceiling"] for r in rows]))
     for key in ("defaults", "fixed_k", "lookup_defaults", "lookup_fixed_k"):
         values = [r["ours_over_hf"].get(key) for r in rows]
         if any(v is not None for v in values):

@@ -69,7 +69,9 @@ class ModelProposer:
         logits = self.lm.extend(self.ids[self.lm.length :], keep=1)[-1]
         tokens, qs = [], []
         for i in range(k):
-            logits = sampling.penalise(logits[None, : self.vocab_size], self.ids + tokens, [], cfg)[0]
+            logits = logits[: self.vocab_size]
+            if cfg.penalised:
+                logits = sampling.penalise(logits[None], self.ids + tokens, [], cfg)[0]
             if cfg.greedy:  # q is one-hot on the argmax: no distribution to build
                 x = int(logits.argmax())
             else:

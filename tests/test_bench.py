@@ -29,6 +29,8 @@ def test_bench_writes_a_checked_self_contained_report(tmp_path, capsys):
     assert sm["adaptive_over_best_fixed"] > 0 and sm["outside_forward_share"]["median"] > 0
     assert row["adaptive"]["predicted_speedup"] > 0 and row["adaptive"]["theoretical_speedup"] > 0
     assert {"fixed_k", "defaults", "lookup_fixed_k", "lookup_defaults"} <= set(row["ours_over_hf"])
+    # transformers' share inside model passes is a fraction, so its ceiling is a ratio of at least 1.
+    assert 0 < sm["hf_assisted_passes_share"]["median"] < 1 and sm["ours_over_hf_ceiling"]["median"] > 1
     page = out.with_suffix(".html").read_text()
     assert "<html" in page and "hf_assisted_k=4" in page and "predicted for this machine" in page
     assert '<script src="http' not in page and "Plotly.newPlot" in page  # plotly.js embedded: opens offline
