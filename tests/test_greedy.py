@@ -116,3 +116,23 @@ def test_streamed_text_matches_full_decode():
     detok = Detokenizer(tok, [tok.bos_token_id])
     assert "".join(detok.push(t) for t in ids) == text
     assert len(ids) > len(text.split())  # it really was split into many pieces
+
+
+def test_peek_spells_each_draft_and_the_targets_token_without_committing():
+    from app.corpus import train_tokenizer
+    from app.text import Detokenizer
+
+    tok = train_tokenizer(["def f(x):\n    return 'héllo wörld ✓ 日本'\n"] * 20, 300)
+    ids = tok("x = 'café ✓'\ny = '日本語' + x\n", add_special_tokens=False)["input_ids"]
+    detok = Detokenizer(tok, [tok.bos_token_id])
+    for t in ids[:4]:
+        detok.push(t)
+    before = (list(detok.ids), detok.prefix, detok.read)
+    drafts, token = ids[4:10], ids[12]
+    pieces, token_text = detok.peek(drafts, 3, token)
+    window = detok.ids[detok.prefix :]
+    dec = lambda x: tok.decode(x, skip_special_tokens=True, clean_up_tokenization_spaces=False)  # noqa: E731
+    # Each piece is what its draft adds to the text before it; the token is read after drafts[:3].
+    assert pieces == [dec(window + drafts[: i + 1])[len(dec(window + drafts[:i])) :] for i in range(len(drafts))]
+    assert token_text == dec(window + drafts[:3] + [token])[len(dec(window + drafts[:3])) :]
+    assert (detok.ids, detok.prefix, detok.read) == before
