@@ -28,7 +28,7 @@ from pathlib import Path
 
 import torch
 
-from app import calibrate, draft_spec, engine, metrics, models, plots, threads
+from app import calibrate, draft_spec, engine, fast_step, metrics, models, plots, threads
 from app.args import add_generation_args, configs
 from app.config import RunConfig, SamplingConfig, SpecConfig, settings_dict
 from app.corpus import HELD_OUT, stdlib_files
@@ -191,8 +191,11 @@ def forward_clock(*modules):
 
 def outside_forward(pair, ids: list[int], s, sp, r, costs) -> dict:
     """One extra adaptive run with forward hooks: the busy time per round outside model passes."""
+    # A draft's direct steps (fast_step.py) run its modules without its forward: hook those too.
+    direct = fast_step.parts(pair.draft_model) if pair.draft_model is not None else None
+    modules = [direct.embed, *direct.layers, direct.norm, direct.rotary, direct.lm_head] if direct else []
     with forward_clock(pair.target, pair.draft_model, pair.head, pair.target.get_input_embeddings(),
-                       pair.target.get_output_embeddings()) as inside:
+                       pair.target.get_output_embeddings(), *modules) as inside:
         _, _, steps = ours(pair, s, _adaptive(sp), r, True, costs)(ids, r.max_new_tokens)
     busy = steps[-1].elapsed
     return dict(ms_per_round=1000 * (busy - inside[0]) / len(steps), share=(busy - inside[0]) / busy)

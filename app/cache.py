@@ -12,6 +12,8 @@ from transformers import DynamicCache, PreTrainedModel
 from transformers.cache_utils import DummyLayer, DynamicLayer
 
 from app.config import SpecError
+from app.fast_step import parts as fast_step_parts
+from app.fast_step import step as fast_step
 
 # Before 5.24 a model's forward took past_key_values and silently ignored cache=, so every pass
 # would run without its context: refuse to start rather than decode garbage.
@@ -30,8 +32,10 @@ class CachedModel:
     fed through the model, so tests can prove that rollback never re-prefills.
     """
 
-    def __init__(self, model: PreTrainedModel):
+    def __init__(self, model: PreTrainedModel, fast_step: bool = False):
         self.model = model
+        # Drafts only (fast_step.py): the target's passes always run through its own forward.
+        self.fast = fast_step_parts(model) if fast_step else None
         self.cache = DynamicCache(config=model.config)
         # Sliding-window layers drop keys older than the window as they go; recording the past
         # keeps them until the next crop, so a rejected draft can be removed past the window too.
@@ -57,6 +61,14 @@ class CachedModel:
     def extend_with_features(self, ids: list[int], keep: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
         """As extend, plus the (len(ids), H) last-layer hidden states of every fed position."""
         return self._forward(ids, keep, features=True)
+
+    def step(self, token: int) -> torch.Tensor:
+        """(V,) logits of one more token: a direct step for an admitted draft, else extend."""
+        if self.fast is None:
+            return self.extend([token], keep=1)[-1]
+        self.length += 1
+        self.tokens_processed += 1
+        return fast_step(self.fast, self.cache, token if token < self.rows else self.stand_in)
 
     def _forward(self, ids: list[int], keep: int, features: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
         if max(ids, default=0) >= self.rows:

@@ -75,7 +75,7 @@ class CrossTokenizerProposer:
     def begin(self, prompt_ids: list[int], vocab_size: int) -> None:
         self.ids = list(prompt_ids)  # committed target ids
         self.vocab_size = vocab_size
-        self.lm = CachedModel(self.model)
+        self.lm = CachedModel(self.model, fast_step=True)
         self.fed: list[int] = []  # the draft-token ids in the draft's cache, in order
         self._drafts: list[int] = []
 
@@ -118,7 +118,7 @@ class CrossTokenizerProposer:
             x = int(sampling.penalise(logits[None], context + new, [], cfg)[0].argmax())
             new.append(x)
             if i < k - 1:
-                logits = self.lm.extend([x])[-1]
+                logits = self.lm.step(x)
                 self.fed.append(x)
         full = self.bridge.draft.decode(context + new, skip_special_tokens=True)
         # The text after the context; a final character the draft has only begun is dropped.
@@ -170,7 +170,7 @@ class CrossTokenizerProposer:
             tokens.append(int(table[x]))
             new.append(x)
             if i < k - 1:
-                logits = self.lm.extend([x])[-1]
+                logits = self.lm.step(x)
                 self.fed.append(x)
         return tokens, torch.stack(qs) if qs else None
 

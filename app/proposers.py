@@ -57,7 +57,7 @@ class ModelProposer:
 
     def begin(self, prompt_ids: list[int], vocab_size: int) -> None:
         self.ids = list(prompt_ids)
-        self.lm = CachedModel(self.model)
+        self.lm = CachedModel(self.model, fast_step=True)
         # Padded embedding rows beyond the target's vocabulary must never be drafted.
         self.vocab_size = vocab_size
         self._drafts: list[int] = []
@@ -79,7 +79,7 @@ class ModelProposer:
                 x = sampling.sample(qs[-1], gen)
             tokens.append(x)
             if i < k - 1:
-                logits = self.lm.extend([x])[-1]
+                logits = self.lm.step(x)
         self._drafts = tokens
         return Proposal(tokens, torch.stack(qs) if qs else None)
 

@@ -94,6 +94,10 @@ class StaticCachedModel:
         """Feed ids after the cached ones; return the (keep, V) logits of the last `keep` (0: all)."""
         return self._forward(ids, keep, features=False)[0]
 
+    def step(self, token: int) -> torch.Tensor:
+        """(V,) logits of one more token (a draft step: one graph when compiled)."""
+        return self.extend([token], keep=1)[-1]
+
     @torch.inference_mode()
     def extend_with_features(self, ids: list[int], keep: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
         """As extend, plus the (len(ids), H) last-layer hidden states, for a feature-level draft."""
