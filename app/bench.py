@@ -193,7 +193,7 @@ def outside_forward(pair, ids: list[int], s, sp, r, costs) -> dict:
     """One extra adaptive run with forward hooks: the busy time per round outside model passes."""
     # A draft's direct steps (fast_step.py) run its modules without its forward: hook those too.
     direct = fast_step.parts(pair.draft_model) if pair.draft_model is not None else None
-    modules = [direct.embed, *direct.layers, direct.norm, direct.rotary, direct.lm_head] if direct else []
+    modules = direct.modules() if direct else []
     with forward_clock(pair.target, pair.draft_model, pair.head, pair.target.get_input_embeddings(),
                        pair.target.get_output_embeddings(), *modules) as inside:
         _, _, steps = ours(pair, s, _adaptive(sp), r, True, costs)(ids, r.max_new_tokens)
@@ -201,13 +201,12 @@ def outside_forward(pair, ids: list[int], s, sp, r, costs) -> dict:
     return dict(ms_per_round=1000 * (busy - inside[0]) / len(steps), share=(busy - inside[0]) / busy)
 
 
-def hf_passes_share(pair, ids: list[int], k: int, n: int) -> dict:
+def hf_passes_share(pair, assisted: Contender, ids: list[int], n: int) -> dict:
     """One extra hooked run of transformers' assisted generation at constant k: the share of its
     time inside model passes. Both engines make the same passes, so total / inside is the most any
     engine could run faster than it like for like (its `ceiling`)."""
-    run = hf(pair.target, pair.draft_model, CONSTANT | dict(num_assistant_tokens=k))
     with forward_clock(pair.target, pair.draft_model) as inside:
-        _, seconds, _ = run(ids, n)
+        _, seconds, _ = assisted.run(ids, n)
     return dict(share=inside[0] / seconds, ceiling=seconds / inside[0])
 
 
@@ -222,6 +221,7 @@ def bench(args) -> dict:
     lookup_costs = calibrate.costs_for(lookup_pair, _adaptive(sp)) if lookup_pair else None
     prompts = suite(args.suite)[: args.limit or None]
     field = contenders(args, pair, lookup_pair, s, sp, r, costs, lookup_costs)
+    assisted = next((c for c in field if c.name == f"hf_assisted_k={sp.k}"), None)  # timed once more, hooked
     warm = pair.encode(prompts[0], r.chat)
     for c in field:  # warm-up, discarded: first calls allocate and pick kernels
         c.run(warm, 16)
@@ -238,8 +238,8 @@ def bench(args) -> dict:
                 outputs[c.name], steps[c.name] = out, st
         row = prompt_row(i, ids, field, times, outputs, steps, costs, lookup_costs, sp.k)
         row["outside_forward"] = outside_forward(pair, ids, s, sp, r, costs)
-        if f"hf_assisted_k={sp.k}" in times:
-            row["hf_passes"] = hf_passes_share(pair, ids, sp.k, r.max_new_tokens)
+        if assisted is not None:
+            row["hf_passes"] = hf_passes_share(pair, assisted, ids, r.max_new_tokens)
         rows.append(row)
         print(f"prompt {i}: adaptive {_x(row['speedup'])}, alpha {_f(row['adaptive']['alpha'])}, "
               f"predicted {_x(row['adaptive']['predicted_speedup'])}, "

@@ -68,12 +68,13 @@ class CachedModel:
             return self.extend([token], keep=1)[-1]
         self.length += 1
         self.tokens_processed += 1
-        return fast_step(self.fast, self.cache, token if token < self.rows else self.stand_in)
+        return fast_step(self.fast, self.cache, self._embeddable([token])[0])
+
+    def _embeddable(self, ids: list[int]) -> list[int]:
+        return ids if max(ids, default=0) < self.rows else [i if i < self.rows else self.stand_in for i in ids]
 
     def _forward(self, ids: list[int], keep: int, features: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
-        if max(ids, default=0) >= self.rows:
-            ids = [i if i < self.rows else self.stand_in for i in ids]
-        x = torch.tensor([ids], dtype=torch.long, device=self.device)
+        x = torch.tensor([self._embeddable(ids)], dtype=torch.long, device=self.device)
         out = self.model(input_ids=x, cache=self.cache, use_cache=True, logits_to_keep=keep,
                          output_hidden_states=features)
         self.length += len(ids)

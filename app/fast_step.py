@@ -33,6 +33,10 @@ class Parts:
     rotary: nn.Module
     lm_head: nn.Module
 
+    def modules(self) -> list[nn.Module]:
+        """Every module a direct step runs, for whoever times passes (bench's forward clock)."""
+        return [self.embed, *self.layers, self.norm, self.rotary, self.lm_head]
+
 
 _admitted: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> Parts, or None
 _lock = threading.Lock()
@@ -62,14 +66,19 @@ def _find(model: PreTrainedModel) -> Parts | None:
 @torch.inference_mode()
 def step(p: Parts, cache: DynamicCache, token: int) -> torch.Tensor:
     """(V,) logits of `token` after the cached positions; the cache grows by one."""
-    device = p.embed.weight.device
-    position = torch.full((1, 1), cache.get_seq_length(), dtype=torch.long, device=device)
-    h = p.embed(torch.tensor([[token]], device=device))
-    position_embeddings = p.rotary(h, position)
-    for layer in p.layers:
+    h = p.embed(torch.tensor([[token]], device=p.embed.weight.device))
+    return p.lm_head(p.norm(through_layers(p.layers, p.rotary, h, cache)))[0, -1]
+
+
+def through_layers(layers, rotary: nn.Module, h: torch.Tensor, cache: DynamicCache) -> torch.Tensor:
+    """(1, 1, H) hidden state of one new position through decoder layers that append to `cache`.
+    One query attends to every cached position, so no mask is built or passed."""
+    position = torch.full((1, 1), cache.get_seq_length(), dtype=torch.long, device=h.device)
+    position_embeddings = rotary(h, position)
+    for layer in layers:
         h = layer(h, attention_mask=None, position_ids=position, cache=cache, use_cache=True,
                   position_embeddings=position_embeddings)
-    return p.lm_head(p.norm(h))[0, -1]
+    return h
 
 
 @torch.inference_mode()

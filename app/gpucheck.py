@@ -19,6 +19,7 @@ import statistics
 import sys
 import time
 import traceback
+from pathlib import Path
 
 import torch
 from tokenizers import Tokenizer, pre_tokenizers
@@ -107,6 +108,38 @@ def engine_run(target, tok, prompt: list[int], proposer, k: int, new_tokens: int
                 round_ms=1000 * statistics.median(rounds))
 
 
+def _reported(fn, *args) -> dict:
+    """fn(*args)'s figures, or its error: one part failing (a compile error, say) leaves the others'."""
+    try:
+        return fn(*args)
+    except Exception as e:  # noqa: BLE001 - reported in the JSON, and the check goes on
+        traceback.print_exc()
+        return {"error": f"{type(e).__name__}: {e}"[:2000]}
+
+
+def _kind_times(target, draft, tok, prompt, ks, n, new_tokens, max_len, compiled) -> dict:
+    """Step times and engine runs with one cache kind: None is the dynamic cache every run uses;
+    False/True the static cache, eager or compiled."""
+    t0 = time.perf_counter()
+    cache = CachedModel if compiled is None else static_cache.target_cache(max_len, compiled)
+    times = dict(target=step_times(target, prompt, ks, n, cache),
+                 draft_step_ms=step_times(draft, prompt, [], n, cache)["step_ms"])
+    ar = engine_run(target, tok, prompt, None, 1, new_tokens, cache)
+    times["engine_autoregressive"] = ar | dict(overhead_ms=ar["round_ms"] - times["target"]["step_ms"])
+    times["engine_self_draft"] = {}
+    for k in ks:
+        proposer = (ModelProposer(target, "self") if compiled is None
+                    else static_cache.StaticModelProposer(target, "self", max_len, compiled))
+        run = engine_run(target, tok, prompt, proposer, k, new_tokens, cache)
+        # A round drafts k tokens (k target steps) and verifies k + 1: the rest is the engine's own.
+        model_ms = k * times["target"]["step_ms"] + times["target"]["verify_ms"][str(k)]
+        run |= dict(model_ms=model_ms, overhead_ms=run["round_ms"] - model_ms,
+                    overhead_share=(run["round_ms"] - model_ms) / run["round_ms"])
+        times["engine_self_draft"][str(k)] = run
+    times["seconds"] = time.perf_counter() - t0
+    return times
+
+
 def check(shapes: str, device: torch.device, dtype: torch.dtype, ks: list[int], n: int, context: int,
           new_tokens: int, compile_mode: str) -> dict:
     """The whole report: step times and engine runs for each cache kind (eager, static, compiled)."""
@@ -123,31 +156,10 @@ def check(shapes: str, device: torch.device, dtype: torch.dtype, ks: list[int], 
                   params=dict(target=target.num_parameters(), draft=draft.num_parameters()), context=context,
                   ks=ks, compiled="timed" if compiled_on else "skipped: CUDA only (--compile on forces it)")
     for name, compiled in kinds.items():
-        try:  # one cache kind failing (a compile error, say) still leaves the others' figures
-            t0 = time.perf_counter()
-            # None: the dynamic cache every run uses; False/True: the static cache, eager or compiled.
-            cache = CachedModel if compiled is None else static_cache.target_cache(max_len, compiled)
-            times = dict(target=step_times(target, prompt, ks, n, cache),
-                         draft_step_ms=step_times(draft, prompt, [], n, cache)["step_ms"])
-            ar = engine_run(target, tok, prompt, None, 1, new_tokens, cache)
-            times["engine_autoregressive"] = ar | dict(overhead_ms=ar["round_ms"] - times["target"]["step_ms"])
-            times["engine_self_draft"] = {}
-            for k in ks:
-                proposer = (ModelProposer(target, "self") if compiled is None
-                            else static_cache.StaticModelProposer(target, "self", max_len, compiled))
-                run = engine_run(target, tok, prompt, proposer, k, new_tokens, cache)
-                # A round drafts k tokens (k target steps) and verifies k + 1: the rest is the engine's own.
-                model_ms = k * times["target"]["step_ms"] + times["target"]["verify_ms"][str(k)]
-                run |= dict(model_ms=model_ms, overhead_ms=run["round_ms"] - model_ms,
-                            overhead_share=(run["round_ms"] - model_ms) / run["round_ms"])
-                times["engine_self_draft"][str(k)] = run
-            times["seconds"] = time.perf_counter() - t0
-            report[name] = times
-            # The JSON so far goes to stderr too, so a run cut short still leaves its figures.
-            print(f"gpucheck: {name} done in {times['seconds']:.1f}s {json.dumps(times)}", file=sys.stderr)
-        except Exception as e:  # noqa: BLE001 - reported in the JSON, and the check goes on
-            traceback.print_exc()
-            report[name] = {"error": f"{type(e).__name__}: {e}"[:2000]}
+        report[name] = _reported(_kind_times, target, draft, tok, prompt, ks, n, new_tokens, max_len, compiled)
+        if "error" not in report[name]:  # the JSON so far goes to stderr too: a run cut short keeps it
+            print(f"gpucheck: {name} done in {report[name]['seconds']:.1f}s {json.dumps(report[name])}",
+                  file=sys.stderr)
     report["seconds"] = time.perf_counter() - start
     return report
 
@@ -168,15 +180,10 @@ def equality(device: torch.device, dtype: str, n_prompts: int, new_tokens: int, 
     out = {}
     for draft in EQUALITY_DRAFTS:
         pair = models.load_pair(None, draft, str(device), dtype)
-        name = models.Path(draft).name if draft != models.PROMPT_LOOKUP else draft
+        name = Path(draft).name if draft != models.PROMPT_LOOKUP else draft
         rows = out[name] = {}
         for kind in ("eager", "compiled") if compiled_on else ("eager",):
-            try:
-                rows[kind] = _equal_runs(pair, examples[:n_prompts], new_tokens, kind == "compiled")
-            except Exception as e:  # noqa: BLE001 - reported in the JSON, and the check goes on
-                traceback.print_exc()
-                rows[kind] = {"error": f"{type(e).__name__}: {e}"[:2000]}
-            row = rows[kind]
+            row = rows[kind] = _reported(_equal_runs, pair, examples[:n_prompts], new_tokens, kind == "compiled")
             print(f"gpucheck: equality {name} {kind}: " + (row.get("error") or
                   f"{row['identical']}/{row['checked']} identical, {row['speedup']:.2f}x"), file=sys.stderr)
         del pair
