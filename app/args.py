@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 
+from app import threads
 from app.config import RunConfig, SamplingConfig, SpecConfig
 
 
@@ -30,7 +31,8 @@ def add_generation_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--chat", action="store_true", help="format the prompt with the chat template")
     ap.add_argument("--device", help="cuda, cuda:1, mps or cpu (default: best available)")
     ap.add_argument("--dtype", help="fp32, fp16 or bf16 (default: bf16 on CUDA, fp32 on CPU)")
-    ap.add_argument("--threads", type=int, help="torch threads (default: 1, or SPECDEC_THREADS; see README)")
+    ap.add_argument("--threads", type=threads.cli_value,
+                    help="torch threads: N or auto (default: auto, or SPECDEC_THREADS; see README)")
     ap.add_argument("--compile", action="store_true",
                     help="CUDA only: static KV cache and CUDA graphs (torch.compile); off on ZeroGPU")
 

@@ -9,7 +9,7 @@ reported, and every greedy output is checked against plain decoding token for to
 
     python -m app bench [--suite code|prose|all] [--draft ...] [--k 4] [--reps 3] [--out runs/bench]
     python -m app bench --card       # acceptance and cost of every bundled draft (card.py)
-    python -m app bench --threads-check   # 1 thread vs every core, idle and busy (threads_check.py)
+    python -m app bench --threads-check   # 1 thread, every core and auto, idle and busy (threads_check.py)
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from transformers import StoppingCriteria, StoppingCriteriaList
 
 from app import calibrate, draft_spec, engine, fast_step, metrics, models, plots, threads
 from app.args import add_generation_args, configs
@@ -94,7 +95,8 @@ def hf(target, assistant=None, assistant_settings: dict | None = None, lookup: d
     config, where transformers reads them, restored afterwards) or prompt lookup."""
     def run(ids: list[int], n: int):
         x = torch.tensor([ids], device=target.get_input_embeddings().weight.device)
-        kw = dict(max_new_tokens=n, do_sample=False, pad_token_id=target.generation_config.pad_token_id)
+        kw = dict(max_new_tokens=n, do_sample=False, pad_token_id=target.generation_config.pad_token_id,
+                  stopping_criteria=StoppingCriteriaList([_FollowThreads()]))
         saved = {}
         if assistant is not None:
             cfg = assistant.generation_config
@@ -115,6 +117,14 @@ def hf(target, assistant=None, assistant_settings: dict | None = None, lookup: d
                 setattr(assistant.generation_config, key, value)
         return out[0, len(ids):].tolist(), seconds, None
     return run
+
+
+class _FollowThreads(StoppingCriteria):
+    """Never stops generate(); it gives transformers' rounds the same auto threads as ours (engine.py)."""
+
+    def __call__(self, input_ids, scores, **kwargs):
+        threads.follow()
+        return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
 
 
 def contenders(args, pair, lookup_pair, s, sp, r, costs, lookup_costs) -> list[Contender]:
@@ -245,7 +255,7 @@ def bench(args) -> dict:
               f"predicted {_x(row['adaptive']['predicted_speedup'])}, "
               f"ours/HF at k = {sp.k} {_x(row['ours_over_hf'].get('fixed_k'))}", file=sys.stderr)
     return dict(target=pair.target_name, draft=pair.draft_name, suite=args.suite, reps=args.reps,
-                settings=settings_dict("bench", s, sp, r), threads=torch.get_num_threads(),
+                settings=settings_dict("bench", s, sp, r), threads=threads.key(),
                 contenders={c.name: c.label for c in field}, labels=metrics.LABELS,
                 costs=costs.to_dict(), lookup_costs=lookup_costs.to_dict() if lookup_costs else None,
                 summary=summarize_rows(rows, [c.name for c in field], sp.k), prompts=rows,
@@ -362,7 +372,7 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--no-lookup", dest="lookup", action="store_false", help="skip the prompt lookup contenders")
     ap.add_argument("--card", action="store_true", help="model card figures for the bundled family")
     ap.add_argument("--threads-check", action="store_true",
-                    help="tokens/s with 1 thread and every core, idle and beside one busy process")
+                    help="tokens/s with 1 thread, every core and auto, idle and beside one busy process")
     ap.add_argument("--out", type=Path, default=Path("runs/bench"), help="writes OUT.json and OUT.html")
     add_generation_args(ap)
     args = ap.parse_args(argv)

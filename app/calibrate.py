@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 import torch
 
-from app import engine
+from app import engine, threads
 from app.cache import CachedModel
 from app.config import RunConfig, SamplingConfig, SpecConfig
 from app.costs import Costs
@@ -161,7 +161,7 @@ def _fit_line(points: dict[int, float]) -> tuple[float, float]:
 def costs_for(pair, spec: SpecConfig, target_cache: Callable = CachedModel) -> Costs:
     """This machine's costs for `pair`, measured once per pair, draft, k_max, threads and cache kind."""
     key = (pair.target_name, pair.draft_name, str(pair.target.device), pair.target.dtype, spec.k_max,
-           torch.get_num_threads(), getattr(target_cache, "__name__", str(target_cache)))
+           threads.key(), getattr(target_cache, "__name__", str(target_cache)))
     with _lock:
         if key not in _cache:
             if len(_cache) >= MAX_CACHED:

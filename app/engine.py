@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator
 import torch
 from transformers import PreTrainedModel
 
-from app import sampling, verify
+from app import sampling, threads, verify
 from app.cache import CachedModel
 from app.config import RunConfig, SamplingConfig, SpecConfig
 from app.events import BONUS, CORRECTED, TARGET, Decision, Step
@@ -152,6 +152,7 @@ def generate(
     busy = 0.0  # this run's own clock: it stops while the consumer holds a yielded Step
     for rnd in range(1, run.max_new_tokens + 1):
         # Never draft more than can be emitted or than fits in the context.
+        threads.follow()  # auto threads: the cores other processes left free, read at most every 0.2 s
         k = 0 if autoregressive else min(policy.next_k(), run.max_new_tokens - len(out.ids) - 1, limit - len(ids) - 1)
         t0 = time.perf_counter()
         proposal = proposer.propose(k, sampling_cfg, gen)

@@ -234,7 +234,7 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--context", type=int, default=512, help="tokens already in the cache")
     ap.add_argument("--new-tokens", type=int, default=128, help="tokens per engine run")
     ap.add_argument("--compile", choices=["auto", "on", "off"], default="auto", help="auto: on CUDA only")
-    ap.add_argument("--threads", type=int, help="torch threads on CPU (default: see README)")
+    ap.add_argument("--threads", type=threads.cli_value, help="torch threads on CPU: N or auto (default: see README)")
     ap.add_argument("--no-timing", action="store_true", help="skip the random-weight timings")
     ap.add_argument("--no-equality", action="store_true", help="skip the bundled family's equality check")
     ap.add_argument("--equality-prompts", type=int, default=3, help="code examples per draft (each run twice)")

@@ -53,11 +53,13 @@ def test_threads_check_measures_both_counts_idle_and_busy(tmp_path):
     argv = ["--threads-check", "--limit", "1", "--reps", "1", "--max-new-tokens", "8", "--out", str(out)]
     assert bench.main(argv) == 0
     doc = json.loads(out.with_suffix(".json").read_text())
-    assert {"threads=1, idle", "threads=1, busy"} <= set(doc["tokens_per_s"])
+    expected = {f"threads={n}, {load}" for n in (1, "auto") for load in ("idle", "busy")}
+    assert expected <= set(doc["tokens_per_s"])
     for entry in doc["summary"].values():
         if isinstance(entry, dict):
             assert entry["autoregressive_busy_over_idle"] > 0 and entry["speculative_idle_over_best_idle"] <= 1
-    assert doc["summary"]["best_worst_case_threads"] in (1, doc["cores"])
+    assert doc["summary"]["best_worst_case_threads"] in (1, doc["cores"], "auto")
+    assert doc["summary"]["default_threads"] == "auto"
     # The busy neighbour is gone afterwards.
     assert {p.pid for p in psutil.Process().children(recursive=True)} <= before
 

@@ -3,11 +3,10 @@
 import random
 
 import pytest
-import torch
 from conftest import run
 
-from app import calibrate, metrics, threads
-from app.config import SpecConfig, SpecError
+from app import calibrate, metrics
+from app.config import SpecConfig
 from app.costs import Costs
 from app.models import PROMPT_LOOKUP, Pair
 from app.policy import AdaptiveK
@@ -77,21 +76,3 @@ def test_calibration_measures_every_part(target, near_draft, tokenizer, draft):
     assert costs.draft_round_s + costs.draft_token_s > 0  # prompt lookup's search is measured too, not 0
     policy = calibrate.policy_for(pair, SpecConfig(k_policy="adaptive", k_max=4))
     assert isinstance(policy, AdaptiveK) and policy.costs is calibrate.costs_for(pair, SpecConfig(k_max=4))
-
-
-def test_thread_policy_default_and_overrides(monkeypatch):
-    monkeypatch.delenv(threads.ENV, raising=False)
-    assert threads.choose() == threads.DEFAULT == 1
-    monkeypatch.setenv(threads.ENV, "2")
-    assert threads.choose() == 2
-    assert threads.choose(3) == 3  # --threads wins over the environment
-    for bad in ("0", "two"):
-        monkeypatch.setenv(threads.ENV, bad)
-        with pytest.raises(SpecError, match=threads.ENV):
-            threads.choose()
-    monkeypatch.delenv(threads.ENV)
-    before = torch.get_num_threads()
-    try:
-        assert threads.apply(2) == 2 and torch.get_num_threads() == 2
-    finally:
-        torch.set_num_threads(before)

@@ -1,0 +1,140 @@
+"""Auto threads: read the load, pick the free cores, and never change an output."""
+
+import argparse
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+from conftest import hf_greedy_until_eos, run
+
+from app import calibrate, threads
+from app.config import SpecConfig, SpecError
+from app.models import Pair
+from app.proposers import ModelProposer
+
+
+@pytest.fixture
+def restore_threads():
+    """Each test here changes the process's setting: put back the suite's own afterwards."""
+    before = torch.get_num_threads()
+    yield
+    threads.apply()
+    torch.set_num_threads(before)
+
+
+def test_setting_default_and_overrides(monkeypatch):
+    monkeypatch.delenv(threads.ENV, raising=False)
+    assert threads.choose() == threads.DEFAULT == "auto"
+    monkeypatch.setenv(threads.ENV, "2")
+    assert threads.choose() == 2
+    assert threads.choose(3) == 3  # --threads wins over the environment
+    monkeypatch.setenv(threads.ENV, " Auto ")
+    assert threads.choose() == "auto"
+    for bad in ("0", "two", "-1"):
+        monkeypatch.setenv(threads.ENV, bad)
+        with pytest.raises(SpecError, match=threads.ENV):
+            threads.choose()
+        with pytest.raises(argparse.ArgumentTypeError, match="--threads"):
+            threads.cli_value(bad)
+    assert threads.cli_value("auto") == "auto" and threads.cli_value("2") == 2
+
+
+def test_a_fixed_count_is_set_and_followed_as_is(restore_threads):
+    assert threads.apply(2) == 2 and torch.get_num_threads() == 2
+    assert threads.follow() is None and threads.key() == 2  # fixed: the engine's hook changes nothing
+    assert threads.apply(1) == 1 and torch.get_num_threads() == 1
+
+
+def _spin(seconds: float) -> None:
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        pass
+
+
+def test_load_counts_a_busy_neighbour_but_not_this_process():
+    load = threads.Load()
+    assert load.capacity >= 1
+    _spin(0.4)  # this process's own work is never a neighbour
+    own = load.others()
+    neighbour = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        time.sleep(0.3)
+        load.others()
+        time.sleep(0.4)
+        other = load.others()
+    finally:
+        neighbour.kill()
+        neighbour.wait()
+    assert other is not None and own is not None
+    assert other >= 0.7  # one spinning process is about one core
+    assert own <= other - 0.5
+
+
+class FakeLoad:
+    """A Load whose neighbours use the given cores, one value per reading."""
+
+    def __init__(self, capacity, readings):
+        self.capacity, self._readings = capacity, iter(readings)
+
+    def others(self):
+        return next(self._readings)
+
+
+def test_auto_uses_the_cores_others_leave_free(monkeypatch):
+    monkeypatch.setattr(threads, "_default", 4)  # torch's own default on a 4-core machine
+    auto = threads._Auto()
+    readings = [0.0, 0.4, 1.0, 0.6, 2.0, 3.9, 0.1, 0.3]
+    auto._load = FakeLoad(4.0, readings)
+    seen = []
+    for _ in readings:
+        auto._due = 0.0  # every call is a new reading
+        seen.append(auto.choose())
+    # 4 free: 4. 3.6 free keeps 4 (each still has half a core); 3: 3; 3.4: 3 (a quarter core short
+    # of 4); 2: 2; 0.1: 1, never 0; 3.9: 4; 3.7 keeps 4.
+    assert seen == [4, 4, 3, 3, 2, 1, 4, 4]
+    shared = threads._Auto(share=2)  # two generations at once divide the free cores
+    shared._load, shared._due = FakeLoad(4.0, [0.0]), 0.0
+    assert shared.choose() == 2
+    capped = threads._Auto()  # never more than torch's own default, whatever the quota says
+    capped._load, capped._due = FakeLoad(16.0, [0.0]), 0.0
+    assert capped.choose() == 4
+    between = threads._Auto()  # between readings the count is kept without reading again
+    between._load, between._due = FakeLoad(4.0, [0.0]), 0.0
+    assert between.choose() == 4 and between.choose() == 4
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.9])
+def test_output_is_the_same_whatever_the_threads(target, near_draft, tokenizer, no_eos, monkeypatch,
+                                                 restore_threads, temperature):
+    prompt = "def add(a, b):\n  return a"
+    kw = dict(k=4, k_policy="fixed", max_new_tokens=40, temperature=temperature, seed=3)
+    threads.apply(1)
+    fixed, _ = run(target, tokenizer, prompt, ModelProposer(near_draft, "near"), **kw)
+    # Auto threads that flip between 1 and 2 at every round, as under a neighbour that comes and goes.
+    threads.apply("auto")
+    monkeypatch.setattr(threads, "_default", 2)
+    threads._auto._load = FakeLoad(2.0, [0.0, 2.0] * 100)
+    monkeypatch.setattr(threads, "INTERVAL", 0.0)
+    threads._auto._due = 0.0
+    counts = []
+    monkeypatch.setattr(threads._auto, "choose", lambda f=threads._auto.choose: counts.append(f()) or counts[-1])
+    flipping, _ = run(target, tokenizer, prompt, ModelProposer(near_draft, "near"), **kw)
+    assert set(counts) == {1, 2}
+    assert flipping == fixed
+    if temperature == 0.0:
+        assert flipping == hf_greedy_until_eos(target, tokenizer, prompt, 40)
+
+
+def test_adaptive_costs_are_measured_once_under_auto(target, near_draft, tokenizer, restore_threads):
+    """One cost model under auto, whatever the count when a request starts: so a seed keeps its output."""
+    threads.apply("auto")
+    pair = Pair(target, tokenizer, "tiny-threads", "near", near_draft)
+    spec = SpecConfig(k_policy="adaptive", k_max=3)
+    torch.set_num_threads(1)
+    first = calibrate.costs_for(pair, spec)
+    torch.set_num_threads(2)
+    assert calibrate.costs_for(pair, spec) is first
+    threads.apply(1)  # a fixed count is measured for itself
+    assert calibrate.costs_for(pair, spec) is not first
