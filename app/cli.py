@@ -49,6 +49,7 @@ def cmd_generate(args) -> int:
                                  teach=args.json))
     draft = pair.draft_name if proposer else None
     doc = metrics.report(steps, pair.target_name, draft, settings_dict(args.mode, s, sp, r), costs)
+    doc["threads"] = threads.key()  # "auto" or the fixed count (README, "Threads")
     if args.json:
         json.dump(doc, sys.stdout)
         print()

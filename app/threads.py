@@ -84,8 +84,8 @@ class Load:
         now = self._read()
         (t0, busy0, own0), (t1, busy1, own1) = self._last, now
         self._last = now
-        if t1 - t0 <= 0 or busy0 is None or busy1 is None:
-            return None
+        if t1 - t0 <= 0 or busy0 is None or busy1 is None or own1 < own0:
+            return None  # unreadable, or a forked child whose own clock restarted
         return max(0.0, ((busy1 - busy0) - (own1 - own0)) / (t1 - t0))
 
 

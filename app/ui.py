@@ -17,7 +17,7 @@ from pathlib import Path
 import gradio as gr
 import torch
 
-from app import boundary, calibrate, engine, hosting, metrics, models, plots, queue_limits, render, sessions
+from app import boundary, calibrate, engine, hosting, metrics, models, plots, queue_limits, render, sessions, threads
 from app.config import MAX_NEW_TOKENS_CAP, RunConfig, SamplingConfig, SpecConfig, SpecError, settings_dict
 from app.events import KIND_LABELS
 from app.policy import make_policy
@@ -217,6 +217,7 @@ def generate_both(prompt, target, custom_target, draft, custom_draft, chat, deco
                "autoregressive": metrics.report(ar, target, None, settings_dict("autoregressive", s, sp, r))}
         doc["comparison"] = metrics.compare(doc["speculative"]["stats"], doc["autoregressive"]["stats"])
         doc["stopped"] = stopped  # True: Stop ended both runs early, so every figure is partial
+        doc["threads"] = threads.key()  # "auto" or the fixed count (README, "Threads")
         yield _outputs(shown, spec, ar, s.greedy, _figures(spec, ar), doc, stopped=stopped, costs=costs)
     except SpecError as e:
         raise _user_error(e) from None

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from app import cli, models
+from app import cli, models, threads
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -24,6 +24,7 @@ def test_plain_output_is_exactly_the_json_text(capsys, draft):
             *(["--draft", draft] if draft else [])]
     assert cli.main([*argv, "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
+    assert doc["threads"] == threads.choose()  # "auto" unless SPECDEC_THREADS fixes a count
     assert cli.main(argv) == 0
     out = capsys.readouterr().out
     assert out == doc["text"] + "\n"
