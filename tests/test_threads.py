@@ -56,6 +56,10 @@ def _spin(seconds: float) -> None:
 def test_load_counts_a_busy_neighbour_but_not_this_process():
     load = threads.Load()
     assert load.capacity >= 1
+    time.sleep(0.4)
+    baseline = load.others()  # whatever else this machine runs now
+    if baseline is None or load.capacity - baseline < 1.5:
+        pytest.skip(f"too busy to measure: {baseline} of {load.capacity} cores taken by others")
     _spin(0.4)  # this process's own work is never a neighbour
     own = load.others()
     neighbour = subprocess.Popen([sys.executable, "-c", "while True: pass"])
@@ -67,9 +71,8 @@ def test_load_counts_a_busy_neighbour_but_not_this_process():
     finally:
         neighbour.kill()
         neighbour.wait()
-    assert other is not None and own is not None
-    assert other >= 0.7  # one spinning process is about one core
-    assert own <= other - 0.5
+    assert other - baseline >= 0.7  # one spinning process is about one core
+    assert own - baseline <= 0.3
 
 
 class FakeLoad:
