@@ -105,6 +105,7 @@ def hf(target, assistant=None, assistant_settings: dict | None = None, lookup: d
                 setattr(cfg, key, value)
             kw["assistant_model"] = assistant
         kw |= lookup or {}
+        threads.follow()  # its prefill too runs at the threads of now; _FollowThreads covers its rounds
         try:
             with torch.inference_mode():
                 engine.sync(target.device)

@@ -65,6 +65,7 @@ def threads_check(args) -> dict:
     summary = {f"threads={n}": _ratios(results, n, counts) for n in counts}
     best = max(counts, key=lambda n: summary[f"threads={n}"]["worst_case_tokens_per_s"])
     return dict(target=pair.target_name, draft=pair.draft_name, cores=os.cpu_count(), reps=args.reps,
+                threads_settings=counts,
                 prompts=len(prompts), settings=settings_dict("bench", s, sp, r), tokens_per_s=results,
                 neighbour="one process spinning on a core (python -c 'while True: pass')",
                 summary=summary | dict(best_worst_case_threads=best, default_threads=threads.DEFAULT))

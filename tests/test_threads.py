@@ -62,6 +62,9 @@ def test_load_counts_a_busy_neighbour_but_not_this_process():
         pytest.skip(f"too busy to measure: {baseline} of {load.capacity} cores taken by others")
     _spin(0.4)  # this process's own work is never a neighbour
     own = load.others()
+    time.sleep(0.4)
+    if abs(load.others() - baseline) > 0.2:
+        pytest.skip("the machine's own load moved while measuring")
     neighbour = subprocess.Popen([sys.executable, "-c", "while True: pass"])
     try:
         time.sleep(0.3)
@@ -109,18 +112,20 @@ def test_auto_uses_the_cores_others_leave_free(monkeypatch):
 
 
 @pytest.mark.parametrize("temperature", [0.0, 0.9])
-def test_output_is_the_same_whatever_the_threads(target, near_draft, tokenizer, no_eos, monkeypatch,
+def test_flipping_threads_every_round_keeps_the_output(target, near_draft, tokenizer, no_eos, monkeypatch,
                                                  restore_threads, temperature):
     prompt = "def add(a, b):\n  return a"
     kw = dict(k=4, k_policy="fixed", max_new_tokens=40, temperature=temperature, seed=3)
     threads.apply(1)
     fixed, _ = run(target, tokenizer, prompt, ModelProposer(near_draft, "near"), **kw)
-    # Auto threads that flip between 1 and 2 at every round, as under a neighbour that comes and goes.
+    # Auto threads that flip between 1 and 2 at every round, as under a neighbour that comes and goes:
+    # the caches, the per-OS-thread count and the RNG stream must not care. (This tiny model rounds
+    # alike at 1 and 2 threads; the bundled target can differ by 1e-5, see threads.py.)
     threads.apply("auto")
     monkeypatch.setattr(threads, "_default", 2)
-    threads._auto._load = FakeLoad(2.0, [0.0, 2.0] * 100)
+    monkeypatch.setattr(threads._auto, "_load", FakeLoad(2.0, [0.0, 2.0] * 100))
     monkeypatch.setattr(threads, "INTERVAL", 0.0)
-    threads._auto._due = 0.0
+    monkeypatch.setattr(threads._auto, "_due", 0.0)
     counts = []
     monkeypatch.setattr(threads._auto, "choose", lambda f=threads._auto.choose: counts.append(f()) or counts[-1])
     flipping, _ = run(target, tokenizer, prompt, ModelProposer(near_draft, "near"), **kw)
