@@ -9,12 +9,9 @@ every INTERVAL seconds between its rounds, it reads the kernel's CPU counters an
 that other processes left free (at least one, at most torch's own default). `--threads N` or
 SPECDEC_THREADS=N fixes the count instead; SPECDEC_THREADS=auto is the default spelled out.
 
-Thread counts change speed and, in the last bits, rounding: on this project's CPU a cached pass of
-the bundled target differs by up to 1e-5 in its logits between 1 and 2 threads, so a near-tie can
-in rare cases go the other way. Every benchmark output under auto was still identical to the
-target's own; for bit-for-bit repeatable runs fix the count (`--threads N`). The adaptive k
-policy's cost model is measured once per pair under "auto" (calibrate.py), so k never follows the
-load.
+Thread counts change speed, not rounding, where torch multiplies with MKL (MKL_CBWR below). The
+adaptive k policy's cost model is measured once per pair under "auto" (calibrate.py), so k never
+follows the load either.
 """
 
 from __future__ import annotations
@@ -24,6 +21,13 @@ import threading
 import time
 
 from app.config import SpecError
+
+# MKL's strict conditional numerical reproducibility: matrix products round the same at any thread
+# count, so auto threads change no logit (without it a cached pass of the bundled target differed by
+# up to 1e-5 between 1 and 2 threads), and on this project's CPU its 2-thread path multiplies the
+# few rows of a verify pass about twice as fast. MKL reads it at its first product, so setting it on
+# import is early enough even after `import torch`; a value the user set is kept.
+os.environ.setdefault("MKL_CBWR", "AUTO,STRICT")
 
 ENV = "SPECDEC_THREADS"
 AUTO = "auto"

@@ -1,6 +1,8 @@
 """Auto threads: read the load, pick the free cores, and never change an output."""
 
 import argparse
+import copy
+import os
 import subprocess
 import sys
 import time
@@ -133,6 +135,26 @@ def test_flipping_threads_every_round_keeps_the_output(target, near_draft, token
     assert flipping == fixed
     if temperature == 0.0:
         assert flipping == hf_greedy_until_eos(target, tokenizer, prompt, 40)
+
+
+@pytest.mark.skipif(not torch.backends.mkl.is_available(), reason="the reproducibility setting is MKL's")
+def test_the_bundled_target_rounds_alike_at_one_and_two_threads(restore_threads):
+    """MKL_CBWR (set on import of threads.py): a verify-width cached pass gives the same logits at
+    1 and 2 threads, so auto threads never change an output. Without it they differed by up to 1e-5."""
+    from app import models
+
+    assert os.environ.get("MKL_CBWR") == "AUTO,STRICT"
+    target = models.load_pair(None, None, "cpu", None, draft=False).target
+    torch.manual_seed(0)
+    ids = torch.randint(0, 4000, (1, 300))
+    logits = []
+    for n in (1, 2):
+        threads.apply(n)
+        with torch.inference_mode():
+            cache = target(ids[:, :280], use_cache=True).past_key_values
+            logits.append(torch.cat([target(ids[:, 280 : 280 + w], cache=copy.deepcopy(cache)).logits[0]
+                                     for w in range(1, 10)]))
+    assert torch.equal(logits[0], logits[1])
 
 
 def test_adaptive_costs_are_measured_once_under_auto(target, near_draft, tokenizer, restore_threads):
