@@ -313,10 +313,16 @@ def test_browser_shows_tokens_plots_and_speedup(page, tmp_path):
     page.locator(".label-wrap", has_text="Decoding").first.click()  # open the accordion that holds the slider
     # Enough tokens to overflow both panes: two PageUp keys on the slider itself (the browser's own range
     # input events, which the slider always sees; typing into its number box did not always reach it).
-    page.locator("#max-new input[type=range]").focus()
-    page.keyboard.press("PageUp")
-    page.keyboard.press("PageUp")
-    page.wait_for_function("Number(document.querySelector('#max-new input[type=number]').value) >= 200")
+    # Pressed until the box shows it: on a busy machine the accordion may still be opening at the
+    # first press, which then scrolls the page instead (a CI run timed out waiting once).
+    value = "Number(document.querySelector('#max-new input[type=number]').value)"
+    for _ in range(8):
+        page.locator("#max-new input[type=range]").focus()
+        page.keyboard.press("PageUp")
+        page.wait_for_timeout(150)
+        if page.evaluate(value) >= 200:
+            break
+    page.wait_for_function(f"{value} >= 200", timeout=10_000)
     page.wait_for_timeout(300)
     page.get_by_role("button", name="Generate", exact=True).click()
     page.wait_for_selector("#spec-pane .tok.acc", timeout=120_000)
