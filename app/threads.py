@@ -16,6 +16,8 @@ follows the load either.
 
 from __future__ import annotations
 
+import argparse
+import functools
 import os
 import threading
 import time
@@ -64,8 +66,6 @@ def cli_value(raw: str) -> int | str:
     try:
         return parse(raw, "--threads")
     except SpecError as e:
-        import argparse
-
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
@@ -80,9 +80,12 @@ class Load:
     """
 
     def __init__(self):
-        cpus = float(len(_cpus()))
+        cpus = _cpus()
         quota = _quota_usage()
-        self.capacity, self._usage = (min(quota[0], cpus), quota[1]) if quota else (cpus, _host_usage)
+        if quota:
+            self.capacity, self._usage = min(quota[0], float(len(cpus))), quota[1]
+        else:  # the CPU names are looked up once, not at every reading
+            self.capacity, self._usage = float(len(cpus)), functools.partial(_host_usage, {f"cpu{i}" for i in cpus})
         self._last = self._read()
 
     def _read(self) -> tuple[float, float | None, float]:
@@ -161,12 +164,14 @@ def _v1_quota():
     return int(quota) / int(period), usage
 
 
-def _host_usage() -> float | None:
-    """Busy CPU seconds of the CPUs this process may use, from /proc/stat."""
+_TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def _host_usage(names: set[str]) -> float | None:
+    """Busy CPU seconds of the named CPUs ("cpu0", ...), from /proc/stat."""
     text = _read("/proc/stat")
     if text is None:
         return None
-    names = {f"cpu{i}" for i in _cpus()}
     busy = 0
     for line in text.splitlines():
         fields = line.split()
@@ -174,9 +179,6 @@ def _host_usage() -> float | None:
             values = [int(v) for v in fields[1:9]]
             busy += sum(values) - values[3] - values[4]
     return busy / _TICK
-
-
-_TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
 class _Auto:
@@ -239,7 +241,8 @@ def apply(requested: int | str | None = None, share: int = 1) -> int | str:
     ceiling()
     setting = choose(requested)
     if setting == AUTO:
-        _auto = _Auto(share)
+        if _auto is None or _auto.share != share:  # already auto: keep its reading and its count
+            _auto = _Auto(share)
         follow()
     else:
         _auto = None
