@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 from transformers import StoppingCriteria, StoppingCriteriaList
 
-from app import calibrate, draft_spec, engine, fast_step, metrics, models, plots, threads
+from app import calibrate, direct_pass, draft_spec, engine, metrics, models, plots, threads
 from app.args import add_generation_args, configs
 from app.config import RunConfig, SamplingConfig, SpecConfig, settings_dict
 from app.corpus import HELD_OUT, stdlib_files
@@ -171,42 +171,53 @@ def _fixed(sp: SpecConfig, k: int) -> SpecConfig:
 
 @contextmanager
 def forward_clock(*modules):
-    """Seconds spent inside the modules' forward calls (device-synchronised), as a one-item list.
+    """Seconds spent inside the modules' forward calls and in direct passes (direct_pass.py, which
+    run a model's modules without its forward), device-synchronised, as a one-item list.
 
-    A call inside another hooked call is not counted twice: the target's embedding and LM head are
-    hooked too, because a feature head's drafting runs them on their own.
+    A call inside another timed call is not counted twice: the target's embedding and LM head are
+    hooked too, because a feature head's drafting runs them on their own. Direct passes are timed
+    as whole calls, not per layer, so the clock's own work stays out of the passes it splits.
     """
     total, start, depth, handles = [0.0], [0.0], [0], []
 
-    def pre(module, _args):
+    def enter(*_):
         if depth[0] == 0:
             engine.sync(device)
             start[0] = time.perf_counter()
         depth[0] += 1
 
-    def post(module, _args, _out):
+    def leave(*_):
         depth[0] -= 1
         if depth[0] == 0:
             engine.sync(device)
             total[0] += time.perf_counter() - start[0]
 
+    def timed(fn):
+        def run(*args, **kwargs):
+            enter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                leave()
+        return run
+
     device = modules[0].get_input_embeddings().weight.device
     for m in {id(m): m for m in modules if m is not None}.values():
-        handles += [m.register_forward_pre_hook(pre), m.register_forward_hook(post)]
+        handles += [m.register_forward_pre_hook(enter), m.register_forward_hook(leave)]
+    real = direct_pass.forward, direct_pass.step
+    direct_pass.forward, direct_pass.step = map(timed, real)
     try:
         yield total
     finally:
+        direct_pass.forward, direct_pass.step = real
         for h in handles:
             h.remove()
 
 
 def outside_forward(pair, ids: list[int], s, sp, r, costs) -> dict:
     """One extra adaptive run with forward hooks: the busy time per round outside model passes."""
-    # A draft's direct steps (fast_step.py) run its modules without its forward: hook those too.
-    direct = fast_step.parts(pair.draft_model) if pair.draft_model is not None else None
-    modules = direct.modules() if direct else []
     with forward_clock(pair.target, pair.draft_model, pair.head, pair.target.get_input_embeddings(),
-                       pair.target.get_output_embeddings(), *modules) as inside:
+                       pair.target.get_output_embeddings()) as inside:
         _, _, steps = ours(pair, s, _adaptive(sp), r, True, costs)(ids, r.max_new_tokens)
     busy = steps[-1].elapsed
     return dict(ms_per_round=1000 * (busy - inside[0]) / len(steps), share=(busy - inside[0]) / busy)

@@ -11,9 +11,8 @@ from torch import nn
 from transformers import DynamicCache, PreTrainedModel
 from transformers.cache_utils import DummyLayer, DynamicLayer
 
+from app import direct_pass
 from app.config import SpecError
-from app.fast_step import parts as fast_step_parts
-from app.fast_step import step as fast_step
 
 # Before 5.24 a model's forward took past_key_values and silently ignored cache=, so every pass
 # would run without its context: refuse to start rather than decode garbage.
@@ -32,10 +31,10 @@ class CachedModel:
     fed through the model, so tests can prove that rollback never re-prefills.
     """
 
-    def __init__(self, model: PreTrainedModel, fast_step: bool = False):
+    def __init__(self, model: PreTrainedModel):
         self.model = model
-        # Drafts only (fast_step.py): the target's passes always run through its own forward.
-        self.fast = fast_step_parts(model) if fast_step else None
+        # Passes without the wrapper where they give the wrapper's own bits (direct_pass.py).
+        self.direct = direct_pass.parts(model)
         self.cache = DynamicCache(config=model.config)
         # Sliding-window layers drop keys older than the window as they go; recording the past
         # keeps them until the next crop, so a rejected draft can be removed past the window too.
@@ -63,23 +62,27 @@ class CachedModel:
         return self._forward(ids, keep, features=True)
 
     def step(self, token: int) -> torch.Tensor:
-        """(V,) logits of one more token: a direct step for an admitted draft, else extend."""
-        if self.fast is None:
+        """(V,) logits of one more token."""
+        if self.direct is None:
             return self.extend([token], keep=1)[-1]
         self.length += 1
         self.tokens_processed += 1
-        return fast_step(self.fast, self.cache, self._embeddable([token])[0])
+        return direct_pass.step(self.direct, self.cache, self._embeddable([token])[0])
 
     def _embeddable(self, ids: list[int]) -> list[int]:
         return ids if max(ids, default=0) < self.rows else [i if i < self.rows else self.stand_in for i in ids]
 
     def _forward(self, ids: list[int], keep: int, features: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
-        x = torch.tensor([self._embeddable(ids)], dtype=torch.long, device=self.device)
-        out = self.model(input_ids=x, cache=self.cache, use_cache=True, logits_to_keep=keep,
-                         output_hidden_states=features)
+        if self.direct is not None:
+            logits, hidden = direct_pass.forward(self.direct, self.cache, self._embeddable(ids), keep, features)
+        else:
+            x = torch.tensor([self._embeddable(ids)], dtype=torch.long, device=self.device)
+            out = self.model(input_ids=x, cache=self.cache, use_cache=True, logits_to_keep=keep,
+                             output_hidden_states=features)
+            logits, hidden = out.logits[0], out.hidden_states[-1][0] if features else None
         self.length += len(ids)
         self.tokens_processed += len(ids)
-        return out.logits[0], out.hidden_states[-1][0] if features else None
+        return logits, hidden
 
     def rollback(self, length: int) -> None:
         """Forget every cached position at or after `length`: a crop, never a recompute.

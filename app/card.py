@@ -20,10 +20,10 @@ from app.config import RunConfig, SamplingConfig, SpecConfig
 
 
 @torch.inference_mode()
-def decode_seconds_per_token(model, prompt_ids: list[int], n: int = 64, draft: bool = False) -> float:
-    """Batch-1 cached decode time per token, as the engine runs a draft (direct steps where the
-    model is admitted, fast_step.py) or a target (its own forward)."""
-    lm = CachedModel(model, fast_step=draft)
+def decode_seconds_per_token(model, prompt_ids: list[int], n: int = 64) -> float:
+    """Batch-1 cached decode time per token, as the engine runs the model (direct passes where it
+    is admitted, direct_pass.py)."""
+    lm = CachedModel(model)
     logits = lm.extend(prompt_ids)
     tok = int(logits[-1].argmax())
     for _ in range(4):  # warm-up
@@ -96,7 +96,7 @@ def card(args) -> dict:
         if pair.head is not None:  # the first draft of a round also feeds the newest true pairs: not counted
             t_draft = statistics.median(head_seconds_per_token(pair, probe) for _ in range(3))
         else:
-            t_draft = statistics.median(decode_seconds_per_token(pair.draft_model, probe, draft=True)
+            t_draft = statistics.median(decode_seconds_per_token(pair.draft_model, probe)
                                         for _ in range(3))
         rows = []
         for prompt in prompts:

@@ -75,7 +75,7 @@ class CrossTokenizerProposer:
     def begin(self, prompt_ids: list[int], vocab_size: int) -> None:
         self.ids = list(prompt_ids)  # committed target ids
         self.vocab_size = vocab_size
-        self.lm = CachedModel(self.model, fast_step=True)
+        self.lm = CachedModel(self.model)
         self.fed: list[int] = []  # the draft-token ids in the draft's cache, in order
         self._drafts: list[int] = []
 

@@ -22,7 +22,7 @@ from torch import nn
 from transformers import AutoModel, DynamicCache, PreTrainedModel
 
 from app.config import SpecError
-from app.fast_step import through_layers
+from app.direct_pass import through_layers
 
 FUSION_KEYS = ("fc.weight",)  # a safetensors file with these is an EAGLE-style head
 SUPPORTED = ("llama", "qwen2")  # target architectures whose decoder layer a head can reuse

@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
-from app import draft_spec, feature_head, hosting, text
+from app import direct_pass, draft_spec, feature_head, hosting, text
 from app.cache import refuse_uncroppable
 from app.config import SpecConfig, SpecError
 from app.cross_tokenizer import CrossTokenizerProposer, TokenBridge
@@ -156,6 +156,7 @@ def load(model_id: str, device: str | None = None, dtype: str | None = None, spr
             torch.cuda.empty_cache()
             raise SpecError(f"out of memory loading {shown!r}: pick a smaller model") from None
         model.eval()
+        direct_pass.parts(model)  # its probe passes run now, not in a visitor's first request
         if len(_cache) >= MAX_CACHED:
             _cache.pop(next(iter(_cache)))
         _cache[key] = (model, tokenizer)

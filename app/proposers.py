@@ -57,7 +57,7 @@ class ModelProposer:
 
     def begin(self, prompt_ids: list[int], vocab_size: int) -> None:
         self.ids = list(prompt_ids)
-        self.lm = CachedModel(self.model, fast_step=True)
+        self.lm = CachedModel(self.model)
         # Padded embedding rows beyond the target's vocabulary must never be drafted.
         self.vocab_size = vocab_size
         self._drafts: list[int] = []

@@ -15,7 +15,7 @@ from transformers import AutoTokenizer
 from transformers.cache_utils import DynamicSlidingWindowLayer
 
 from app import models
-from app.cache import CachedModel
+from app.cache import CachedModel, decoder_layers
 from app.config import RunConfig, SamplingConfig, SpecConfig, SpecError
 from app.engine import generate
 
@@ -93,10 +93,13 @@ def speculate(pair: models.Pair, ids: list[int], sampling: SamplingConfig = Samp
 
 
 def count_target_tokens(model: torch.nn.Module) -> tuple[list[int], object]:
+    """Tokens per target pass, as its last decoder layer sees them: the model's own forward and a
+    direct pass (direct_pass.py) both run that layer, and an early-exit draft, which shares the
+    target's first layers, never does."""
     seen: list[int] = []
-    # An early-exit view is a shallow copy of the target and shares its hooks: count the target only.
-    hook = model.register_forward_pre_hook(
-        lambda m, a, kw: seen.append(kw["input_ids"].shape[1]) if m is model else None, with_kwargs=True)
+    last = model.get_submodule(decoder_layers(model))[-1]
+    hook = last.register_forward_pre_hook(
+        lambda m, a, kw: seen.append((a[0] if a else kw["hidden_states"]).shape[1]), with_kwargs=True)
     return seen, hook
 
 

@@ -1,6 +1,7 @@
 """The benchmark runs every contender, checks every output, and writes its JSON and HTML."""
 
 import json
+import time
 
 import pytest
 
@@ -101,3 +102,19 @@ def test_forward_clock_counts_nested_calls_once():
         outer(torch.zeros(1))  # 0.10 s, of which the inner call is 0.05 s: counted once
         outer.inner(torch.zeros(1))  # called on its own, as a feature head calls the LM head: counted
     assert 0.15 <= inside[0] < 0.19
+
+
+def test_forward_clock_counts_direct_passes_whole_and_lets_go_of_them():
+    from app import direct_pass
+    from app.cache import CachedModel
+
+    pair = models.load_pair(models.DEFAULT_TARGET, str(models.BUNDLED / "draft-distilled"))
+    real = direct_pass.forward, direct_pass.step
+    lm = CachedModel(pair.target)
+    assert lm.direct is not None  # the bundled target runs direct passes, not its forward
+    with bench.forward_clock(pair.target, pair.draft_model) as inside:
+        start = time.perf_counter()
+        lm.extend(list(range(5, 60)), keep=1), lm.step(7)
+        seconds = time.perf_counter() - start
+    assert 0.5 * seconds < inside[0] <= seconds
+    assert (direct_pass.forward, direct_pass.step) == real

@@ -2,6 +2,7 @@
 
 import torch
 from conftest import run
+from test_architectures import count_target_tokens
 
 from app.cache import CachedModel, early_exit_view
 from app.proposers import ModelProposer, early_exit
@@ -38,15 +39,8 @@ def test_early_exit_view_is_the_first_layers_plus_head(target):
     assert len(target.model.layers) == 4, "the view must not change the shared target"
 
 
-def count_tokens(model):
-    seen = []
-    handle = model.register_forward_pre_hook(lambda m, a, kw: seen.append(kw["input_ids"].shape[1]),
-                                             with_kwargs=True)
-    return seen, handle
-
-
 def test_target_processes_each_token_once(target, near_draft, tokenizer):
-    seen, handle = count_tokens(target)
+    seen, handle = count_target_tokens(target)
     try:
         _, steps = run(target, tokenizer, PROMPT, ModelProposer(near_draft, "near"), k=4, k_policy="fixed",
                        max_new_tokens=50)
