@@ -46,11 +46,15 @@ class Costs:
         """The k in 1..k_max with the most expected tokens per second (the smallest on a tie)."""
         return max(range(1, k_max + 1), key=lambda k: (self.tokens_per_s(alpha, k), -k))
 
-    def predicted_speedup(self, alpha: float, draft_lengths: Sequence[int]) -> float:
-        """Speedup this model expects for rounds that drafted these many tokens, at acceptance alpha."""
+    def predicted_speedup(self, alpha: float, draft_lengths: Sequence[int], first_round_s: float = 0.0) -> float:
+        """Speedup this model expects for rounds that drafted these many tokens, at acceptance alpha.
+
+        first_round_s: a first round that both modes pay alike (the prompt's prefill, measured in the
+        run), added to both sides as real runs add it: a long prompt dilutes the gain of the rounds.
+        """
         tokens = sum(expected_tokens_per_round(alpha, k) for k in draft_lengths)
         seconds = sum(self.round_s(k) for k in draft_lengths)
-        return tokens / seconds * self.plain_round_s
+        return (first_round_s + tokens * self.plain_round_s) / (first_round_s + seconds)
 
     def to_dict(self) -> dict:
         return asdict(self)

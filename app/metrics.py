@@ -35,7 +35,8 @@ def summarize(steps: Sequence[Step], costs: Costs | None = None) -> dict:
     acceptance_rate is accepted / drafted; alpha is accepted / (accepted + rejections),
     the per-token rate in Leviathan's formula. They differ because a round stops
     judging at its first rejection. With `costs` (calibrate.py), predicted_speedup is
-    what this machine's cost model expects at the measured alpha for these rounds.
+    what this machine's cost model expects at the measured alpha for these rounds, with the first
+    round (the prefills) as measured.
     """
     tokens = sum(len(s.emitted) for s in steps)
     drafted = sum(len(s.drafted) for s in steps)
@@ -78,7 +79,9 @@ def summarize(steps: Sequence[Step], costs: Costs | None = None) -> dict:
         if c is not None:
             stats["theoretical_speedup"] = expected_speedup(min(alpha, 1.0), c, mean_k)
         if costs is not None:
-            stats["predicted_speedup"] = costs.predicted_speedup(min(alpha, 1.0), [len(s.drafted) for s in steps])
+            # Round 1 holds the prompt's prefill, which plain decoding pays too: it counts as measured.
+            stats["predicted_speedup"] = costs.predicted_speedup(
+                min(alpha, 1.0), [len(s.drafted) for s in steps[1:]], first_round_s=steps[0].elapsed)
     return stats
 
 

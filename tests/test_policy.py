@@ -58,8 +58,10 @@ def test_predicted_speedup_is_reported_beside_leviathans(target, near_draft, tok
                    max_new_tokens=40)
     doc = metrics.report(steps, "t", "d", {}, STEEP)
     st = doc["stats"]
-    lengths = [len(s.drafted) for s in steps]
-    assert st["predicted_speedup"] == pytest.approx(STEEP.predicted_speedup(st["alpha"], lengths))
+    lengths = [len(s.drafted) for s in steps[1:]]  # round 1, the prefills, counts as measured on both sides
+    assert st["predicted_speedup"] == pytest.approx(
+        STEEP.predicted_speedup(st["alpha"], lengths, first_round_s=steps[0].elapsed))
+    assert 1 < st["predicted_speedup"] < STEEP.predicted_speedup(st["alpha"], lengths)
     assert st["theoretical_speedup"] is not None
     assert {"predicted_speedup", "theoretical_speedup"} <= set(doc["labels"])
     assert list(doc["costs"]["verify_s"]) == list(STEEP.verify_s)
@@ -76,3 +78,14 @@ def test_calibration_measures_every_part(target, near_draft, tokenizer, draft):
     assert costs.draft_round_s + costs.draft_token_s > 0  # prompt lookup's search is measured too, not 0
     policy = calibrate.policy_for(pair, SpecConfig(k_policy="adaptive", k_max=4))
     assert isinstance(policy, AdaptiveK) and policy.costs is calibrate.costs_for(pair, SpecConfig(k_max=4))
+
+
+def test_a_first_round_both_modes_pay_dilutes_the_predicted_speedup():
+    lengths = [4] * 10
+    rounds = STEEP.predicted_speedup(0.8, lengths)
+    assert rounds > 1.5
+    # A prefill as long as the rounds: (P + T) / (P + S) for rounds alone T / S.
+    seconds = sum(STEEP.round_s(4) for _ in lengths)
+    diluted = STEEP.predicted_speedup(0.8, lengths, first_round_s=seconds)
+    assert diluted == pytest.approx((seconds + rounds * seconds) / (2 * seconds))
+    assert 1 < diluted < rounds
