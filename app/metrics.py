@@ -12,7 +12,8 @@ LABELS = {
     "theoretical_speedup": "Leviathan et al.'s idealised speedup at the measured alpha and c: "
                            "assumes one verify pass costs one plain step",
     "predicted_speedup": "predicted for this machine: the same expected tokens per round over this "
-                         "machine's measured round time (verify time per width, draft cost, overhead)",
+                         "machine's measured round time (verify time per width, draft cost, overhead), "
+                         "plus the run's first round (the prompt's prefill) as measured, on both sides",
     "achieved_speedup": "measured: speculative tokens/s over autoregressive tokens/s",
 }
 

@@ -102,7 +102,8 @@ def summary_markdown(spec: Sequence[Step], ar: Sequence[Step], done: bool = True
               "(a verify pass costed as one plain step)")
     if b.get("predicted_speedup") is not None:
         theory += (f" · {_fmt(b['predicted_speedup'], '.2f', '×')} predicted for this machine "
-                   "(the same α over this machine's measured verify and draft times)")
+                   "(the same α over this machine's measured verify and draft times, "
+                   "plus this run's prefill as measured)")
     few = min(len(spec), len(ar)) < LIVE_MIN_ROUNDS
     if stopped:
         head = ("### Stopped: partial figures\nOnly the rounds before Stop are counted. "
