@@ -37,10 +37,6 @@ class Parts:
     rotary: nn.Module
     lm_head: nn.Module
 
-    def modules(self) -> list[nn.Module]:
-        """Every module a direct pass runs, for whoever times passes (bench's forward clock)."""
-        return [self.embed, *self.layers, self.norm, self.rotary, self.lm_head]
-
 
 _admitted: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> Parts, or None
 _lock = threading.Lock()
