@@ -175,47 +175,49 @@ def forward_clock(*modules):
     run a model's modules without its forward), device-synchronised, as a one-item list.
 
     A call inside another timed call is not counted twice: the target's embedding and LM head are
-    hooked too, because a feature head's drafting runs them on their own. Direct passes are timed
-    as whole calls, not per layer, so the clock's own work stays out of the passes it splits.
+    timed too, because a feature head's drafting runs them on their own. Each module's `forward`
+    is wrapped for the run rather than hooked: a hook sends every call of the module down torch's
+    slow call path, and that extra work would land in the time outside the passes that the clock
+    splits off. Direct passes are timed as whole calls, not per layer, for the same reason.
     """
-    total, start, depth, handles = [0.0], [0.0], [0], []
-
-    def enter(*_):
-        if depth[0] == 0:
-            engine.sync(device)
-            start[0] = time.perf_counter()
-        depth[0] += 1
-
-    def leave(*_):
-        depth[0] -= 1
-        if depth[0] == 0:
-            engine.sync(device)
-            total[0] += time.perf_counter() - start[0]
+    total, start, depth = [0.0], [0.0], [0]
 
     def timed(fn):
         def run(*args, **kwargs):
-            enter()
+            if depth[0] == 0:
+                engine.sync(device)
+                start[0] = time.perf_counter()
+            depth[0] += 1
             try:
                 return fn(*args, **kwargs)
             finally:
-                leave()
+                depth[0] -= 1
+                if depth[0] == 0:
+                    engine.sync(device)
+                    total[0] += time.perf_counter() - start[0]
         return run
 
     device = modules[0].get_input_embeddings().weight.device
-    for m in {id(m): m for m in modules if m is not None}.values():
-        handles += [m.register_forward_pre_hook(enter), m.register_forward_hook(leave)]
+    wrapped = {id(m): m for m in modules if m is not None}.values()
+    # An instance may carry its own forward already (accelerate's hooks put one there): keep it.
+    own = {id(m): m.__dict__["forward"] for m in wrapped if "forward" in m.__dict__}
+    for m in wrapped:
+        m.forward = timed(m.forward)
     real = direct_pass.forward, direct_pass.step
     direct_pass.forward, direct_pass.step = map(timed, real)
     try:
         yield total
     finally:
         direct_pass.forward, direct_pass.step = real
-        for h in handles:
-            h.remove()
+        for m in wrapped:
+            if id(m) in own:
+                m.forward = own[id(m)]
+            else:
+                del m.forward
 
 
 def outside_forward(pair, ids: list[int], s, sp, r, costs) -> dict:
-    """One extra adaptive run with forward hooks: the busy time per round outside model passes."""
+    """One extra adaptive run on the pass clock: the busy time per round outside model passes."""
     with forward_clock(pair.target, pair.draft_model, pair.head, pair.target.get_input_embeddings(),
                        pair.target.get_output_embeddings()) as inside:
         _, _, steps = ours(pair, s, _adaptive(sp), r, True, costs)(ids, r.max_new_tokens)
@@ -224,7 +226,7 @@ def outside_forward(pair, ids: list[int], s, sp, r, costs) -> dict:
 
 
 def hf_passes_share(pair, assisted: Contender, ids: list[int], n: int) -> dict:
-    """One extra hooked run of transformers' assisted generation at constant k: the share of its
+    """One extra run of transformers' assisted generation at constant k: the share of its
     time inside model passes. Both engines make the same passes, so total / inside is the most any
     engine could run faster than it like for like (its `ceiling`)."""
     with forward_clock(pair.target, pair.draft_model) as inside:
@@ -243,7 +245,7 @@ def bench(args) -> dict:
     lookup_costs = calibrate.costs_for(lookup_pair, _adaptive(sp)) if lookup_pair else None
     prompts = suite(args.suite)[: args.limit or None]
     field = contenders(args, pair, lookup_pair, s, sp, r, costs, lookup_costs)
-    assisted = next((c for c in field if c.name == f"hf_assisted_k={sp.k}"), None)  # timed once more, hooked
+    assisted = next((c for c in field if c.name == f"hf_assisted_k={sp.k}"), None)  # timed once more, on the pass clock
     warm = pair.encode(prompts[0], r.chat)
     for c in field:  # warm-up, discarded: first calls allocate and pick kernels
         c.run(warm, 16)

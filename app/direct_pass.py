@@ -70,15 +70,8 @@ def forward(p: Parts, cache: DynamicCache, ids: list[int], keep: int = 0,
     """(keep, V) logits of the last `keep` of `ids` (0: all) fed after the cached positions, and
     with features=True the (len(ids), H) normed last hidden states (the wrapper's hidden_states[-1]).
     The cache grows by len(ids)."""
-    h = p.embed(torch.tensor([ids], device=p.embed.weight.device))
-    past = cache.get_seq_length()
-    position = (torch.arange(len(ids), device=h.device) + past).unsqueeze(0)
-    mask = create_causal_mask(config=p.config, inputs_embeds=h, attention_mask=None, cache=cache,
-                              position_ids=position)
-    position_embeddings = p.rotary(h, position_ids=position)
-    for layer in p.layers:
-        h = layer(h, attention_mask=mask, position_embeddings=position_embeddings, position_ids=position,
-                  cache=cache, use_cache=True)
+    h = through_masked(p.config, p.layers, p.rotary, p.embed(torch.tensor([ids], device=p.embed.weight.device)),
+                       cache)
     h = p.norm(h)
     logits = p.lm_head(h[:, -keep:] if keep else h)[0]
     return logits, h[0] if features else None
@@ -89,6 +82,19 @@ def step(p: Parts, cache: DynamicCache, token: int) -> torch.Tensor:
     """(V,) logits of `token` after the cached positions; the cache grows by one."""
     h = p.embed(torch.tensor([[token]], device=p.embed.weight.device))
     return p.lm_head(p.norm(through_layers(p.layers, p.rotary, h, cache)))[0, -1]
+
+
+def through_masked(config, layers, rotary: nn.Module, h: torch.Tensor, cache: DynamicCache) -> torch.Tensor:
+    """(1, T, H) hidden states of T new positions through decoder layers that append to `cache`,
+    under the causal mask that transformers' own `create_causal_mask` builds for them."""
+    position = (torch.arange(h.shape[1], device=h.device) + cache.get_seq_length()).unsqueeze(0)
+    mask = create_causal_mask(config=config, inputs_embeds=h, attention_mask=None, cache=cache,
+                              position_ids=position)
+    position_embeddings = rotary(h, position_ids=position)
+    for layer in layers:
+        h = layer(h, attention_mask=mask, position_embeddings=position_embeddings, position_ids=position,
+                  cache=cache, use_cache=True)
+    return h
 
 
 def through_layers(layers, rotary: nn.Module, h: torch.Tensor, cache: DynamicCache) -> torch.Tensor:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from transformers.tokenization_utils_tokenizers import TokenizersBackend
+
 from app.config import SpecError
 
 
@@ -34,11 +36,19 @@ class Detokenizer:
 
     def __init__(self, tokenizer, context: list[int]):
         self.tokenizer = tokenizer
+        # A fast tokenizer's decode without clean-up is its Rust backend's decode; called directly it
+        # skips the wrapper's per-id conversion, which is two thirds of a round's decoding time.
+        # Only where the class decodes as transformers' base class does: a subclass may add its own steps.
+        kind = type(tokenizer)
+        plain = kind._decode is TokenizersBackend._decode and kind.decode is TokenizersBackend.decode
+        self.backend = getattr(tokenizer, "backend_tokenizer", None) if plain else None
         self.ids = list(context[-4:])
         self.prefix = 0  # start of the decode window
         self.read = len(self.ids)  # ids before this are already emitted
 
     def _decode(self, ids: list[int]) -> str:
+        if self.backend is not None:
+            return self.backend.decode(ids, skip_special_tokens=True)
         return self.tokenizer.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
 
     def push(self, token: int) -> str:

@@ -135,8 +135,9 @@ def test_a_published_eagle1_head_loads_from_its_layout(tmp_path):
         assert spec == ar
 
 
-def test_a_one_token_step_equals_the_models_own_forward(tokenizer):
-    """The drafting shortcut (decoder layer called directly) matches the wrapped model, cache and all."""
+def test_cached_passes_equal_the_body_models_own_forward(tokenizer):
+    """The head's cached passes (its decoder layer called directly, a mask built for several
+    positions, none for one) give the wrapped body's bits, cache and all."""
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     for target in (models.load_pair(models.DEFAULT_TARGET, "prompt-lookup").target,
@@ -145,17 +146,20 @@ def test_a_one_token_step_equals_the_models_own_forward(tokenizer):
         torch.manual_seed(0)
         head = FeatureHead(target.config).eval()
         h = target.config.hidden_size
-        e, f = torch.randn(1, 7, h), torch.randn(1, 7, h)
+        e, f = torch.randn(1, 12, h), torch.randn(1, 12, h)
         fast, slow = head.new_cache(), head.new_cache()
         with torch.inference_mode():
-            head(e[:, :5], f[:, :5], fast)
-            head(e[:, :5], f[:, :5], slow)
-            for i in (5, 6):
-                got = head(e[:, i : i + 1], f[:, i : i + 1], fast)
-                fused = head.fc(torch.cat([e[:, i : i + 1], f[:, i : i + 1]], -1))
+            for a, b in ((0, 5), (5, 6), (6, 9), (9, 10), (10, 12)):  # a prefill, steps, passes of 3 and 2
+                got = head(e[:, a:b], f[:, a:b], fast)
+                fused = head.fc(torch.cat([e[:, a:b], f[:, a:b]], -1))
                 want = head.body(inputs_embeds=fused, cache=slow, use_cache=True).last_hidden_state
-                assert torch.allclose(got, want, atol=1e-5), (i, (got - want).abs().max())
-        assert fast.get_seq_length() == slow.get_seq_length() == 7
+                assert torch.equal(got, want), (a, b, (got - want).abs().max())
+            fast.crop(-3), slow.crop(-3)  # a rollback, then a pass over the cropped cache
+            got = head(e[:, 9:12], f[:, 9:12], fast)
+            want = head.body(inputs_embeds=head.fc(torch.cat([e[:, 9:12], f[:, 9:12]], -1)), cache=slow,
+                             use_cache=True).last_hidden_state
+            assert torch.equal(got, want)
+        assert fast.get_seq_length() == slow.get_seq_length() == 12
 
 
 def test_a_missing_head_directory_is_named_as_a_path_not_a_hub_id(tmp_path):
