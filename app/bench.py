@@ -133,9 +133,11 @@ def contenders(args, pair, lookup_pair, s, sp, r, costs, lookup_costs) -> list[C
     k = sp.k
     out = [Contender("autoregressive", "ours: plain autoregressive", ours(pair, s, sp, r, False, None)),
            Contender("adaptive", f"ours: {pair.draft_name}, adaptive k", ours(pair, s, _adaptive(sp), r, True, costs))]
-    if args.sweep:
-        out += [Contender(f"k={j}", f"ours: {pair.draft_name}, fixed k = {j}",
-                          ours(pair, s, _fixed(sp, j), r, True, costs)) for j in SWEEP]
+    # Without the sweep, ours at fixed k is still run where it is transformers' like-for-like partner.
+    partner = args.hf and s.greedy and pair.draft_model is not None
+    out += [Contender(f"k={j}", f"ours: {pair.draft_name}, fixed k = {j}",
+                      ours(pair, s, _fixed(sp, j), r, True, costs))
+            for j in (SWEEP if args.sweep else [k] if partner else [])]
     if lookup_pair is not None:
         out += [Contender("lookup_adaptive", "ours: prompt lookup, adaptive k",
                           ours(lookup_pair, s, _adaptive(sp), r, True, lookup_costs)),
@@ -322,7 +324,7 @@ def summarize_rows(rows: list[dict], names: list[str], k: int) -> dict:
                    predicted_speedup=med([r["contenders"][n].get("predicted_speedup") for r in rows]),
                    identical=all(r["contenders"][n]["identical"] for r in rows)) for n in names}
     fixed = {n: v["speedup"]["median"] for n, v in per.items() if n.startswith("k=")}
-    best = max(fixed, key=fixed.get) if fixed else None
+    best = max(fixed, key=fixed.get) if len(fixed) > 1 else None  # one fixed k is no sweep to pick from
     adaptive = per["adaptive"]["speedup"]["median"]
     out = dict(prompts=len(rows), contenders=per, median_speedup=adaptive,
                all_identical=all(r["identical"] for r in rows),

@@ -38,6 +38,17 @@ def test_bench_writes_a_checked_self_contained_report(tmp_path, capsys):
     assert str(out.with_suffix(".html")) in capsys.readouterr().err  # says where it went
 
 
+def test_without_the_sweep_ours_at_fixed_k_still_meets_transformers_like_for_like(tmp_path):
+    out = tmp_path / "b"
+    argv = ["--limit", "1", "--reps", "1", "--max-new-tokens", "8", "--no-sweep", "--no-lookup",
+            "--draft", str(models.BUNDLED / "draft-distilled"), "--out", str(out)]
+    assert bench.main(argv) == 0
+    sm = json.loads(out.with_suffix(".json").read_text())["summary"]
+    assert {n for n in sm["contenders"] if n.startswith("k=")} == {"k=4"}
+    assert sm["ours_over_hf_fixed_k"]["median"] > 0
+    assert "best_fixed_k" not in sm  # one fixed k is not a sweep: no "best" is claimed
+
+
 def test_card_still_reports_every_bundled_draft(tmp_path):
     out = tmp_path / "card"
     assert bench.main(["--card", "--limit", "1", "--max-new-tokens", "8", "--out", str(out)]) == 0
