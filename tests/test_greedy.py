@@ -125,6 +125,7 @@ def test_peek_spells_each_draft_and_the_targets_token_without_committing():
     tok = train_tokenizer(["def f(x):\n    return 'héllo wörld ✓ 日本'\n"] * 20, 300)
     ids = tok("x = 'café ✓'\ny = '日本語' + x\n", add_special_tokens=False)["input_ids"]
     detok = Detokenizer(tok, [tok.bos_token_id])
+    assert detok.backend is not None  # the Rust backend's decode is what is checked against the wrapper's
     for t in ids[:4]:
         detok.push(t)
     before = (list(detok.ids), detok.prefix, detok.read)
