@@ -11,7 +11,7 @@ from torch import nn
 from transformers import DynamicCache, PreTrainedModel
 from transformers.cache_utils import DummyLayer, DynamicLayer
 
-from app import direct_pass
+from app import direct_pass, growing_cache
 from app.config import SpecError
 
 # Before 5.24 a model's forward took past_key_values and silently ignored cache=, so every pass
@@ -35,7 +35,8 @@ class CachedModel:
         self.model = model
         # Passes without the wrapper where they give the wrapper's own bits (direct_pass.py).
         self.direct = direct_pass.parts(model)
-        self.cache = DynamicCache(config=model.config)
+        # Direct passes append in place (growing_cache.py); the probe that admitted them ran on one too.
+        self.cache = growing_cache.new_cache(model.config) if self.direct else DynamicCache(config=model.config)
         # Sliding-window layers drop keys older than the window as they go; recording the past
         # keeps them until the next crop, so a rejected draft can be removed past the window too.
         self.cache.activate_past_recording()

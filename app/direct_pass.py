@@ -22,6 +22,8 @@ from transformers import DynamicCache, PreTrainedModel
 from transformers.cache_utils import DynamicLayer
 from transformers.masking_utils import create_causal_mask
 
+from app import growing_cache
+
 # Decoders whose forward is embed, mask, rotary, layers (hidden, position_embeddings, cache),
 # final norm, LM head over the kept rows: Gemma scales its embedding and caps its logits, and
 # others differ further, so they are left to the wrapper.
@@ -110,11 +112,12 @@ def through_layers(layers, rotary: nn.Module, h: torch.Tensor, cache: DynamicCac
 
 @torch.inference_mode()
 def _agrees(model: PreTrainedModel, p: Parts) -> bool:
-    """Probe passes (a prefill, several tokens, one token, a direct step) against the model's own
-    forward on a twin cache: the same logits and features, bit for bit."""
+    """Probe passes (a prefill, several tokens, one token, a direct step, a pass after a rollback)
+    against the model's own forward on transformers' own cache: the same logits and features, bit
+    for bit. The direct side runs on the growing cache that CachedModel gives admitted models."""
     device = p.embed.weight.device
     probe = [i % p.embed.weight.shape[0] for i in (11, 12, 13, 14, 15, 16, 17)]
-    own, direct = DynamicCache(config=model.config), DynamicCache(config=model.config)
+    own, direct = DynamicCache(config=model.config), growing_cache.new_cache(model.config)
     try:
         for ids in (probe[:3], probe[3:6], probe[6:]):
             out = model(input_ids=torch.tensor([ids], device=device), cache=own, use_cache=True,
@@ -122,7 +125,11 @@ def _agrees(model: PreTrainedModel, p: Parts) -> bool:
             logits, features = forward(p, direct, ids, features=True)
             if not (torch.equal(out.logits[0], logits) and torch.equal(out.hidden_states[-1][0], features)):
                 return False
-        return torch.equal(model(input_ids=torch.tensor([probe[:1]], device=device), cache=own,
-                                 use_cache=True).logits[0, -1], step(p, direct, probe[0]))
+        if not torch.equal(model(input_ids=torch.tensor([probe[:1]], device=device), cache=own,
+                                 use_cache=True).logits[0, -1], step(p, direct, probe[0])):
+            return False
+        own.crop(-3), direct.crop(-3)  # a rollback, then a pass over what is left
+        out = model(input_ids=torch.tensor([probe[1:3]], device=device), cache=own, use_cache=True)
+        return torch.equal(out.logits[0], forward(p, direct, probe[1:3])[0])
     except (TypeError, ValueError, RuntimeError, AttributeError):  # a layer with another signature
         return False

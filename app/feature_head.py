@@ -21,6 +21,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 from transformers import AutoModel, DynamicCache, PreTrainedModel
 
+from app import growing_cache
 from app.config import SpecError
 from app.direct_pass import through_layers, through_masked
 
@@ -61,7 +62,7 @@ class FeatureHead(nn.Module):
         self.body.norm = nn.Identity()
 
     def new_cache(self) -> DynamicCache:
-        return DynamicCache(config=self.config)
+        return growing_cache.new_cache(self.config)  # drafted pairs are rolled back every round
 
     def forward(self, token_embeds: torch.Tensor, features: torch.Tensor,
                 cache: DynamicCache | None = None) -> torch.Tensor:

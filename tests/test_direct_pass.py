@@ -3,9 +3,12 @@
 import pytest
 import torch
 from test_architectures import CONFIGS, WINDOW, build
+from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer
 
 from app import direct_pass
 from app.cache import CachedModel
+from app.growing_cache import ROOM, GrowingLayer
 from app.models import DEFAULT_TARGET, load
 
 CONTEXT = list(range(20, 60))
@@ -14,8 +17,8 @@ CONTEXT = list(range(20, 60))
 def _twins(model):
     """A cache that runs direct passes, and one that runs the model's own forward."""
     direct, own = CachedModel(model), CachedModel(model)
-    own.direct = None
-    assert direct.direct is not None
+    own.direct, own.cache = None, DynamicCache(config=model.config)  # transformers' own cache, too
+    assert direct.direct is not None and isinstance(direct.cache.layers[0], GrowingLayer)
     return direct, own
 
 
@@ -41,6 +44,37 @@ def test_direct_passes_equal_the_models_forward_bit_for_bit_and_roll_back(arch):
 def test_the_bundled_targets_direct_passes_equal_its_forward_bit_for_bit():
     target, tokenizer = load(DEFAULT_TARGET)
     _same_passes(target, tokenizer("def walk(root):\n    for path in os.listdir(root):\n")["input_ids"])
+
+
+def test_a_cache_that_outgrows_its_room_still_gives_the_forwards_bits():
+    """Rounds of verify-then-rollback on the bundled target until its growing cache reallocates."""
+    target, _ = load(DEFAULT_TARGET)
+    direct, own = _twins(target)
+    context = [(3 * i) % 4000 + 5 for i in range(100)]
+    assert torch.equal(direct.extend(context, keep=1), own.extend(context, keep=1))
+    room = direct.cache.layers[0]._k.shape[-2]
+    while direct.length < room + 20:
+        base, ids = direct.length, [(direct.length * 11 + i) % 4000 + 5 for i in range(9)]
+        a, fa = direct.extend_with_features(ids, keep=9)
+        b, fb = own.extend_with_features(ids, keep=9)
+        assert torch.equal(a, b) and torch.equal(fa, fb), direct.length
+        direct.rollback(base + 5), own.rollback(base + 5)
+    assert direct.cache.layers[0]._k.shape[-2] > room  # it did regrow, and kept what it held
+    assert torch.equal(direct.step(77), own.step(77))
+
+
+def test_a_growing_layer_holds_what_a_dynamic_layer_holds():
+    grow, dyn = GrowingLayer(), DynamicLayer()
+    g = torch.Generator().manual_seed(0)
+    for n, crop in ((5, 0), (3, -2), (ROOM, -1), (1, 0), (ROOM + 7, -30)):
+        k, v = torch.randn(1, 2, n, 4, generator=g), torch.randn(1, 2, n, 4, generator=g)
+        out_g, out_d = grow.update(k, v), dyn.update(k, v)
+        assert all(torch.equal(a, b) for a, b in zip(out_g, out_d, strict=True))
+        grow.crop(crop), dyn.crop(crop)
+        assert grow.get_seq_length() == dyn.get_seq_length()
+        assert torch.equal(grow.keys, dyn.keys) and torch.equal(grow.values, dyn.values)
+    with pytest.raises(ValueError):
+        grow.crop(3)  # DynamicLayer's convention: a positive count is refused
 
 
 @pytest.mark.parametrize("arch", ["gpt2", "gemma2", "phi3"])

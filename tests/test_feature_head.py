@@ -8,6 +8,7 @@ from conftest import hf_greedy_until_eos as hf_greedy
 from conftest import run
 from safetensors.torch import save_file
 from test_sampling import N, exact_distribution, tv, tv_bound
+from transformers import DynamicCache
 
 from app import models, train
 from app.config import SamplingConfig, SpecError
@@ -147,7 +148,7 @@ def test_cached_passes_equal_the_body_models_own_forward(tokenizer):
         head = FeatureHead(target.config).eval()
         h = target.config.hidden_size
         e, f = torch.randn(1, 12, h), torch.randn(1, 12, h)
-        fast, slow = head.new_cache(), head.new_cache()
+        fast, slow = head.new_cache(), DynamicCache(config=head.config)  # slow: transformers' own cache
         with torch.inference_mode():
             for a, b in ((0, 5), (5, 6), (6, 9), (9, 10), (10, 12)):  # a prefill, steps, passes of 3 and 2
                 got = head(e[:, a:b], f[:, a:b], fast)

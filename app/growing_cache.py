@@ -1,0 +1,72 @@
+"""A KV cache whose layers keep spare room, so a pass writes its new positions in place.
+
+transformers' DynamicLayer appends by `torch.cat`, which copies the layer's whole cache on every
+pass: for the bundled target at a few hundred tokens that is megabytes a pass, on a CPU whose
+passes are bound by memory traffic. A growing layer writes the new keys and values into a buffer
+with room to spare (doubling when full), and a rollback only moves its length back. `keys` and
+`values` stay views of the positions held, so everything that reads a DynamicLayer reads this one.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer
+
+ROOM = 256  # positions allocated beyond the first pass, so a generation rarely regrows
+
+
+class GrowingLayer(DynamicLayer):
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        super().lazy_initialization(key_states, value_states)
+        self.length = 0
+        self._k = self._v = None
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        end = self.length + key_states.shape[-2]
+        if self._k is None or end > self._k.shape[-2]:
+            self._grow(key_states, value_states, max(end + ROOM, 2 * end))
+        self._k[..., self.length : end, :].copy_(key_states)
+        self._v[..., self.length : end, :].copy_(value_states)
+        self._hold(end)
+        return self.keys, self.values
+
+    def _grow(self, key_states: torch.Tensor, value_states: torch.Tensor, size: int) -> None:
+        k = key_states.new_empty(*key_states.shape[:-2], size, key_states.shape[-1])
+        v = value_states.new_empty(*value_states.shape[:-2], size, value_states.shape[-1])
+        if self._k is not None:
+            k[..., : self.length, :].copy_(self._k[..., : self.length, :])
+            v[..., : self.length, :].copy_(self._v[..., : self.length, :])
+        self._k, self._v = k, v
+
+    def _hold(self, length: int) -> None:
+        self.length = length
+        self.keys, self.values = self._k[..., :length, :], self._v[..., :length, :]
+
+    def crop(self, tokens_to_remove: int) -> None:
+        """Forget the last -tokens_to_remove positions (DynamicLayer's convention): they are
+        overwritten by the next pass, never copied."""
+        if tokens_to_remove > 0:
+            raise ValueError(f"crop takes a negative count of positions to remove, got {tokens_to_remove}")
+        if tokens_to_remove and self.is_initialized:
+            self._hold(max(0, self.length + tokens_to_remove))
+
+    def reset(self) -> None:
+        super().reset()
+        self.length, self._k, self._v = 0, None, None
+
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        raise NotImplementedError("a growing cache holds one sequence")
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        raise NotImplementedError("a growing cache holds one sequence")
+
+
+def new_cache(config) -> DynamicCache:
+    """A DynamicCache for `config` whose full-attention layers grow in place; any other layer
+    (a sliding window, say) stays as transformers builds it."""
+    cache = DynamicCache(config=config)
+    cache.layers = [GrowingLayer() if type(layer) is DynamicLayer else layer for layer in cache.layers]
+    return cache
