@@ -15,6 +15,7 @@ reported, and every greedy output is checked against plain decoding token for to
 from __future__ import annotations
 
 import argparse
+import functools
 import html
 import json
 import re
@@ -185,6 +186,7 @@ def forward_clock(*modules):
     total, start, depth = [0.0], [0.0], [0]
 
     def timed(fn):
+        @functools.wraps(fn)  # transformers reads forward's signature (logits_to_keep, position_ids)
         def run(*args, **kwargs):
             if depth[0] == 0:
                 engine.sync(device)
@@ -384,7 +386,9 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--limit", type=int, default=0, help="use only the first N prompts")
     ap.add_argument("--reps", type=int, default=3, help="timed repetitions per prompt and contender (>= 1)")
     ap.add_argument("--no-hf", dest="hf", action="store_false", help="skip transformers' generate")
-    ap.add_argument("--no-sweep", dest="sweep", action="store_false", help="skip the fixed-k sweep 1..8")
+    ap.add_argument("--no-sweep", dest="sweep", action="store_false",
+                    help="skip the fixed-k sweep 1..8 (ours still runs at --k, the partner of "
+                    "transformers' constant-k run)")
     ap.add_argument("--no-lookup", dest="lookup", action="store_false", help="skip the prompt lookup contenders")
     ap.add_argument("--card", action="store_true", help="model card figures for the bundled family")
     ap.add_argument("--threads-check", action="store_true",

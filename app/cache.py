@@ -155,6 +155,9 @@ def _shallow(module: nn.Module, config) -> nn.Module:
     """A copy of module whose child dict (and config, if it has one) can be replaced without touching it."""
     out = copy.copy(module)
     out._modules = dict(module._modules)
+    # An instance-level forward (accelerate's device hooks, a benchmark's clock) is bound to the
+    # original module: kept, it would run all of the original's layers instead of the view's.
+    out.__dict__.pop("forward", None)
     if hasattr(module, "config"):
         out.config = config
     return out

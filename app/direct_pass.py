@@ -128,7 +128,8 @@ def _agrees(model: PreTrainedModel, p: Parts) -> bool:
         if not torch.equal(model(input_ids=torch.tensor([probe[:1]], device=device), cache=own,
                                  use_cache=True).logits[0, -1], step(p, direct, probe[0])):
             return False
-        own.crop(-3), direct.crop(-3)  # a rollback, then a pass over what is left
+        # A rollback leaves stale positions in a growing buffer, which the next pass must overwrite exactly.
+        own.crop(-3), direct.crop(-3)
         out = model(input_ids=torch.tensor([probe[1:3]], device=device), cache=own, use_cache=True)
         return torch.equal(out.logits[0], forward(p, direct, probe[1:3])[0])
     except (TypeError, ValueError, RuntimeError, AttributeError):  # a layer with another signature

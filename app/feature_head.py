@@ -46,8 +46,8 @@ class FeatureHead(nn.Module):
             if head_config and head_config.get(key) is not None:
                 setattr(config, key, head_config[key])
         config.num_hidden_layers = 1
-        if getattr(config, "layer_types", None):
-            config.layer_types = config.layer_types[:1]
+        if getattr(config, "layer_types", None):  # a full-attention layer, as in EAGLE, whatever the target's first
+            config.layer_types = ["full_attention"]
         if getattr(config, "use_sliding_window", False):
             config.use_sliding_window = False
         self.config = config

@@ -3,8 +3,12 @@
 transformers' DynamicLayer appends by `torch.cat`, which copies the layer's whole cache on every
 pass: for the bundled target at a few hundred tokens that is megabytes a pass, on a CPU whose
 passes are bound by memory traffic. A growing layer writes the new keys and values into a buffer
-with room to spare (doubling when full), and a rollback only moves its length back. `keys` and
-`values` stay views of the positions held, so everything that reads a DynamicLayer reads this one.
+with room to spare, and a rollback only moves its length back. `keys` and `values` stay views of
+the positions held, so whatever reads a DynamicLayer reads this one.
+
+For inference only, one sequence, and nothing may keep a returned tensor past the next rollback:
+the next pass overwrites the positions a rollback forgot, in place (so outside inference mode, or
+under autograd, it would corrupt what was kept).
 """
 
 from __future__ import annotations
@@ -13,21 +17,23 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
-ROOM = 256  # positions allocated beyond the first pass, so a generation rarely regrows
+# Spare positions allocated whenever the buffer (re)grows: at least ROOM, or half what it then holds,
+# so a generation rarely regrows and a long prompt's cache holds at most 1.5 times its data.
+ROOM = 256
 
 
 class GrowingLayer(DynamicLayer):
-    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
-        super().lazy_initialization(key_states, value_states)
+    def __init__(self):
+        super().__init__()
         self.length = 0
-        self._k = self._v = None
+        self._k = self._v = None  # the buffers; keys and values are views of their first `length` positions
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
         end = self.length + key_states.shape[-2]
         if self._k is None or end > self._k.shape[-2]:
-            self._grow(key_states, value_states, max(end + ROOM, 2 * end))
+            self._grow(key_states, value_states, end + max(ROOM, end // 2))
         self._k[..., self.length : end, :].copy_(key_states)
         self._v[..., self.length : end, :].copy_(value_states)
         self._hold(end)
@@ -50,18 +56,29 @@ class GrowingLayer(DynamicLayer):
         overwritten by the next pass, never copied."""
         if tokens_to_remove > 0:
             raise ValueError(f"crop takes a negative count of positions to remove, got {tokens_to_remove}")
-        if tokens_to_remove and self.is_initialized:
+        if tokens_to_remove and self._k is not None:
             self._hold(max(0, self.length + tokens_to_remove))
 
     def reset(self) -> None:
         super().reset()
         self.length, self._k, self._v = 0, None, None
 
+    # DynamicLayer's versions of these replace `keys` and `values` but not the buffers behind them,
+    # so the next pass would quietly undo them: refused rather than wrong.
     def batch_repeat_interleave(self, repeats: int) -> None:
         raise NotImplementedError("a growing cache holds one sequence")
 
     def batch_select_indices(self, indices: torch.Tensor) -> None:
         raise NotImplementedError("a growing cache holds one sequence")
+
+    def reorder_cache(self, beam_idx: torch.Tensor) -> None:
+        raise NotImplementedError("a growing cache holds one sequence (no beam search)")
+
+    def offload(self) -> None:
+        raise NotImplementedError("a growing cache is not offloaded")
+
+    def prefetch(self) -> None:
+        raise NotImplementedError("a growing cache is not offloaded")
 
 
 def new_cache(config) -> DynamicCache:

@@ -40,7 +40,7 @@ class Detokenizer:
         # skips the wrapper's per-id conversion, which is two thirds of a round's decoding time.
         # Only where the class decodes as transformers' base class does: a subclass may add its own steps.
         kind = type(tokenizer)
-        plain = kind._decode is TokenizersBackend._decode and kind.decode is TokenizersBackend.decode
+        plain = getattr(kind, "_decode", None) is TokenizersBackend._decode and kind.decode is TokenizersBackend.decode
         self.backend = getattr(tokenizer, "backend_tokenizer", None) if plain else None
         self.ids = list(context[-4:])
         self.prefix = 0  # start of the decode window

@@ -119,6 +119,25 @@ def test_forward_clock_counts_nested_calls_once():
     assert "forward" not in outer.__dict__ and outer.inner.__dict__["forward"] is own
 
 
+def test_forward_clock_keeps_forward_signatures_and_early_exit_views_working():
+    import inspect
+
+    from app.cache import CachedModel
+    from app.proposers import early_exit
+
+    pair = models.load_pair(models.DEFAULT_TARGET, "prompt-lookup")
+    target = pair.target
+    signature = inspect.signature(target.forward)
+    with bench.forward_clock(target):
+        # transformers' generate reads forward's signature (logits_to_keep, position_ids)
+        assert inspect.signature(target.forward) == signature and target._supports_logits_to_keep()
+        view = early_exit(target, 2).model  # made while the clock wraps the target's forward
+        lm = CachedModel(view)
+        lm.extend([5, 6, 7], keep=1)
+        assert lm.direct is not None and len(lm.cache.layers) == 2  # the view's two layers, not all eight
+    assert "forward" not in view.__dict__ and "forward" not in target.__dict__
+
+
 def test_forward_clock_counts_direct_passes_whole_and_lets_go_of_them():
     from app import direct_pass
     from app.cache import CachedModel

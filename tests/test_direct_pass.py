@@ -75,6 +75,16 @@ def test_a_growing_layer_holds_what_a_dynamic_layer_holds():
         assert torch.equal(grow.keys, dyn.keys) and torch.equal(grow.values, dyn.values)
     with pytest.raises(ValueError):
         grow.crop(3)  # DynamicLayer's convention: a positive count is refused
+    grow.crop(-10_000), dyn.crop(-10_000)  # more than it holds: nothing is left
+    assert grow.get_seq_length() == dyn.get_seq_length() == 0
+    grow.reset()
+    k = torch.randn(1, 2, 3, 4, generator=g)
+    assert torch.equal(grow.update(k, k)[0], k) and grow.get_seq_length() == 3  # fresh after a reset
+    empty = GrowingLayer()
+    empty.crop(-1)  # nothing held yet (transformers may initialise a layer without a pass): a no-op
+    empty.lazy_initialization(k, k)
+    empty.crop(-1)
+    assert empty.get_seq_length() == 0
 
 
 @pytest.mark.parametrize("arch", ["gpt2", "gemma2", "phi3"])
