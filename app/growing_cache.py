@@ -25,30 +25,30 @@ ROOM = 256
 class GrowingLayer(DynamicLayer):
     def __init__(self):
         super().__init__()
-        self.length = 0
-        self._k = self._v = None  # the buffers; keys and values are views of their first `length` positions
+        self._k = self._v = None  # the buffers; keys and values are views of the positions held
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
-        end = self.length + key_states.shape[-2]
+        start = self.get_seq_length()
+        end = start + key_states.shape[-2]
         if self._k is None or end > self._k.shape[-2]:
-            self._grow(key_states, value_states, end + max(ROOM, end // 2))
-        self._k[..., self.length : end, :].copy_(key_states)
-        self._v[..., self.length : end, :].copy_(value_states)
+            self._k, self._v = (self._grown(old, new, start, end + max(ROOM, end // 2))
+                                for old, new in ((self._k, key_states), (self._v, value_states)))
+        self._k[..., start:end, :].copy_(key_states)
+        self._v[..., start:end, :].copy_(value_states)
         self._hold(end)
         return self.keys, self.values
 
-    def _grow(self, key_states: torch.Tensor, value_states: torch.Tensor, size: int) -> None:
-        k = key_states.new_empty(*key_states.shape[:-2], size, key_states.shape[-1])
-        v = value_states.new_empty(*value_states.shape[:-2], size, value_states.shape[-1])
-        if self._k is not None:
-            k[..., : self.length, :].copy_(self._k[..., : self.length, :])
-            v[..., : self.length, :].copy_(self._v[..., : self.length, :])
-        self._k, self._v = k, v
+    @staticmethod
+    def _grown(old: torch.Tensor | None, new: torch.Tensor, held: int, size: int) -> torch.Tensor:
+        """A buffer of `size` positions shaped like `new`, holding old's first `held` positions."""
+        buffer = new.new_empty(*new.shape[:-2], size, new.shape[-1])
+        if old is not None:
+            buffer[..., :held, :].copy_(old[..., :held, :])
+        return buffer
 
     def _hold(self, length: int) -> None:
-        self.length = length
         self.keys, self.values = self._k[..., :length, :], self._v[..., :length, :]
 
     def crop(self, tokens_to_remove: int) -> None:
@@ -57,11 +57,11 @@ class GrowingLayer(DynamicLayer):
         if tokens_to_remove > 0:
             raise ValueError(f"crop takes a negative count of positions to remove, got {tokens_to_remove}")
         if tokens_to_remove and self._k is not None:
-            self._hold(max(0, self.length + tokens_to_remove))
+            self._hold(max(0, self.get_seq_length() + tokens_to_remove))
 
     def reset(self) -> None:
         super().reset()
-        self.length, self._k, self._v = 0, None, None
+        self._k = self._v = None
 
     # DynamicLayer's versions of these replace `keys` and `values` but not the buffers behind them,
     # so the next pass would quietly undo them: refused rather than wrong.
