@@ -62,6 +62,9 @@ FEATURE_NOISE = 0.1  # uniform noise on input features, as in EAGLE: drafting re
 # drafting is scored on exactly that text, and first-position acceptance was the head's weak spot.
 FEATURE_ON_POLICY_STEPS = 1000
 FEATURE_WEIGHTS = (1.0, 0.1)  # (feature regression, token cross-entropy), the paper's weights
+# Each step also scores the head one draft further on, from its own predicted feature (see
+# second_step_mask), weighted as EAGLE-3 weights its second training-time step (0.8^1).
+FEATURE_SECOND_STEP = 0.8
 # The head's MLP is half the target's: the LM head it shares already costs a third of a target layer
 # stack's FLOPs at this width, and the cost per draft token must stay a small fraction of the target's.
 FEATURE_FFN_SHARE = 0.5
@@ -180,22 +183,63 @@ def target_features(target, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor
     return out.hidden_states[-1].float(), out.logits.float()
 
 
-def feature_head_loss(head, target, x: torch.Tensor, noise: float = 0.0) -> tuple[torch.Tensor, dict]:
-    """EAGLE-1's loss on one batch: SmoothL1 on predicted features plus CE to the target's p."""
+def second_step_mask(n: int, device=None) -> torch.Tensor:
+    """(1, 1, 2n - 1, 2n - 1) bool mask for the head's first- and second-step pairs in one pass.
+
+    Entries 0..n-1 are first-step pairs (x_{i+1}, f_i) under a causal mask. Entry n + j is the
+    second-step pair (x_{j+2}, f'_{j+1}), f' the head's own prediction: it sees first-step
+    pairs 0..j and itself, as the head's second draft sees the target's features up to the round's
+    last kept position and then its own (HASS's harmonised context; EAGLE-3's training-time test).
+    """
+    first = torch.ones(n, n, dtype=torch.bool, device=device).tril()
+    mask = torch.zeros(2 * n - 1, 2 * n - 1, dtype=torch.bool, device=device)
+    mask[:n, :n] = first
+    mask[n:, : n - 1] = first[: n - 1, : n - 1]
+    mask[n:, n:] = torch.eye(n - 1, dtype=torch.bool, device=device)
+    return mask[None, None]
+
+
+def feature_head_loss(head, target, x: torch.Tensor, noise: float = 0.0,
+                      second_step: float = 0.0) -> tuple[torch.Tensor, dict]:
+    """EAGLE-1's loss on one batch: SmoothL1 on predicted features plus CE to the target's p.
+
+    With `second_step` > 0 the head also predicts one step further on from its own (detached)
+    first prediction, and that step's loss is added with this weight: drafts after the first
+    read the head's features, not the target's, and acceptance is decided there as much as at
+    the first.
+    """
     f, p_logits = target_features(target, x)
     inputs = f[:, :-1]
     if noise:
         inputs = inputs + (torch.rand_like(inputs) * 2 - 1) * noise
     embed = target.get_input_embeddings()
+    e = embed(x[:, 1:]).detach()
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        pred = head(embed(x[:, 1:]).detach(), inputs).float()
+        if not second_step:
+            pred = head(e, inputs).float()
+        else:
+            with torch.no_grad():
+                first = head(e, inputs)
+            n = e.shape[1]
+            fused = head.fc(torch.cat([torch.cat([e, e[:, 1:]], 1), torch.cat([inputs, first[:, :-1]], 1)], -1))
+            positions = torch.cat([torch.arange(n), torch.arange(1, n)])[None].to(x.device)
+            both = head.body(inputs_embeds=fused, attention_mask=second_step_mask(n, x.device),
+                             position_ids=positions).last_hidden_state.float()
+            pred, pred2 = both[:, :n], both[:, n:]
+    w_reg, w_ce = FEATURE_WEIGHTS
     q_logits = target.get_output_embeddings()(pred)
     reg = F.smooth_l1_loss(pred, f[:, 1:])
-    p = p_logits[:, 1:].softmax(-1)
-    ce = -(p * q_logits.log_softmax(-1)).sum(-1).mean()
+    ce = -(p_logits[:, 1:].softmax(-1) * q_logits.log_softmax(-1)).sum(-1).mean()
     top1 = (q_logits.argmax(-1) == p_logits[:, 1:].argmax(-1)).float().mean()
-    w_reg, w_ce = FEATURE_WEIGHTS
-    return w_reg * reg + w_ce * ce, dict(reg=reg.item(), ce=ce.item(), top1=top1.item())
+    loss, parts = w_reg * reg + w_ce * ce, dict(reg=reg.item(), ce=ce.item(), top1=top1.item())
+    if second_step:
+        q2_logits = target.get_output_embeddings()(pred2)
+        reg2 = F.smooth_l1_loss(pred2, f[:, 2:])
+        ce2 = -(p_logits[:, 2:].softmax(-1) * q2_logits.log_softmax(-1)).sum(-1).mean()
+        loss = loss + second_step * (w_reg * reg2 + w_ce * ce2)
+        top1_2 = (q2_logits.argmax(-1) == p_logits[:, 2:].argmax(-1)).float().mean()
+        parts |= dict(reg2=reg2.item(), top1_2=top1_2.item())
+    return loss, parts
 
 
 def train_feature_head(target, data, steps: int, lr: float = FEATURE_LR, log=lambda r: None,
@@ -215,7 +259,8 @@ def train_feature_head(target, data, steps: int, lr: float = FEATURE_LR, log=lam
     start = time.time()
     head.train()
     for step in tqdm(range(total), desc=FEATURE_HEAD, mininterval=5):
-        loss, parts = feature_head_loss(head, target, next(data if step < steps else on_policy), FEATURE_NOISE)
+        loss, parts = feature_head_loss(head, target, next(data if step < steps else on_policy), FEATURE_NOISE,
+                                        second_step=FEATURE_SECOND_STEP)
         _update(head, opt, sched, loss)
         if step % 50 == 0 or step == total - 1:
             log(dict(model=FEATURE_HEAD, step=step, loss=round(loss.item(), 4),
@@ -320,6 +365,7 @@ def main(argv=None) -> dict:
         head, info = train_feature_head(target, data, steps[0], log=log, held=corpus.held, ctx=args.ctx,
                                         on_policy=on_policy(target), on_policy_steps=steps[1])
         info |= dict(lr=FEATURE_LR, noise=FEATURE_NOISE, loss_weights=FEATURE_WEIGHTS, batch=args.batch,
+                     second_step=FEATURE_SECOND_STEP,
                      on_policy_rows=len(continuations),
                      tokens_trained=sum(steps) * args.batch * args.ctx,
                      corpus=corpus.manifest, reads="target", layout="EAGLE-1 (fc + one decoder layer)",

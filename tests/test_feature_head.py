@@ -202,3 +202,36 @@ def test_bad_heads_are_refused_clearly(tmp_path, target, tokenizer):
     gpt2 = GPT2LMHeadModel(GPT2Config(vocab_size=len(tokenizer), n_embd=32, n_layer=2, n_head=4))
     with pytest.raises(SpecError, match="Llama or Qwen2"):
         FeatureHead(gpt2.config)
+
+
+def test_second_step_training_pass_is_what_the_second_draft_computes(target, head):
+    """The training pass that scores the head's second draft must see what drafting sees: the
+    target's features up to the last kept position, then the head's own prediction."""
+    torch.manual_seed(1)
+    x = torch.randint(3, target.config.vocab_size, (1, 12))
+    with torch.no_grad():
+        f = target(input_ids=x, output_hidden_states=True).hidden_states[-1]
+        e = target.get_input_embeddings()(x[:, 1:])
+        first = head(e, f[:, :-1])
+        n = e.shape[1]
+        fused = head.fc(torch.cat([torch.cat([e, e[:, 1:]], 1), torch.cat([f[:, :-1], first[:, :-1]], 1)], -1))
+        both = head.body(inputs_embeds=fused, attention_mask=train.second_step_mask(n),
+                         position_ids=torch.cat([torch.arange(n), torch.arange(1, n)])[None]).last_hidden_state
+        torch.testing.assert_close(both[:, :n], first, atol=1e-5, rtol=1e-5)
+        for j in (0, 4, n - 2):  # drafting: cache pairs 0..j with true features, then (x_{j+2}, f'_{j+1})
+            cache = head.new_cache()
+            head(e[:, : j + 1], f[:, : j + 1], cache)
+            second = head(e[:, j + 1 : j + 2], first[:, j : j + 1], cache)
+            torch.testing.assert_close(both[:, n + j], second[:, 0], atol=1e-5, rtol=1e-5)
+        # and the mask matters: a plain causal pass over the same pairs gives other features
+        plain = head.body(inputs_embeds=fused).last_hidden_state
+        assert not torch.allclose(plain[:, n + 4], both[:, n + 4], atol=1e-3)
+
+
+def test_second_step_loss_trains(target):
+    x = torch.randint(3, target.config.vocab_size, (2, 17))
+    head = FeatureHead(target.config)
+    loss, parts = train.feature_head_loss(head, target, x, second_step=1.0)
+    loss.backward()
+    assert {"reg2", "top1_2"} <= parts.keys() and torch.isfinite(loss)
+    assert all(p.grad is not None for p in head.parameters() if p.requires_grad)
