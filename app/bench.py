@@ -138,7 +138,7 @@ def contenders(args, pair, lookup_pair, s, sp, r, costs, lookup_costs) -> list[C
     partner = args.hf and s.greedy and pair.draft_model is not None
     out += [Contender(f"k={j}", f"ours: {pair.draft_name}, fixed k = {j}",
                       ours(pair, s, _fixed(sp, j), r, True, costs))
-            for j in (SWEEP if args.sweep else [k] if partner else [])]
+            for j in sorted({*(SWEEP if args.sweep else []), *([k] if partner else [])})]
     if lookup_pair is not None:
         out += [Contender("lookup_adaptive", "ours: prompt lookup, adaptive k",
                           ours(lookup_pair, s, _adaptive(sp), r, True, lookup_costs)),

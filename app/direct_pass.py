@@ -117,7 +117,9 @@ def _agrees(model: PreTrainedModel, p: Parts) -> bool:
     for bit. The direct side runs on the growing cache that CachedModel gives admitted models."""
     device = p.embed.weight.device
     probe = [i % p.embed.weight.shape[0] for i in (11, 12, 13, 14, 15, 16, 17)]
-    own, direct = DynamicCache(config=model.config), growing_cache.new_cache(model.config)
+    # Room for two positions, so the probe also reads buffers that have regrown (kernels may
+    # follow strides) and positions past a regrowth.
+    own, direct = DynamicCache(config=model.config), growing_cache.new_cache(model.config, room=2)
     try:
         for ids in (probe[:3], probe[3:6], probe[6:]):
             out = model(input_ids=torch.tensor([ids], device=device), cache=own, use_cache=True,

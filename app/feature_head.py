@@ -69,7 +69,7 @@ class FeatureHead(nn.Module):
         """token_embeds, features: (B, T, H) for pairs (x_{t+1}, f_t); returns (B, T, H) f_{t+1}."""
         fused = self.fc(torch.cat([token_embeds, features.to(token_embeds.dtype)], dim=-1))
         if cache is None:  # training: whole windows, no cache
-            return self.body(inputs_embeds=fused).last_hidden_state
+            return self.body(inputs_embeds=fused, use_cache=False).last_hidden_state
         return self.read(fused, cache)
 
     def read(self, fused: torch.Tensor, cache: DynamicCache) -> torch.Tensor:

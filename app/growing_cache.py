@@ -23,8 +23,9 @@ ROOM = 256
 
 
 class GrowingLayer(DynamicLayer):
-    def __init__(self):
+    def __init__(self, room: int = ROOM):
         super().__init__()
+        self.room = room
         self._k = self._v = None  # the buffers; keys and values are views of the positions held
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
@@ -33,7 +34,7 @@ class GrowingLayer(DynamicLayer):
         start = self.get_seq_length()
         end = start + key_states.shape[-2]
         if self._k is None or end > self._k.shape[-2]:
-            self._k, self._v = (self._grown(old, new, start, end + max(ROOM, end // 2))
+            self._k, self._v = (self._grown(old, new, start, end + max(self.room, end // 2))
                                 for old, new in ((self._k, key_states), (self._v, value_states)))
         self._k[..., start:end, :].copy_(key_states)
         self._v[..., start:end, :].copy_(value_states)
@@ -81,9 +82,9 @@ class GrowingLayer(DynamicLayer):
         raise NotImplementedError("a growing cache is not offloaded")
 
 
-def new_cache(config) -> DynamicCache:
+def new_cache(config, room: int = ROOM) -> DynamicCache:
     """A DynamicCache for `config` whose full-attention layers grow in place; any other layer
     (a sliding window, say) stays as transformers builds it."""
     cache = DynamicCache(config=config)
-    cache.layers = [GrowingLayer() if type(layer) is DynamicLayer else layer for layer in cache.layers]
+    cache.layers = [GrowingLayer(room) if type(layer) is DynamicLayer else layer for layer in cache.layers]
     return cache

@@ -184,7 +184,8 @@ def target_features(target, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor
 
 
 def second_step_mask(n: int, device=None) -> torch.Tensor:
-    """(1, 1, 2n - 1, 2n - 1) bool mask for the head's first- and second-step pairs in one pass.
+    """(2n - 1, 2n - 1) bool mask, True where attending, for the head's first- and second-step
+    pairs in one pass.
 
     Entries 0..n-1 are first-step pairs (x_{i+1}, f_i) under a causal mask. Entry n + j is the
     second-step pair (x_{j+2}, f'_{j+1}), f' the head's own prediction: it sees first-step
@@ -196,7 +197,27 @@ def second_step_mask(n: int, device=None) -> torch.Tensor:
     mask[:n, :n] = first
     mask[n:, : n - 1] = first[: n - 1, : n - 1]
     mask[n:, n:] = torch.eye(n - 1, dtype=torch.bool, device=device)
-    return mask[None, None]
+    return mask
+
+
+def second_step_pass(head, e: torch.Tensor, inputs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(pred, pred2): the head's predictions of f_{i+1} from pairs (x_{i+1}, f_i), and of f_{j+2}
+    from (x_{j+2}, f'_{j+1}), f' its own first prediction, detached (see second_step_mask).
+    e: (B, n, H) embeddings of x_1..x_n; inputs: (B, n, H) features f_0..f_{n-1}."""
+    with torch.no_grad():
+        first = head(e, inputs)
+    n = e.shape[1]
+    fused = head.fc(torch.cat([torch.cat([e, e[:, 1:]], 1),
+                               torch.cat([inputs, first[:, :-1].to(inputs.dtype)], 1)], -1))
+    allowed = second_step_mask(n, e.device)
+    if head.config._attn_implementation == "sdpa":
+        mask = allowed
+    else:  # eager attention adds the mask to its scores
+        mask = torch.zeros(allowed.shape, device=e.device).masked_fill(~allowed, torch.finfo(torch.float32).min)
+    positions = torch.cat([torch.arange(n), torch.arange(1, n)])[None].to(e.device)
+    both = head.body(inputs_embeds=fused, attention_mask=mask[None, None], position_ids=positions,
+                     use_cache=False).last_hidden_state
+    return both[:, :n], both[:, n:]
 
 
 def feature_head_loss(head, target, x: torch.Tensor, noise: float = 0.0,
@@ -212,33 +233,26 @@ def feature_head_loss(head, target, x: torch.Tensor, noise: float = 0.0,
     inputs = f[:, :-1]
     if noise:
         inputs = inputs + (torch.rand_like(inputs) * 2 - 1) * noise
-    embed = target.get_input_embeddings()
-    e = embed(x[:, 1:]).detach()
+    e = target.get_input_embeddings()(x[:, 1:]).detach()
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        if not second_step:
-            pred = head(e, inputs).float()
+        if second_step:
+            pred, pred2 = (t.float() for t in second_step_pass(head, e, inputs))
         else:
-            with torch.no_grad():
-                first = head(e, inputs)
-            n = e.shape[1]
-            fused = head.fc(torch.cat([torch.cat([e, e[:, 1:]], 1), torch.cat([inputs, first[:, :-1]], 1)], -1))
-            positions = torch.cat([torch.arange(n), torch.arange(1, n)])[None].to(x.device)
-            both = head.body(inputs_embeds=fused, attention_mask=second_step_mask(n, x.device),
-                             position_ids=positions).last_hidden_state.float()
-            pred, pred2 = both[:, :n], both[:, n:]
-    w_reg, w_ce = FEATURE_WEIGHTS
-    q_logits = target.get_output_embeddings()(pred)
-    reg = F.smooth_l1_loss(pred, f[:, 1:])
-    ce = -(p_logits[:, 1:].softmax(-1) * q_logits.log_softmax(-1)).sum(-1).mean()
-    top1 = (q_logits.argmax(-1) == p_logits[:, 1:].argmax(-1)).float().mean()
+            pred = head(e, inputs).float()
+    lm_head, (w_reg, w_ce) = target.get_output_embeddings(), FEATURE_WEIGHTS
+
+    def scored(pred: torch.Tensor, ahead: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """SmoothL1, CE and top-1 agreement of features predicted `ahead` positions on."""
+        q_logits, p_ahead = lm_head(pred), p_logits[:, ahead:]
+        ce = -(p_ahead.softmax(-1) * q_logits.log_softmax(-1)).sum(-1).mean()
+        return F.smooth_l1_loss(pred, f[:, ahead:]), ce, (q_logits.argmax(-1) == p_ahead.argmax(-1)).float().mean()
+
+    reg, ce, top1 = scored(pred, 1)
     loss, parts = w_reg * reg + w_ce * ce, dict(reg=reg.item(), ce=ce.item(), top1=top1.item())
     if second_step:
-        q2_logits = target.get_output_embeddings()(pred2)
-        reg2 = F.smooth_l1_loss(pred2, f[:, 2:])
-        ce2 = -(p_logits[:, 2:].softmax(-1) * q2_logits.log_softmax(-1)).sum(-1).mean()
+        reg2, ce2, top1_2 = scored(pred2, 2)
         loss = loss + second_step * (w_reg * reg2 + w_ce * ce2)
-        top1_2 = (q2_logits.argmax(-1) == p_logits[:, 2:].argmax(-1)).float().mean()
-        parts |= dict(reg2=reg2.item(), top1_2=top1_2.item())
+        parts |= dict(reg2=reg2.item(), ce2=ce2.item(), top1_2=top1_2.item())
     return loss, parts
 
 
@@ -272,7 +286,8 @@ def train_feature_head(target, data, steps: int, lr: float = FEATURE_LR, log=lam
     if held is not None and len(held) > ctx + 1:
         windows = [held[i * ctx : (i + 1) * ctx + 1].long() for i in range(min(8, (len(held) - 1) // ctx))]
         with torch.no_grad():
-            parts = [feature_head_loss(head, target, w[None])[1] for w in windows]
+            parts = [feature_head_loss(head, target, w[None], second_step=FEATURE_SECOND_STEP)[1]
+                     for w in windows]
         info |= {f"held_out_{k}": round(sum(p[k] for p in parts) / len(parts), 4) for k in parts[0]}
     log(dict(done=info))
     return head, info

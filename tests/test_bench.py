@@ -49,6 +49,16 @@ def test_without_the_sweep_ours_at_fixed_k_still_meets_transformers_like_for_lik
     assert "best_fixed_k" not in sm  # one fixed k is not a sweep: no "best" is claimed
 
 
+def test_a_k_outside_the_sweep_still_gets_its_like_for_like_partner(tmp_path):
+    out = tmp_path / "b"
+    argv = ["--limit", "1", "--reps", "1", "--max-new-tokens", "8", "--k", "9", "--no-lookup",
+            "--draft", str(models.BUNDLED / "draft-distilled"), "--out", str(out)]
+    assert bench.main(argv) == 0
+    sm = json.loads(out.with_suffix(".json").read_text())["summary"]
+    assert {n for n in sm["contenders"] if n.startswith("k=")} == {f"k={j}" for j in range(1, 10)}
+    assert sm["ours_over_hf_fixed_k"]["median"] > 0
+
+
 def test_card_still_reports_every_bundled_draft(tmp_path):
     out = tmp_path / "card"
     assert bench.main(["--card", "--limit", "1", "--max-new-tokens", "8", "--out", str(out)]) == 0

@@ -97,6 +97,20 @@ def test_a_sliding_window_keeps_the_forward_that_builds_its_mask():
     assert direct_pass.parts(build("mistral", 300, seed=1)) is None
 
 
+def test_the_probe_reads_buffers_that_have_regrown(monkeypatch):
+    """Admission covers a cache past its first allocation, not only the first few positions."""
+    regrown = []
+    real = GrowingLayer._grown
+
+    def counting(old, new, held, size):
+        regrown.append(old is not None)
+        return real(old, new, held, size)
+
+    monkeypatch.setattr(GrowingLayer, "_grown", staticmethod(counting))
+    assert direct_pass.parts(build("llama", 300, seed=3)) is not None
+    assert any(regrown)
+
+
 def test_a_model_whose_probe_differs_in_the_last_bit_is_not_admitted(monkeypatch):
     model = build("llama", 300, seed=2)
     real = direct_pass.forward
