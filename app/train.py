@@ -62,9 +62,6 @@ FEATURE_NOISE = 0.1  # uniform noise on input features, as in EAGLE: drafting re
 # drafting is scored on exactly that text, and first-position acceptance was the head's weak spot.
 FEATURE_ON_POLICY_STEPS = 1000
 FEATURE_WEIGHTS = (1.0, 0.1)  # (feature regression, token cross-entropy), the paper's weights
-# Each step also scores the head one draft further on, from its own predicted feature (see
-# second_step_mask), weighted as EAGLE-3 weights its second training-time step (0.8^1).
-FEATURE_SECOND_STEP = 0.8
 # The head's MLP is half the target's: the LM head it shares already costs a third of a target layer
 # stack's FLOPs at this width, and the cost per draft token must stay a small fraction of the target's.
 FEATURE_FFN_SHARE = 0.5
@@ -183,77 +180,22 @@ def target_features(target, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor
     return out.hidden_states[-1].float(), out.logits.float()
 
 
-def second_step_mask(n: int, device=None) -> torch.Tensor:
-    """(2n - 1, 2n - 1) bool mask, True where attending, for the head's first- and second-step
-    pairs in one pass.
-
-    Entries 0..n-1 are first-step pairs (x_{i+1}, f_i) under a causal mask. Entry n + j is the
-    second-step pair (x_{j+2}, f'_{j+1}), f' the head's own prediction: it sees first-step
-    pairs 0..j and itself, as the head's second draft sees the target's features up to the round's
-    last kept position and then its own (HASS's harmonised context; EAGLE-3's training-time test).
-    """
-    first = torch.ones(n, n, dtype=torch.bool, device=device).tril()
-    mask = torch.zeros(2 * n - 1, 2 * n - 1, dtype=torch.bool, device=device)
-    mask[:n, :n] = first
-    mask[n:, : n - 1] = first[: n - 1, : n - 1]
-    mask[n:, n:] = torch.eye(n - 1, dtype=torch.bool, device=device)
-    return mask
-
-
-def second_step_pass(head, e: torch.Tensor, inputs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(pred, pred2): the head's predictions of f_{i+1} from pairs (x_{i+1}, f_i), and of f_{j+2}
-    from (x_{j+2}, f'_{j+1}), f' its own first prediction, detached (see second_step_mask).
-    e: (B, n, H) embeddings of x_1..x_n; inputs: (B, n, H) features f_0..f_{n-1}."""
-    with torch.no_grad():
-        first = head(e, inputs)
-    n = e.shape[1]
-    fused = head.fc(torch.cat([torch.cat([e, e[:, 1:]], 1),
-                               torch.cat([inputs, first[:, :-1].to(inputs.dtype)], 1)], -1))
-    allowed = second_step_mask(n, e.device)
-    if head.config._attn_implementation == "sdpa":
-        mask = allowed
-    else:  # eager attention adds the mask to its scores
-        mask = torch.zeros(allowed.shape, device=e.device).masked_fill(~allowed, torch.finfo(torch.float32).min)
-    positions = torch.cat([torch.arange(n), torch.arange(1, n)])[None].to(e.device)
-    both = head.body(inputs_embeds=fused, attention_mask=mask[None, None], position_ids=positions,
-                     use_cache=False).last_hidden_state
-    return both[:, :n], both[:, n:]
-
-
-def feature_head_loss(head, target, x: torch.Tensor, noise: float = 0.0,
-                      second_step: float = 0.0) -> tuple[torch.Tensor, dict]:
-    """EAGLE-1's loss on one batch: SmoothL1 on predicted features plus CE to the target's p.
-
-    With `second_step` > 0 the head also predicts one step further on from its own (detached)
-    first prediction, and that step's loss is added with this weight: drafts after the first
-    read the head's features, not the target's, and acceptance is decided there as much as at
-    the first.
-    """
+def feature_head_loss(head, target, x: torch.Tensor, noise: float = 0.0) -> tuple[torch.Tensor, dict]:
+    """EAGLE-1's loss on one batch: SmoothL1 on predicted features plus CE to the target's p."""
     f, p_logits = target_features(target, x)
     inputs = f[:, :-1]
     if noise:
         inputs = inputs + (torch.rand_like(inputs) * 2 - 1) * noise
-    e = target.get_input_embeddings()(x[:, 1:]).detach()
+    embed = target.get_input_embeddings()
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        if second_step:
-            pred, pred2 = (t.float() for t in second_step_pass(head, e, inputs))
-        else:
-            pred = head(e, inputs).float()
-    lm_head, (w_reg, w_ce) = target.get_output_embeddings(), FEATURE_WEIGHTS
-
-    def scored(pred: torch.Tensor, ahead: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """SmoothL1, CE and top-1 agreement of features predicted `ahead` positions on."""
-        q_logits, p_ahead = lm_head(pred), p_logits[:, ahead:]
-        ce = -(p_ahead.softmax(-1) * q_logits.log_softmax(-1)).sum(-1).mean()
-        return F.smooth_l1_loss(pred, f[:, ahead:]), ce, (q_logits.argmax(-1) == p_ahead.argmax(-1)).float().mean()
-
-    reg, ce, top1 = scored(pred, 1)
-    loss, parts = w_reg * reg + w_ce * ce, dict(reg=reg.item(), ce=ce.item(), top1=top1.item())
-    if second_step:
-        reg2, ce2, top1_2 = scored(pred2, 2)
-        loss = loss + second_step * (w_reg * reg2 + w_ce * ce2)
-        parts |= dict(reg2=reg2.item(), ce2=ce2.item(), top1_2=top1_2.item())
-    return loss, parts
+        pred = head(embed(x[:, 1:]).detach(), inputs).float()
+    q_logits = target.get_output_embeddings()(pred)
+    reg = F.smooth_l1_loss(pred, f[:, 1:])
+    p = p_logits[:, 1:].softmax(-1)
+    ce = -(p * q_logits.log_softmax(-1)).sum(-1).mean()
+    top1 = (q_logits.argmax(-1) == p_logits[:, 1:].argmax(-1)).float().mean()
+    w_reg, w_ce = FEATURE_WEIGHTS
+    return w_reg * reg + w_ce * ce, dict(reg=reg.item(), ce=ce.item(), top1=top1.item())
 
 
 def train_feature_head(target, data, steps: int, lr: float = FEATURE_LR, log=lambda r: None,
@@ -273,8 +215,7 @@ def train_feature_head(target, data, steps: int, lr: float = FEATURE_LR, log=lam
     start = time.time()
     head.train()
     for step in tqdm(range(total), desc=FEATURE_HEAD, mininterval=5):
-        loss, parts = feature_head_loss(head, target, next(data if step < steps else on_policy), FEATURE_NOISE,
-                                        second_step=FEATURE_SECOND_STEP)
+        loss, parts = feature_head_loss(head, target, next(data if step < steps else on_policy), FEATURE_NOISE)
         _update(head, opt, sched, loss)
         if step % 50 == 0 or step == total - 1:
             log(dict(model=FEATURE_HEAD, step=step, loss=round(loss.item(), 4),
@@ -286,8 +227,7 @@ def train_feature_head(target, data, steps: int, lr: float = FEATURE_LR, log=lam
     if held is not None and len(held) > ctx + 1:
         windows = [held[i * ctx : (i + 1) * ctx + 1].long() for i in range(min(8, (len(held) - 1) // ctx))]
         with torch.no_grad():
-            parts = [feature_head_loss(head, target, w[None], second_step=FEATURE_SECOND_STEP)[1]
-                     for w in windows]
+            parts = [feature_head_loss(head, target, w[None])[1] for w in windows]
         info |= {f"held_out_{k}": round(sum(p[k] for p in parts) / len(parts), 4) for k in parts[0]}
     log(dict(done=info))
     return head, info
@@ -380,7 +320,6 @@ def main(argv=None) -> dict:
         head, info = train_feature_head(target, data, steps[0], log=log, held=corpus.held, ctx=args.ctx,
                                         on_policy=on_policy(target), on_policy_steps=steps[1])
         info |= dict(lr=FEATURE_LR, noise=FEATURE_NOISE, loss_weights=FEATURE_WEIGHTS, batch=args.batch,
-                     second_step=FEATURE_SECOND_STEP,
                      on_policy_rows=len(continuations),
                      tokens_trained=sum(steps) * args.batch * args.ctx,
                      corpus=corpus.manifest, reads="target", layout="EAGLE-1 (fc + one decoder layer)",

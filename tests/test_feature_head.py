@@ -204,49 +204,6 @@ def test_bad_heads_are_refused_clearly(tmp_path, target, tokenizer):
         FeatureHead(gpt2.config)
 
 
-@pytest.mark.parametrize("attention", ["sdpa", "eager"])
-def test_second_step_training_pass_is_what_the_second_draft_computes(target, head, attention):
-    """The training pass that scores the head's second draft must see what drafting sees: the
-    target's features up to the last kept position, then the head's own prediction."""
-    torch.manual_seed(1)
-    x = torch.randint(3, target.config.vocab_size, (1, 12))
-    saved = head.config._attn_implementation
-    head.config._attn_implementation = attention
-    try:
-        with torch.no_grad():
-            f = target(input_ids=x, output_hidden_states=True).hidden_states[-1]
-            e = target.get_input_embeddings()(x[:, 1:])
-            pred, pred2 = train.second_step_pass(head, e, f[:, :-1])
-            first = head(e, f[:, :-1])
-            torch.testing.assert_close(pred, first, atol=1e-5, rtol=1e-5)
-            n = e.shape[1]
-            for j in (0, 4, n - 2):  # drafting: cache pairs 0..j with true features, then (x_{j+2}, f'_{j+1})
-                cache = head.new_cache()
-                head(e[:, : j + 1], f[:, : j + 1], cache)
-                second = head(e[:, j + 1 : j + 2], first[:, j : j + 1], cache)
-                torch.testing.assert_close(pred2[:, j], second[:, 0], atol=1e-5, rtol=1e-5)
-    finally:
-        head.config._attn_implementation = saved
-
-
-def test_second_step_loss_scores_the_second_draft(target):
-    torch.manual_seed(2)
-    x = torch.randint(3, target.config.vocab_size, (2, 17))
-    head = FeatureHead(target.config)
-    loss, parts = train.feature_head_loss(head, target, x, second_step=1.0)
-    loss.backward()
-    assert all(p.grad is not None for p in head.parameters() if p.requires_grad)
-    f, p_logits = train.target_features(target, x)
-    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
-        _, pred2 = train.second_step_pass(head, target.get_input_embeddings()(x[:, 1:]), f[:, :-1])
-    pred2 = pred2.float()
-    assert parts["reg2"] == pytest.approx(torch.nn.functional.smooth_l1_loss(pred2, f[:, 2:]).item(), rel=1e-5)
-    top1_2 = (target.get_output_embeddings()(pred2).argmax(-1) == p_logits[:, 2:].argmax(-1)).float().mean()
-    assert parts["top1_2"] == pytest.approx(top1_2.item())
-    one, _ = train.feature_head_loss(head, target, x)
-    assert loss.item() > one.item()  # the second step's loss is added, not substituted
-
-
 def test_a_head_for_a_sliding_window_target_is_one_full_attention_layer(tokenizer):
     """EAGLE's head attends to everything drafted so far, whatever the target's first layer is."""
     from transformers import Qwen2Config
