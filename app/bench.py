@@ -134,11 +134,13 @@ def contenders(args, pair, lookup_pair, s, sp, r, costs, lookup_costs) -> list[C
     k = sp.k
     out = [Contender("autoregressive", "ours: plain autoregressive", ours(pair, s, sp, r, False, None)),
            Contender("adaptive", f"ours: {pair.draft_name}, adaptive k", ours(pair, s, _adaptive(sp), r, True, costs))]
-    # Without the sweep, ours at fixed k is still run where it is transformers' like-for-like partner.
-    partner = args.hf and s.greedy and pair.draft_model is not None
+    # Ours at --k is always run where it is transformers' like-for-like partner, swept or not.
+    fixed = set(SWEEP) if args.sweep else set()
+    if args.hf and s.greedy and pair.draft_model is not None:
+        fixed.add(k)
     out += [Contender(f"k={j}", f"ours: {pair.draft_name}, fixed k = {j}",
                       ours(pair, s, _fixed(sp, j), r, True, costs))
-            for j in sorted({*(SWEEP if args.sweep else []), *([k] if partner else [])})]
+            for j in sorted(fixed)]
     if lookup_pair is not None:
         out += [Contender("lookup_adaptive", "ours: prompt lookup, adaptive k",
                           ours(lookup_pair, s, _adaptive(sp), r, True, lookup_costs)),

@@ -17,8 +17,9 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
-# Spare positions allocated whenever the buffer (re)grows: at least ROOM, or half what it then holds,
-# so a generation rarely regrows and a long prompt's cache holds at most 1.5 times its data.
+# Spare positions allocated whenever the buffer (re)grows: at least ROOM (a layer's `room`), or half
+# what it then holds, so a generation rarely regrows and a long prompt's cache holds at most 1.5
+# times its data.
 ROOM = 256
 
 
