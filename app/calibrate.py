@@ -53,13 +53,6 @@ REPS = 5  # timed passes per width, after one warm-up
 # kept), so the fastest round is the one after an early rejection, and the minimum predicted a
 # feature draft 20% too fast. The engine's own work per round is a difference of two timings, so it
 # takes the median too (a minimum would pick a lucky 0).
-# Passes inside real rounds run slower than back to back (the draft has just evicted the target's
-# weights from cache, and on a shared machine a median meets more noise than a minimum): 9-10% here
-# idle. Left as it was, the draft looked dearer beside the passes than it is inside a round, more so
-# the busier the machine, and adaptive k chose short rounds. So the curve keeps its shape from the
-# back-to-back passes and takes its level from the passes inside the timed rounds, the same rounds
-# and statistic as the draft's times. With a busy neighbour, a draft token's cost over a 5-token
-# pass read 0.14-0.20 (median 0.17) over six loads, against 0.16-0.27 (0.20) before.
 
 _cache: dict[tuple, Costs] = {}
 _lock = threading.Lock()
@@ -144,19 +137,13 @@ def measure(pair, k_max: int, target_cache: Callable = CachedModel) -> Costs:
     plain = rounds(False, 12)
     plain_round = curve[0] + max(0.0, statistics.median([t - curve[0] for _, t in plain] or [0.0]))
     by_k: dict[int, list[float]] = {}
-    in_round, timed = [], []
+    overhead = []
     previous_k = None
     for s, busy in rounds(True, 6 * BLOCK):
-        width = min(len(s.drafted), k_max)
         if s.k == previous_k:
             by_k.setdefault(len(s.drafted), []).append(s.draft_time)
-            in_round.append(s.verify_time / curve[width])
         previous_k = s.k
-        timed.append((s, busy, width))
-    # Width 1 is a plain step's pass (and a round that found nothing to draft): no draft before it.
-    level = statistics.median(in_round or [1.0])
-    curve = curve[:1] + [max(curve[0], t * level) for t in curve[1:]]
-    overhead = [busy - s.draft_time - curve[width] for s, busy, width in timed]
+        overhead.append(busy - s.draft_time - curve[min(len(s.drafted), k_max)])
     draft_round, draft_token = _fit_line({k: statistics.median(t) for k, t in by_k.items()} or {0: 0.0})
     return Costs(verify_s=tuple(curve), draft_round_s=draft_round, draft_token_s=draft_token,
                  overhead_s=max(0.0, statistics.median(overhead or [0.0])), plain_round_s=plain_round)

@@ -24,8 +24,7 @@ def expected_tokens_per_round(alpha: float, k: int) -> float:
 class Costs:
     """Measured seconds of one round's parts; calibrate.py measures them when a pair loads."""
 
-    verify_s: tuple[float, ...]  # [n - 1]: one target pass over n new tokens, n = 1..k_max+1, inside a round
-    # (n >= 2 follows a draft; non-decreasing)
+    verify_s: tuple[float, ...]  # [n - 1]: one target pass over n new tokens, n = 1..k_max+1 (non-decreasing)
     draft_round_s: float  # fixed seconds of one draft call (all of prompt lookup's cost)
     draft_token_s: float  # seconds per drafted token on top of that
     overhead_s: float  # seconds per round outside target passes and drafting (verify rule, rollback, text)

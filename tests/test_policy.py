@@ -80,26 +80,6 @@ def test_calibration_measures_every_part(target, near_draft, tokenizer, draft):
     assert isinstance(policy, AdaptiveK) and policy.costs is calibrate.costs_for(pair, SpecConfig(k_max=4))
 
 
-def test_calibration_levels_passes_to_the_passes_inside_rounds(target, near_draft, tokenizer, monkeypatch):
-    """Back-to-back passes that read four times too fast (as a pass right after drafting is slower
-    than one after a pass) must not make drafting look dear beside them: the curve keeps its shape
-    and takes its level from the passes timed inside the rounds."""
-    pair = Pair(target, tokenizer, "tiny", "model", near_draft)
-    real, seen = calibrate.verify_curve, []
-
-    def quarter(*args, **kwargs):
-        seen.append([t / 4 for t in real(*args, **kwargs)])
-        return seen[-1]
-
-    monkeypatch.setattr(calibrate, "verify_curve", quarter)
-    costs = calibrate.measure(pair, 4)
-    fast = seen[-1]
-    assert costs.verify_s[0] == fast[0]  # a plain step's pass follows no draft
-    levels = [t / f for t, f in zip(costs.verify_s[1:], fast[1:], strict=True)]
-    assert min(levels) > 2 and max(levels) == pytest.approx(min(levels))
-    assert list(costs.verify_s) == sorted(costs.verify_s)
-
-
 def test_a_first_round_both_modes_pay_dilutes_the_predicted_speedup():
     lengths = [4] * 10
     rounds = STEEP.predicted_speedup(0.8, lengths)
