@@ -6,6 +6,7 @@ decode cost per token against the target's.
 
 from __future__ import annotations
 
+import functools
 import json
 import statistics
 import sys
@@ -83,21 +84,38 @@ def aggregate(rows: list[dict]) -> dict:
     )
 
 
+COST_REPS = 5  # draft and target timings, alternated
+
+
+def cost_ratio(t_draft, t_target, reps: int = COST_REPS) -> tuple[float, float, float]:
+    """(draft seconds, target seconds, draft / target) per token, each a median over `reps`
+    alternations: the ratio of each draft timing to the target timing right beside it, so a host
+    that drifts between models (this one drifts by a tenth within minutes) moves both alike."""
+    pairs = [(t_draft(), t_target()) for _ in range(reps)]
+    return (statistics.median(d for d, _ in pairs), statistics.median(t for _, t in pairs),
+            statistics.median(d / t for d, t in pairs))
+
+
 def card(args) -> dict:
     """Model card figures: greedy acceptance at k=4 on held-out code, and decode cost ratios."""
     prompts = held_out_prompts()[: args.limit or None]
     target, tok = models.load(models.DEFAULT_TARGET, args.device, args.dtype)
     probe = tok(prompts[0])["input_ids"][-200:]
-    t_target = statistics.median(decode_seconds_per_token(target, probe) for _ in range(3))
-    out = {"target": dict(decode_ms=1000 * t_target, params=target.num_parameters())}
+    target_times = []
+
+    def t_target() -> float:
+        target_times.append(decode_seconds_per_token(target, probe))
+        return target_times[-1]
+
+    out = {"target": dict(params=target.num_parameters())}
     s, r = SamplingConfig(), RunConfig(args.max_new_tokens)
     for name in ("draft-distilled", "draft-feature", "draft-small", "draft-weak"):
         pair = models.load_pair(models.DEFAULT_TARGET, str(models.BUNDLED / name), args.device, args.dtype)
         if pair.head is not None:  # the first draft of a round also feeds the newest true pairs: not counted
-            t_draft = statistics.median(head_seconds_per_token(pair, probe) for _ in range(3))
+            t_draft, _, cost = cost_ratio(functools.partial(head_seconds_per_token, pair, probe), t_target)
         else:
-            t_draft = statistics.median(decode_seconds_per_token(pair.draft_model, probe)
-                                        for _ in range(3))
+            t_draft, _, cost = cost_ratio(functools.partial(decode_seconds_per_token, pair.draft_model, probe),
+                                          t_target)
         rows = []
         for prompt in prompts:
             _, ar = run_one(pair, prompt, s, SpecConfig(), r, "autoregressive")
@@ -111,7 +129,7 @@ def card(args) -> dict:
         summary["median_adaptive_speedup"] = statistics.median(r["adaptive_speedup"] for r in rows)
         params = sum(p.numel() for p in pair.head.parameters()) if pair.head is not None \
             else pair.draft_model.num_parameters()
-        out[name] = dict(params=params, decode_ms=1000 * t_draft,
-                         cost_per_token_vs_target=t_draft / t_target, **summary)
+        out[name] = dict(params=params, decode_ms=1000 * t_draft, cost_per_token_vs_target=cost, **summary)
         print(name, json.dumps(out[name]), file=sys.stderr)
+    out["target"]["decode_ms"] = 1000 * statistics.median(target_times)
     return out

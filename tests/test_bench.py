@@ -67,6 +67,26 @@ def test_card_still_reports_every_bundled_draft(tmp_path):
         assert doc[name]["median_adaptive_speedup"] > 0
 
 
+def test_card_costs_pair_each_draft_timing_with_the_target_timing_beside_it():
+    """A host that slows fourfold as the card runs must not move the cost ratio: each draft timing
+    is divided by the target timing taken right after it."""
+    from app.card import cost_ratio
+
+    clock, calls = [1.0], []
+
+    def timed(name, share):
+        def run():
+            calls.append(name)
+            clock[0] *= 1.5  # drift between any two timings
+            return share * clock[0]
+        return run
+
+    draft_s, target_s, cost = cost_ratio(timed("draft", 0.1), timed("target", 1.0), reps=4)
+    assert calls == ["draft", "target"] * 4
+    assert cost == pytest.approx(0.1 / 1.5)  # the drift of one step, not of the whole run
+    assert target_s > 1.5 ** 4  # the target is timed all through the card, not once at its start
+
+
 def test_threads_check_measures_both_counts_idle_and_busy(tmp_path):
     import psutil
 
