@@ -84,7 +84,7 @@ def aggregate(rows: list[dict]) -> dict:
     )
 
 
-COST_REPS = 5  # draft and target timings, alternated
+COST_REPS = 5  # odd, so the median ratio is one real pair of timings
 
 
 def cost_ratio(t_draft, t_target, reps: int = COST_REPS) -> tuple[float, float, float]:
@@ -112,10 +112,10 @@ def card(args) -> dict:
     for name in ("draft-distilled", "draft-feature", "draft-small", "draft-weak"):
         pair = models.load_pair(models.DEFAULT_TARGET, str(models.BUNDLED / name), args.device, args.dtype)
         if pair.head is not None:  # the first draft of a round also feeds the newest true pairs: not counted
-            t_draft, _, cost = cost_ratio(functools.partial(head_seconds_per_token, pair, probe), t_target)
+            t_draft, t_beside, cost = cost_ratio(functools.partial(head_seconds_per_token, pair, probe), t_target)
         else:
-            t_draft, _, cost = cost_ratio(functools.partial(decode_seconds_per_token, pair.draft_model, probe),
-                                          t_target)
+            t_draft, t_beside, cost = cost_ratio(functools.partial(decode_seconds_per_token, pair.draft_model,
+                                                                   probe), t_target)
         rows = []
         for prompt in prompts:
             _, ar = run_one(pair, prompt, s, SpecConfig(), r, "autoregressive")
@@ -129,7 +129,8 @@ def card(args) -> dict:
         summary["median_adaptive_speedup"] = statistics.median(r["adaptive_speedup"] for r in rows)
         params = sum(p.numel() for p in pair.head.parameters()) if pair.head is not None \
             else pair.draft_model.num_parameters()
-        out[name] = dict(params=params, decode_ms=1000 * t_draft, cost_per_token_vs_target=cost, **summary)
+        out[name] = dict(params=params, decode_ms=1000 * t_draft, target_decode_ms=1000 * t_beside,
+                         cost_per_token_vs_target=cost, **summary)
         print(name, json.dumps(out[name]), file=sys.stderr)
     out["target"]["decode_ms"] = 1000 * statistics.median(target_times)
     return out

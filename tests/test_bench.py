@@ -38,23 +38,6 @@ def test_bench_writes_a_checked_self_contained_report(tmp_path, capsys):
     assert str(out.with_suffix(".html")) in capsys.readouterr().err  # says where it went
 
 
-def test_adaptive_is_compared_with_the_best_fixed_k_prompt_by_prompt():
-    """Adaptive is 1.11x k = 2 on two prompts of three, yet the median of its speedups is 0.74x
-    k = 2's: the comparison pairs each prompt's two runs, as ours against transformers does."""
-    def row(adaptive, k1, k2):
-        speeds = {"autoregressive": 1.0, "adaptive": adaptive, "k=1": k1, "k=2": k2}
-        return dict(contenders={n: dict(speedup=v, tokens_per_s=100 * v, spread=0.0, identical=True)
-                                for n, v in speeds.items()},
-                    identical=True, speedup=adaptive, adaptive={}, ours_over_hf={},
-                    outside_forward=dict(share=0.01, ms_per_round=0.1))
-
-    rows = [row(1.0, 0.5, 0.9), row(2.0, 0.5, 3.0), row(3.0, 0.5, 2.7)]
-    sm = bench.summarize_rows(rows, ["autoregressive", "adaptive", "k=1", "k=2"], k=2)
-    assert sm["best_fixed_k"] == "k=2"
-    assert sm["adaptive_over_best_fixed"]["median"] == pytest.approx(1 / 0.9)
-    assert sm["adaptive_over_best_fixed_of_medians"] == pytest.approx(2.0 / 2.7)
-
-
 def test_without_the_sweep_ours_at_fixed_k_still_meets_transformers_like_for_like(tmp_path):
     out = tmp_path / "b"
     argv = ["--limit", "1", "--reps", "1", "--max-new-tokens", "8", "--no-sweep", "--no-lookup",
@@ -80,28 +63,10 @@ def test_card_still_reports_every_bundled_draft(tmp_path):
     out = tmp_path / "card"
     assert bench.main(["--card", "--limit", "1", "--max-new-tokens", "8", "--out", str(out)]) == 0
     doc = json.loads(out.with_suffix(".json").read_text())
+    assert doc["target"]["decode_ms"] > 0
     for name in ("draft-distilled", "draft-small", "draft-weak"):
         assert doc[name]["median_adaptive_speedup"] > 0
-
-
-def test_card_costs_pair_each_draft_timing_with_the_target_timing_beside_it():
-    """A host that slows fourfold as the card runs must not move the cost ratio: each draft timing
-    is divided by the target timing taken right after it."""
-    from app.card import cost_ratio
-
-    clock, calls = [1.0], []
-
-    def timed(name, share):
-        def run():
-            calls.append(name)
-            clock[0] *= 1.5  # drift between any two timings
-            return share * clock[0]
-        return run
-
-    draft_s, target_s, cost = cost_ratio(timed("draft", 0.1), timed("target", 1.0), reps=4)
-    assert calls == ["draft", "target"] * 4
-    assert cost == pytest.approx(0.1 / 1.5)  # the drift of one step, not of the whole run
-    assert target_s > 1.5 ** 4  # the target is timed all through the card, not once at its start
+        assert doc[name]["target_decode_ms"] > 0 and doc[name]["cost_per_token_vs_target"] > 0
 
 
 def test_threads_check_measures_both_counts_idle_and_busy(tmp_path):
