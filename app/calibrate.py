@@ -3,7 +3,7 @@
 The target's pass time for 1..k_max+1 new tokens is timed directly on a cached context;
 the draft's cost per round and per token, and the round's cost outside both, come from
 short engine runs, so they include exactly what a real round includes (prompt lookup's
-search too, which is not free). About half a second for the bundled pair.
+search too, which is not free). About a second for the bundled pair.
 """
 
 from __future__ import annotations
@@ -48,11 +48,16 @@ def sizes(root, suffix=".py"):
 CONTEXT = 256
 REPS = 5  # timed passes per width, after one warm-up
 # Pass times keep the fastest of their repetitions: on a shared machine another process only ever
-# adds time, so the minimum is the stable estimate. Draft times take the median: a draft round's
-# work depends on the round before (a feature head first re-reads every position the target just
-# kept), so the fastest round is the one after an early rejection, and the minimum predicted a
-# feature draft 20% too fast. The engine's own work per round is a difference of two timings, so it
-# takes the median too (a minimum would pick a lucky 0).
+# adds time, so the minimum is the stable estimate. Round times (plain rounds, draft times, the
+# engine's own work per round) take the lower quartile: a draft round's work depends on the round
+# before (a feature head first re-reads every position the target just kept), so the fastest round
+# is the one after an early rejection, and the minimum predicted a feature draft 20% too fast; and
+# the engine's work is a difference of two timings, whose minimum would be a lucky 0. Until the
+# eighth session the rounds took the median, all plain rounds first: a neighbour busy in bursts
+# covered the whole short plain run, or more than half of it, and not the speculative one. Beside a
+# process computing 0.15 s in every 0.3 s, "predicted for this machine" at a = 0.75, k = 4 (bundled
+# pair, feature draft) read 1.41-3.89x over 12 loads that way, and 1.19-2.14x with runs taking
+# turns and lower quartiles (idle: 1.68-1.97x against 1.86-1.97x, six loads each).
 
 _cache: dict[tuple, Costs] = {}
 _lock = threading.Lock()
@@ -60,6 +65,7 @@ MAX_CACHED = 16
 
 
 BLOCK = 4  # rounds in a row with the same k; the first of each block is not timed
+PARTS = 3  # turns of plain and speculative runs
 
 
 class _Alternate(KPolicy):
@@ -133,20 +139,32 @@ def measure(pair, k_max: int, target_cache: Callable = CachedModel) -> Costs:
             context = (context + [t for s in steps for t in s.emitted])[-len(ids):]
         return out
 
+    # Plain and speculative runs take turns, PARTS of each, so a neighbour's burst that outlasts one
+    # short run does not land on one kind of round alone.
+    plain, speculative = [], []
+    for _ in range(PARTS):
+        plain += rounds(False, 12 // PARTS)
+        speculative.append(rounds(True, 6 * BLOCK // PARTS))
     # A plain round is one width-1 pass plus the engine's own work around it.
-    plain = rounds(False, 12)
-    plain_round = curve[0] + max(0.0, statistics.median([t - curve[0] for _, t in plain] or [0.0]))
+    plain_round = curve[0] + max(0.0, _lower_quartile([t - curve[0] for _, t in plain]))
     by_k: dict[int, list[float]] = {}
     overhead = []
-    previous_k = None
-    for s, busy in rounds(True, 6 * BLOCK):
-        if s.k == previous_k:
-            by_k.setdefault(len(s.drafted), []).append(s.draft_time)
-        previous_k = s.k
-        overhead.append(busy - s.draft_time - curve[min(len(s.drafted), k_max)])
-    draft_round, draft_token = _fit_line({k: statistics.median(t) for k, t in by_k.items()} or {0: 0.0})
+    for part in speculative:
+        previous_k = None
+        for s, busy in part:
+            if s.k == previous_k:
+                by_k.setdefault(len(s.drafted), []).append(s.draft_time)
+            previous_k = s.k
+            overhead.append(busy - s.draft_time - curve[min(len(s.drafted), k_max)])
+    draft_round, draft_token = _fit_line({k: _lower_quartile(t) for k, t in by_k.items()} or {0: 0.0})
     return Costs(verify_s=tuple(curve), draft_round_s=draft_round, draft_token_s=draft_token,
-                 overhead_s=max(0.0, statistics.median(overhead or [0.0])), plain_round_s=plain_round)
+                 overhead_s=max(0.0, _lower_quartile(overhead)), plain_round_s=plain_round)
+
+
+def _lower_quartile(values: list[float]) -> float:
+    if len(values) < 2:
+        return values[0] if values else 0.0
+    return statistics.quantiles(values, n=4, method="inclusive")[0]
 
 
 def _fit_line(points: dict[int, float]) -> tuple[float, float]:

@@ -80,6 +80,24 @@ def test_calibration_measures_every_part(target, near_draft, tokenizer, draft):
     assert isinstance(policy, AdaptiveK) and policy.costs is calibrate.costs_for(pair, SpecConfig(k_max=4))
 
 
+def test_calibration_shrugs_off_a_burst_that_covers_one_short_run(target, near_draft, tokenizer, monkeypatch):
+    """A neighbour busy for the whole of one short engine run (here: every round of the first run
+    takes ten times as long) must not set the plain round's cost, or "predicted for this machine"
+    swings with it: plain and speculative runs take turns, and rounds keep their lower quartile."""
+    pair = Pair(target, tokenizer, "tiny", "model", near_draft)
+    quiet = calibrate.measure(pair, 4)
+    real, runs = calibrate._busy, []
+
+    def first_run_slowed(steps):
+        runs.append(1)
+        return [(s, busy * (10 if len(runs) == 1 else 1)) for s, busy in real(steps)]
+
+    monkeypatch.setattr(calibrate, "_busy", first_run_slowed)
+    burst = calibrate.measure(pair, 4)
+    assert len(runs) > 2  # the rounds came from several runs, not one
+    assert burst.plain_round_s < 3 * quiet.plain_round_s
+
+
 def test_a_first_round_both_modes_pay_dilutes_the_predicted_speedup():
     lengths = [4] * 10
     rounds = STEEP.predicted_speedup(0.8, lengths)
