@@ -48,16 +48,15 @@ def sizes(root, suffix=".py"):
 CONTEXT = 256
 REPS = 5  # timed passes per width, after one warm-up
 # Pass times keep the fastest of their repetitions: on a shared machine another process only ever
-# adds time, so the minimum is the stable estimate. Round times (plain rounds, draft times, the
-# engine's own work per round) take the lower quartile: a draft round's work depends on the round
-# before (a feature head first re-reads every position the target just kept), so the fastest round
-# is the one after an early rejection, and the minimum predicted a feature draft 20% too fast; and
-# the engine's work is a difference of two timings, whose minimum would be a lucky 0. Until the
-# eighth session the rounds took the median, all plain rounds first: a neighbour busy in bursts
-# covered the whole short plain run, or more than half of it, and not the speculative one. Beside a
-# process computing 0.15 s in every 0.3 s, "predicted for this machine" at a = 0.75, k = 4 (bundled
-# pair, feature draft) read 1.41-3.89x over 12 loads that way, and 1.19-2.14x with runs taking
-# turns and lower quartiles (idle: 1.68-1.97x against 1.86-1.97x, six loads each).
+# adds time, so the minimum is the stable estimate. Round times (plain rounds, draft times) cannot:
+# a draft round's work depends on the round before (a feature head first re-reads every position
+# the target just kept), so the fastest round is the one after an early rejection, and the minimum
+# predicted a feature draft 20% too fast. They take the lower quartile: a neighbour busy about half
+# the time slows about half the rounds, which is where a median sits, while the lower quartile stays
+# on unhurried rounds as long as a quarter of them are. The engine's own work per round is a
+# difference of two timings, so it keeps the median (its lower quartile read 0 on the bundled pair).
+# Plain and speculative runs take turns for the same reason: a burst that outlasts one short run
+# then slows some rounds of each kind, not all rounds of one (README, "predicted for this machine").
 
 _cache: dict[tuple, Costs] = {}
 _lock = threading.Lock()
@@ -65,7 +64,7 @@ MAX_CACHED = 16
 
 
 BLOCK = 4  # rounds in a row with the same k; the first of each block is not timed
-PARTS = 3  # turns of plain and speculative runs
+PARTS = 3  # turns of a short plain run and a short speculative run
 
 
 class _Alternate(KPolicy):
@@ -126,49 +125,53 @@ def measure(pair, k_max: int, target_cache: Callable = CachedModel) -> Costs:
     spec = SpecConfig(k=1, k_policy="fixed", k_max=k_max)
     kw = {} if target_cache is CachedModel else dict(target_cache=target_cache)
 
+    contexts = {False: ids, True: ids}
+
     def rounds(speculative: bool, n: int) -> list[tuple]:
-        """(step, busy seconds) of n rounds after a first one, over more runs if EOS ends one early."""
-        out, context = [], ids
+        """(step, busy seconds) of n rounds after a first one, over more runs if EOS ends one early.
+        Each call goes on from the text the last one of its kind produced, so turns see new text."""
+        out = []
         for _ in range(8):
+            context = contexts[speculative]
             proposer, policy = (pair.proposer(spec), _Alternate(spec)) if speculative else (None, None)
             it = engine.generate(pair.target, pair.tokenizer, context, proposer, greedy, spec, run, policy, **kw)
             steps = list(itertools.islice(it, n + 1))
             out += _busy(steps)
+            contexts[speculative] = (context + [t for s in steps for t in s.emitted])[-len(ids):]
             if len(out) >= n:
                 break
-            context = (context + [t for s in steps for t in s.emitted])[-len(ids):]
         return out
 
-    # Plain and speculative runs take turns, PARTS of each, so a neighbour's burst that outlasts one
-    # short run does not land on one kind of round alone.
     plain, speculative = [], []
     for _ in range(PARTS):
-        plain += rounds(False, 12 // PARTS)
-        speculative.append(rounds(True, 6 * BLOCK // PARTS))
+        plain += rounds(False, 4)
+        speculative += rounds(True, 2 * BLOCK)  # each run must hold one whole block of each length
     # A plain round is one width-1 pass plus the engine's own work around it.
     plain_round = curve[0] + max(0.0, _lower_quartile([t - curve[0] for _, t in plain]))
     by_k: dict[int, list[float]] = {}
     overhead = []
-    for part in speculative:
-        previous_k = None
-        for s, busy in part:
-            if s.k == previous_k:
-                by_k.setdefault(len(s.drafted), []).append(s.draft_time)
-            previous_k = s.k
-            overhead.append(busy - s.draft_time - curve[min(len(s.drafted), k_max)])
+    previous_k = None
+    for s, busy in speculative:
+        # A run's second round is the first after its prefill, and a feature head re-reads the whole
+        # prompt in it: that draft time is no round's. So is any round after a change of k.
+        if s.round > 2 and s.k == previous_k:
+            by_k.setdefault(len(s.drafted), []).append(s.draft_time)
+        previous_k = s.k
+        overhead.append(busy - s.draft_time - curve[min(len(s.drafted), k_max)])
     draft_round, draft_token = _fit_line({k: _lower_quartile(t) for k, t in by_k.items()} or {0: 0.0})
     return Costs(verify_s=tuple(curve), draft_round_s=draft_round, draft_token_s=draft_token,
-                 overhead_s=max(0.0, _lower_quartile(overhead)), plain_round_s=plain_round)
+                 overhead_s=max(0.0, statistics.median(overhead or [0.0])), plain_round_s=plain_round)
 
 
 def _lower_quartile(values: list[float]) -> float:
+    """The first quartile, between the smallest and largest value however few there are (0 for none)."""
     if len(values) < 2:
         return values[0] if values else 0.0
     return statistics.quantiles(values, n=4, method="inclusive")[0]
 
 
 def _fit_line(points: dict[int, float]) -> tuple[float, float]:
-    """(fixed, per-token) seconds of drafting by least squares over (tokens drafted, median time).
+    """(fixed, per-token) seconds of drafting by least squares over (tokens drafted, seconds).
 
     Both are kept >= 0; with a single draft length all the time is put per token.
     """

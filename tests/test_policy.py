@@ -80,22 +80,26 @@ def test_calibration_measures_every_part(target, near_draft, tokenizer, draft):
     assert isinstance(policy, AdaptiveK) and policy.costs is calibrate.costs_for(pair, SpecConfig(k_max=4))
 
 
-def test_calibration_shrugs_off_a_burst_that_covers_one_short_run(target, near_draft, tokenizer, monkeypatch):
-    """A neighbour busy for the whole of one short engine run (here: every round of the first run
-    takes ten times as long) must not set the plain round's cost, or "predicted for this machine"
-    swings with it: plain and speculative runs take turns, and rounds keep their lower quartile."""
+def test_calibration_shrugs_off_a_burst_that_covers_whole_short_runs(target, near_draft, tokenizer, monkeypatch):
+    """A neighbour busy through two of the three short plain runs (every round in them ten times as
+    long) must not set the plain round's cost, or "predicted for this machine" swings with it: the
+    runs take turns with speculative ones, and rounds keep their lower quartile (a median of these
+    twelve rounds would be a slowed one). Times are fixed here, so nothing depends on the clock."""
     pair = Pair(target, tokenizer, "tiny", "model", near_draft)
-    quiet = calibrate.measure(pair, 4)
-    real, runs = calibrate._busy, []
+    curve, round_s, runs = [0.001] * 5, 0.002, []
+    monkeypatch.setattr(calibrate, "verify_curve", lambda *args, **kwargs: list(curve))
 
-    def first_run_slowed(steps):
-        runs.append(1)
-        return [(s, busy * (10 if len(runs) == 1 else 1)) for s, busy in real(steps)]
+    def slowed(steps):
+        runs.append(steps[0].k == 0)  # plain runs draft nothing
+        plain_run = sum(runs)
+        slow = runs[-1] and plain_run <= 2
+        return [(s, round_s * (10 if slow else 1)) for s in steps[1:]]
 
-    monkeypatch.setattr(calibrate, "_busy", first_run_slowed)
-    burst = calibrate.measure(pair, 4)
-    assert len(runs) > 2  # the rounds came from several runs, not one
-    assert burst.plain_round_s < 3 * quiet.plain_round_s
+    monkeypatch.setattr(calibrate, "_busy", slowed)
+    costs = calibrate.measure(pair, 4)
+    assert sum(runs) == calibrate.PARTS and len(runs) == 2 * calibrate.PARTS  # they took turns
+    assert runs == [True, False] * calibrate.PARTS
+    assert costs.plain_round_s == pytest.approx(round_s)  # the unhurried plain run's rounds
 
 
 def test_a_first_round_both_modes_pay_dilutes_the_predicted_speedup():
