@@ -97,8 +97,7 @@ def test_calibration_shrugs_off_a_burst_that_covers_whole_short_runs(target, nea
 
     monkeypatch.setattr(calibrate, "_busy", slowed)
     costs = calibrate.measure(pair, 4)
-    assert sum(runs) == calibrate.PARTS and len(runs) == 2 * calibrate.PARTS  # they took turns
-    assert runs == [True, False] * calibrate.PARTS
+    assert runs == [True, False] * calibrate.PARTS  # plain and speculative runs took turns
     assert costs.plain_round_s == pytest.approx(round_s)  # the unhurried plain run's rounds
 
 
