@@ -111,11 +111,10 @@ def card(args) -> dict:
     s, r = SamplingConfig(), RunConfig(args.max_new_tokens)
     for name in ("draft-distilled", "draft-feature", "draft-small", "draft-weak"):
         pair = models.load_pair(models.DEFAULT_TARGET, str(models.BUNDLED / name), args.device, args.dtype)
-        if pair.head is not None:  # the first draft of a round also feeds the newest true pairs: not counted
-            t_draft, t_beside, cost = cost_ratio(functools.partial(head_seconds_per_token, pair, probe), t_target)
-        else:
-            t_draft, t_beside, cost = cost_ratio(functools.partial(decode_seconds_per_token, pair.draft_model,
-                                                                   probe), t_target)
+        # A head's first draft of a round also feeds the newest true pairs: not counted.
+        timed = (functools.partial(head_seconds_per_token, pair, probe) if pair.head is not None
+                 else functools.partial(decode_seconds_per_token, pair.draft_model, probe))
+        t_draft, t_beside, cost = cost_ratio(timed, t_target)
         rows = []
         for prompt in prompts:
             _, ar = run_one(pair, prompt, s, SpecConfig(), r, "autoregressive")
