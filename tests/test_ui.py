@@ -306,24 +306,29 @@ SCROLLER = """id => { const box = [...document.querySelectorAll(`#${id}, #${id} 
   return box ? [box.scrollTop, box.clientHeight, box.scrollHeight] : null; }"""
 
 
+def _raise_max_new_tokens(page, at_least: int) -> None:
+    """Raise the Max new tokens slider with PageUp keys on the slider itself (the browser's own range input
+    events, which the slider always sees): typing into its number box did not always reach it, and a CI
+    run then finished its default 128 tokens before Stop. Pressed until the box shows it: on a busy machine
+    the accordion may still be opening at the first press, which then scrolls the page instead."""
+    page.locator(".label-wrap", has_text="Decoding").first.click()  # open the accordion that holds the slider
+    value = "Number(document.querySelector('#max-new input[type=number]').value)"
+    for _ in range(40):
+        page.locator("#max-new input[type=range]").focus()
+        page.keyboard.press("PageUp")
+        page.wait_for_timeout(150)
+        if page.evaluate(value) >= at_least:
+            break
+    page.wait_for_function(f"{value} >= {at_least}", timeout=10_000)
+    page.wait_for_timeout(300)
+
+
 @needs_browser
 @pytest.mark.slow
 def test_browser_shows_tokens_plots_and_speedup(page, tmp_path):
     assert "Press Generate" in page.locator("#spec-pane").inner_text(), "a placeholder before the first run"
-    page.locator(".label-wrap", has_text="Decoding").first.click()  # open the accordion that holds the slider
-    # Enough tokens to overflow both panes: two PageUp keys on the slider itself (the browser's own range
-    # input events, which the slider always sees; typing into its number box did not always reach it).
-    # Pressed until the box shows it: on a busy machine the accordion may still be opening at the
-    # first press, which then scrolls the page instead (a CI run timed out waiting once).
-    value = "Number(document.querySelector('#max-new input[type=number]').value)"
-    for _ in range(8):
-        page.locator("#max-new input[type=range]").focus()
-        page.keyboard.press("PageUp")
-        page.wait_for_timeout(150)
-        if page.evaluate(value) >= 200:
-            break
-    page.wait_for_function(f"{value} >= 200", timeout=10_000)
-    page.wait_for_timeout(300)
+    # Enough tokens to overflow both panes.
+    _raise_max_new_tokens(page, 200)
     page.get_by_role("button", name="Generate", exact=True).click()
     page.wait_for_selector("#spec-pane .tok.acc", timeout=120_000)
     page.wait_for_selector("#greedy-check :text('token for token')", timeout=180_000)
@@ -358,10 +363,7 @@ def test_browser_shows_tokens_plots_and_speedup(page, tmp_path):
 def test_browser_stop_button_cancels_both_panes(page):
     # The weak draft makes the run several seconds long, so Stop lands before it could finish.
     page.get_by_label("or a custom draft", exact=False).fill(str(models.BUNDLED / "draft-weak"))
-    page.get_by_text("Decoding", exact=True).click()
-    box = page.get_by_label("number input for Max new tokens")
-    box.fill("500")
-    box.press("Enter")
+    _raise_max_new_tokens(page, 500)
     page.get_by_role("button", name="Generate", exact=True).click()
     page.wait_for_selector("#spec-pane .tok", timeout=120_000)
     page.get_by_role("button", name="Stop", exact=True).click()
