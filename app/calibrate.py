@@ -1,9 +1,9 @@
 """A quick measurement of this machine's costs for a pair, taken once when it is first used.
 
-The target's pass time for 1..k_max+1 new tokens is timed directly on a cached context;
-the draft's cost per round and per token, and the round's cost outside both, come from
-short engine runs, so they include exactly what a real round includes (prompt lookup's
-search too, which is not free). About a second for the bundled pair.
+The target's pass time for 1..k_max+1 new tokens is timed directly on a cached context, which
+gives the curve's shape; short engine runs at a few draft lengths set its level and give the
+draft's cost and the round's cost outside both, so they include exactly what a real round
+includes (prompt lookup's search too, which is not free). About a second for the bundled pair.
 """
 
 from __future__ import annotations
@@ -48,13 +48,14 @@ def sizes(root, suffix=".py"):
 CONTEXT = 256
 REPS = 5  # timed passes per width, after one warm-up
 # Pass times keep the fastest of their repetitions: on a shared machine another process only ever
-# adds time, so the minimum is the stable estimate. Round times (plain rounds, draft times) cannot:
-# a draft round's work depends on the round before (a feature head first re-reads every position
-# the target just kept), so the fastest round is the one after an early rejection, and the minimum
-# predicted a feature draft 20% too fast. They take the lower quartile: a neighbour busy about half
-# the time slows about half the rounds, which is where a median sits, while the lower quartile stays
-# on unhurried rounds as long as a quarter of them are. The engine's own work per round is a
-# difference of two timings, so it keeps the median (its lower quartile read 0 on the bundled pair).
+# adds time, so the minimum is the stable estimate of the curve's shape. Plain rounds and the passes
+# inside rounds take the lower quartile: a neighbour busy about half the time slows about half the
+# rounds, which is where a median sits, while the lower quartile stays on unhurried rounds as long as
+# a quarter of them are. Draft times keep their median: their spread is the draft's own, not a
+# neighbour's (a feature head first re-reads every position the target just kept, so a round after
+# an early rejection is quick). Their lower quartile, with a pass curve timed back to back alone,
+# put real rounds of the bundled pair 7-31% short at k = 2..8. The engine's own work per round is a
+# difference of timings, so it keeps the median too.
 # Plain and speculative runs take turns for the same reason: a burst that outlasts one short run
 # then slows some rounds of each kind, not all rounds of one (README, "predicted for this machine").
 
@@ -65,17 +66,22 @@ MAX_CACHED = 16
 
 BLOCK = 4  # rounds in a row with the same k; the first of each block is not timed
 PARTS = 3  # turns of a short plain run and a short speculative run
+MIN_SEEN = 3  # rounds of one draft length or pass width before its time is used on its own
+
+
+def lengths(k_max: int) -> list[int]:
+    """The draft lengths a calibration runs: 1, the middle and k_max."""
+    return sorted({1, (k_max + 1) // 2, k_max})
 
 
 class _Alternate(KPolicy):
-    """Drafts 1 for BLOCK rounds, then k_max for BLOCK rounds, and so on: two draft lengths give the
-    fixed and per-token draft cost. Blocks, not strict alternation: a feature head's round starts
-    by re-reading the positions kept in the round before, so a round is only timed after one of
-    the same k, as in a real run."""
+    """Drafts each of `lengths` for BLOCK rounds in turn. Blocks, not strict alternation: a feature
+    head's round starts by re-reading the positions kept in the round before, so a round is only
+    timed after one of the same k, as in a real run."""
 
     def __init__(self, spec: SpecConfig):
         super().__init__(spec)
-        self._ks = itertools.cycle([1] * BLOCK + [spec.k_max] * BLOCK)
+        self._ks = itertools.cycle([k for k in lengths(spec.k_max) for _ in range(BLOCK)])
 
     def next_k(self) -> int:
         return next(self._ks)
@@ -145,22 +151,50 @@ def measure(pair, k_max: int, target_cache: Callable = CachedModel) -> Costs:
     plain, speculative = [], []
     for _ in range(PARTS):
         plain += rounds(False, 4)
-        speculative += rounds(True, 2 * BLOCK)  # each run must hold one whole block of each length
-    # A plain round is one width-1 pass plus the engine's own work around it.
-    plain_round = curve[0] + max(0.0, _lower_quartile([t - curve[0] for _, t in plain]))
-    by_k: dict[int, list[float]] = {}
-    overhead = []
+        # each run must hold one whole block of each length
+        speculative += rounds(True, len(lengths(k_max)) * BLOCK)
+    drafts: dict[int, list[float]] = {}
+    verifies: dict[int, list[float]] = {1: [s.verify_time for s, _ in plain]}
+    outside = []
     previous_k = None
     for s, busy in speculative:
         # A run's second round is the first after its prefill, and a feature head re-reads the whole
         # prompt in it: that draft time is no round's. So is any round after a change of k.
         if s.round > 2 and s.k == previous_k:
-            by_k.setdefault(len(s.drafted), []).append(s.draft_time)
+            drafts.setdefault(len(s.drafted), []).append(s.draft_time)
         previous_k = s.k
-        overhead.append(busy - s.draft_time - curve[min(len(s.drafted), k_max)])
-    draft_round, draft_token = _fit_line({k: _lower_quartile(t) for k, t in by_k.items()} or {0: 0.0})
-    return Costs(verify_s=tuple(curve), draft_round_s=draft_round, draft_token_s=draft_token,
-                 overhead_s=max(0.0, statistics.median(overhead or [0.0])), plain_round_s=plain_round)
+        verifies.setdefault(len(s.drafted) + 1, []).append(s.verify_time)
+        outside.append(busy - s.draft_time - s.verify_time)
+    draft_points = {n: statistics.median(t) for n, t in drafts.items()} or {0: 0.0}
+    draft_round, draft_token = _fit_line(draft_points)
+    # Passes timed back to back run faster than the same pass inside a round, after the draft has
+    # had the caches (a 9-token pass of the bundled target: 5.9-6.3 ms alone, 7.1-7.8 ms in rounds),
+    # and the round adds the verify rule and rollback to it. So the curve keeps its shape and takes
+    # its level, width by width, from the rounds. Prompt lookup drafts any length up to k, so only
+    # widths seen often enough count: one slowed round must not lift every wider pass.
+    level = _interpolate({n - 1: _lower_quartile(t) - curve[n - 1] for n, t in verifies.items()
+                          if len(t) >= MIN_SEEN and n <= len(curve)}, len(curve))  # [width - 1]
+    verify = list(itertools.accumulate((max(0.0, c + d) for c, d in zip(curve, level, strict=True)), max))
+    # Between the lengths a model draft ran, its cost is interpolated, not the line: see Costs.draft_s.
+    ran = {n: draft_points[n] for n in lengths(k_max) if len(drafts.get(n, [])) >= MIN_SEEN}
+    draft = _interpolate(ran, k_max + 1) if len(ran) == len(lengths(k_max)) > 2 else []
+    return Costs(verify_s=tuple(verify), draft_round_s=draft_round, draft_token_s=draft_token,
+                 overhead_s=max(0.0, statistics.median(outside or [0.0])),
+                 plain_round_s=_lower_quartile([t for _, t in plain]), draft_s=tuple(draft))
+
+
+def _interpolate(points: dict[int, float], n: int) -> list[float]:
+    """Values at 0..n-1, piecewise linear through `points` and level beyond the outermost ones."""
+    xs = sorted(points)
+    out = []
+    for x in range(n):
+        if x <= xs[0] or x >= xs[-1]:
+            out.append(points[xs[0] if x <= xs[0] else xs[-1]])
+            continue
+        hi = next(i for i, v in enumerate(xs) if v >= x)
+        x0, x1 = xs[hi - 1], xs[hi]
+        out.append(points[x0] + (points[x1] - points[x0]) * (x - x0) / (x1 - x0))
+    return out
 
 
 def _lower_quartile(values: list[float]) -> float:

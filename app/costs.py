@@ -24,16 +24,26 @@ def expected_tokens_per_round(alpha: float, k: int) -> float:
 class Costs:
     """Measured seconds of one round's parts; calibrate.py measures them when a pair loads."""
 
-    verify_s: tuple[float, ...]  # [n - 1]: one target pass over n new tokens, n = 1..k_max+1 (non-decreasing)
+    # [n - 1]: verifying n new tokens, n = 1..k_max+1 (non-decreasing): the target's pass with the
+    # verify rule, rollback and the draft's commit, as rounds spend it
+    verify_s: tuple[float, ...]
     draft_round_s: float  # fixed seconds of one draft call (all of prompt lookup's cost)
     draft_token_s: float  # seconds per drafted token on top of that
-    overhead_s: float  # seconds per round outside target passes and drafting (verify rule, rollback, text)
+    overhead_s: float  # seconds per round outside verifying and drafting (records, text)
     plain_round_s: float  # one round of plain autoregressive decoding, all included
+    # [k]: seconds to draft k tokens where measured at several k; empty: the line above. A draft's
+    # first steps after a target pass are dearer than its later ones, so the line through the
+    # shortest and longest rounds undercounts the ones between.
+    draft_s: tuple[float, ...] = ()
+
+    def draft_time(self, k: int) -> float:
+        """Seconds of one draft call of k tokens."""
+        return self.draft_s[k] if k < len(self.draft_s) else self.draft_round_s + k * self.draft_token_s
 
     def round_s(self, k: int) -> float:
         """Seconds of a round that drafts k tokens and verifies k + 1."""
         width = min(k, len(self.verify_s) - 1)
-        return self.draft_round_s + k * self.draft_token_s + self.verify_s[width] + self.overhead_s
+        return self.draft_time(k) + self.verify_s[width] + self.overhead_s
 
     def tokens_per_s(self, alpha: float, k: int) -> float:
         return expected_tokens_per_round(alpha, k) / self.round_s(k)

@@ -1,5 +1,6 @@
 """Adaptive k follows this machine's measured costs, and reads no clock: same seed, same text."""
 
+import dataclasses
 import random
 
 import pytest
@@ -110,3 +111,43 @@ def test_a_first_round_both_modes_pay_dilutes_the_predicted_speedup():
     diluted = STEEP.predicted_speedup(0.8, lengths, first_round_s=seconds)
     assert diluted == pytest.approx((seconds + rounds * seconds) / (2 * seconds))
     assert 1 < diluted < rounds
+
+
+def test_calibration_takes_round_times_as_rounds_spend_them(target, near_draft, tokenizer, monkeypatch):
+    """The verify curve keeps its shape but takes its level from the rounds' own verify times (passes
+    timed back to back ran a fifth faster than inside rounds), and a draft whose first steps cost more
+    than its later ones is interpolated between the lengths it ran, not put on one line through them.
+    Times are fixed here, so nothing depends on the clock."""
+    pair = Pair(target, tokenizer, "tiny", "model", near_draft)
+    k_max = 8
+    curve = [0.001 + 0.0001 * n for n in range(k_max + 1)]  # back to back: flatter and lower
+
+    def draft_s(k):  # concave: 1.0 ms for the first draft, 0.4 ms for each of the next three, 0.2 ms after
+        return 0.0 if k == 0 else 0.001 + 0.0004 * min(k - 1, 3) + 0.0002 * max(k - 4, 0)
+
+    def verify_s(width):  # inside rounds: 2 ms, plus 0.25 ms a token
+        return 0.002 + 0.00025 * (width - 1)
+
+    monkeypatch.setattr(calibrate, "verify_curve", lambda *args, **kwargs: list(curve))
+
+    def fixed(steps):
+        out = []
+        for s in steps[1:]:
+            n = len(s.drafted)
+            s = dataclasses.replace(s, draft_time=draft_s(n), verify_time=verify_s(n + 1))
+            out.append((s, s.draft_time + s.verify_time + 0.0001))
+        return out
+
+    monkeypatch.setattr(calibrate, "_busy", fixed)
+    costs = calibrate.measure(pair, k_max)
+    assert calibrate.lengths(k_max) == [1, 4, 8]
+    for k in calibrate.lengths(k_max):
+        assert costs.verify_s[k] == pytest.approx(verify_s(k + 1))
+        assert costs.draft_time(k) == pytest.approx(draft_s(k))
+        assert costs.round_s(k) == pytest.approx(draft_s(k) + verify_s(k + 1) + 0.0001)
+    assert costs.verify_s[0] == pytest.approx(verify_s(1))  # plain rounds' own pass
+    assert costs.overhead_s == pytest.approx(0.0001)
+    # Between the lengths it ran, on the chord of its neighbours; a line through all three would miss.
+    assert costs.draft_time(2) == pytest.approx(draft_s(1) + (draft_s(4) - draft_s(1)) / 3)
+    line = costs.draft_round_s + 4 * costs.draft_token_s
+    assert line < draft_s(4) - 0.0001
