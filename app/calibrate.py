@@ -51,10 +51,11 @@ REPS = 5  # timed passes per width, after one warm-up
 # adds time, so the minimum is the stable estimate of the curve's shape. Plain rounds and the passes
 # inside rounds take the lower quartile: a neighbour busy about half the time slows about half the
 # rounds, which is where a median sits, while the lower quartile stays on unhurried rounds as long as
-# a quarter of them are. Draft times keep their median: their spread is the draft's own, not a
-# neighbour's (a feature head first re-reads every position the target just kept, so a round after
-# an early rejection is quick). Their lower quartile, with a pass curve timed back to back alone,
-# put real rounds of the bundled pair 7-31% short at k = 2..8. The engine's own work per round is a
+# a quarter of them are. Draft times keep their median: most of their spread is the draft's own (a
+# feature head first re-reads every position the target just kept, so a round after an early
+# rejection is quick), and their lower quartile, with a pass curve timed back to back alone, put real
+# rounds of the bundled pair 7-31% short at k = 2..8. A neighbour busy through most speculative runs
+# then lowers the prediction rather than raising it. The engine's own work per round is a
 # difference of timings, so it keeps the median too.
 # Plain and speculative runs take turns for the same reason: a burst that outlasts one short run
 # then slows some rounds of each kind, not all rounds of one (README, "predicted for this machine").
@@ -175,16 +176,23 @@ def measure(pair, k_max: int, target_cache: Callable = CachedModel) -> Costs:
     level = _interpolate({n - 1: _lower_quartile(t) - curve[n - 1] for n, t in verifies.items()
                           if len(t) >= MIN_SEEN and n <= len(curve)}, len(curve))  # [width - 1]
     verify = list(itertools.accumulate((max(0.0, c + d) for c, d in zip(curve, level, strict=True)), max))
-    # Between the lengths a model draft ran, its cost is interpolated, not the line: see Costs.draft_s.
+    # Between the lengths the calibration ran, the draft's cost is interpolated, not the line (see
+    # Costs.draft_s), and never falls as k grows. A call that drafts nothing costs what such calls
+    # cost when seen (prompt lookup's search without a match), else the line's fixed part.
     ran = {n: draft_points[n] for n in lengths(k_max) if len(drafts.get(n, [])) >= MIN_SEEN}
-    draft = _interpolate(ran, k_max + 1) if len(ran) == len(lengths(k_max)) > 2 else []
+    draft = []
+    if len(ran) == len(lengths(k_max)) > 2:
+        draft = list(itertools.accumulate(_interpolate(ran, k_max + 1)[1:], max))
+        draft.insert(0, draft_points[0] if len(drafts.get(0, [])) >= MIN_SEEN else draft_round)
     return Costs(verify_s=tuple(verify), draft_round_s=draft_round, draft_token_s=draft_token,
                  overhead_s=max(0.0, statistics.median(outside or [0.0])),
-                 plain_round_s=_lower_quartile([t for _, t in plain]), draft_s=tuple(draft))
+                 plain_round_s=max(verify[0], _lower_quartile([t for _, t in plain])), draft_s=tuple(draft))
 
 
 def _interpolate(points: dict[int, float], n: int) -> list[float]:
-    """Values at 0..n-1, piecewise linear through `points` and level beyond the outermost ones."""
+    """Values at 0..n-1, piecewise linear through `points` and level beyond the outermost ones (0 without any)."""
+    if not points:
+        return [0.0] * n
     xs = sorted(points)
     out = []
     for x in range(n):

@@ -29,11 +29,11 @@ class Costs:
     verify_s: tuple[float, ...]
     draft_round_s: float  # fixed seconds of one draft call (all of prompt lookup's cost)
     draft_token_s: float  # seconds per drafted token on top of that
-    overhead_s: float  # seconds per round outside verifying and drafting (records, text)
+    overhead_s: float  # seconds per round outside verifying and drafting (the k policy, detokenizing, output)
     plain_round_s: float  # one round of plain autoregressive decoding, all included
-    # [k]: seconds to draft k tokens where measured at several k; empty: the line above. A draft's
-    # first steps after a target pass are dearer than its later ones, so the line through the
-    # shortest and longest rounds undercounts the ones between.
+    # [k]: seconds to draft k tokens, k = 0..k_max, interpolated between the lengths measured; empty:
+    # the line above. A draft's first steps after a target pass are dearer than its later ones, so a
+    # least-squares line through short and long rounds undercounts the ones between.
     draft_s: tuple[float, ...] = ()
 
     def draft_time(self, k: int) -> float:

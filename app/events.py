@@ -46,7 +46,7 @@ class Step:
     emitted: list[int]  # tokens appended to the output this round, after stop truncation
     text: str  # text appended to the output this round
     draft_time: float  # seconds, device-synchronised
-    verify_time: float  # seconds for the one target pass, device-synchronised
+    verify_time: float  # seconds of the target pass, verify rule, rollback and draft commit, synchronised
     elapsed: float  # this run's own busy seconds at the end of the round (paused while consumers run)
     decisions: list[Decision] = field(default_factory=list)
     # Teaching data, top tokens only so a record never holds a full vocabulary:

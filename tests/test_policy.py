@@ -151,3 +151,11 @@ def test_calibration_takes_round_times_as_rounds_spend_them(target, near_draft, 
     assert costs.draft_time(2) == pytest.approx(draft_s(1) + (draft_s(4) - draft_s(1)) / 3)
     line = costs.draft_round_s + 4 * costs.draft_token_s
     assert line < draft_s(4) - 0.0001
+    assert costs.draft_time(0) == pytest.approx(costs.draft_round_s)  # a call that drafts nothing
+    assert list(costs.draft_s) == sorted(costs.draft_s)
+
+
+def test_interpolation_is_level_beyond_its_points_and_zero_without_any():
+    assert calibrate._interpolate({1: 1.0, 4: 2.2, 8: 3.0}, 9) == pytest.approx(
+        [1.0, 1.0, 1.4, 1.8, 2.2, 2.4, 2.6, 2.8, 3.0])
+    assert calibrate._interpolate({}, 3) == [0.0, 0.0, 0.0]
