@@ -125,7 +125,8 @@ def _busy(steps) -> list[tuple]:
 def measure(pair, k_max: int, target_cache: Callable = CachedModel) -> Costs:
     """Costs of `pair` (models.Pair) on this machine for up to k_max drafts per round."""
     probe = pair.tokenizer(PROBE)["input_ids"]
-    n = min(context_length(pair.target) // 2, CONTEXT)
+    # The draft's window too: runs stop where the smaller window ends, and then no round is timed.
+    n = min(context_length(pair.target, *filter(None, [pair.draft_model])) // 2, CONTEXT)
     ids = (probe * (n // len(probe) + 1))[-n:]
     curve = verify_curve(pair.target, ids, k_max + 1, target_cache)
     greedy, run = SamplingConfig(), RunConfig(max_new_tokens=16 * (k_max + 1))
