@@ -14,6 +14,7 @@ import threading
 import time
 from collections.abc import Callable
 
+import numpy
 import torch
 
 from app import engine, threads
@@ -180,11 +181,12 @@ def measure(pair, k_max: int, target_cache: Callable = CachedModel) -> Costs:
     # Between the lengths the calibration ran, the draft's cost is interpolated, not the line (see
     # Costs.draft_s), and never falls as k grows. A call that drafts nothing costs what such calls
     # cost when seen (prompt lookup's search without a match), else the line's fixed part.
-    ran = {n: draft_points[n] for n in lengths(k_max) if len(drafts.get(n, [])) >= MIN_SEEN}
+    seen = {n for n, t in drafts.items() if len(t) >= MIN_SEEN}
+    ran = {n: draft_points[n] for n in lengths(k_max) if n in seen}
     draft = []
     if len(ran) == len(lengths(k_max)) > 2:
         draft = list(itertools.accumulate(_interpolate(ran, k_max + 1)[1:], max))
-        draft.insert(0, draft_points[0] if len(drafts.get(0, [])) >= MIN_SEEN else draft_round)
+        draft.insert(0, draft_points[0] if 0 in seen else draft_round)
     return Costs(verify_s=tuple(verify), draft_round_s=draft_round, draft_token_s=draft_token,
                  overhead_s=max(0.0, statistics.median(outside or [0.0])),
                  plain_round_s=max(verify[0], _lower_quartile([t for _, t in plain])), draft_s=tuple(draft))
@@ -195,15 +197,7 @@ def _interpolate(points: dict[int, float], n: int) -> list[float]:
     if not points:
         return [0.0] * n
     xs = sorted(points)
-    out = []
-    for x in range(n):
-        if x <= xs[0] or x >= xs[-1]:
-            out.append(points[xs[0] if x <= xs[0] else xs[-1]])
-            continue
-        hi = next(i for i, v in enumerate(xs) if v >= x)
-        x0, x1 = xs[hi - 1], xs[hi]
-        out.append(points[x0] + (points[x1] - points[x0]) * (x - x0) / (x1 - x0))
-    return out
+    return [float(v) for v in numpy.interp(range(n), xs, [points[x] for x in xs])]
 
 
 def _lower_quartile(values: list[float]) -> float:
