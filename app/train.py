@@ -63,8 +63,8 @@ FEATURE_NOISE = 0.1  # uniform noise on input features, as in EAGLE: drafting re
 # Then, as for the distilled draft, steps on the target's own greedy continuations: greedy
 # drafting is scored on exactly that text, and first-position acceptance was the head's weak spot.
 FEATURE_ON_POLICY_STEPS = 1000
-# (feature regression, token cross-entropy), the paper's weights. A heavier token loss (0.5, 1.0)
-# agreed with the target more on held-out text but accepted less on its continuations (model card).
+# (feature regression, token cross-entropy), the paper's weights. Token weights of 0.5 and 1.0 agreed
+# with the target more on held-out text but accepted less on its continuations (model card).
 FEATURE_WEIGHTS = (1.0, 0.1)
 # The head's MLP is half the target's: the LM head it shares already costs a third of a target layer
 # stack's FLOPs at this width, and the cost per draft token must stay a small fraction of the target's.

@@ -3,7 +3,7 @@
 import pytest
 
 from app import bench
-from app.card import cost_ratio
+from app.card import aggregate, alpha_interval, cost_ratio
 
 
 def test_adaptive_is_compared_with_the_best_fixed_k_prompt_by_prompt():
@@ -39,3 +39,23 @@ def test_card_costs_pair_each_draft_timing_with_the_target_timing_beside_it():
     assert calls == ["draft", "target"] * 3
     assert cost == pytest.approx(0.15)  # median of 1/30, 2/10, 3/20
     assert (d, t) == (2.0, 20.0)
+
+
+def test_the_cards_alpha_interval_resamples_prompts():
+    """One hard prompt among easy ones widens the interval to what resampling prompts gives, and
+    scaling every prompt's counts leaves it there: rounds of one prompt are not independent
+    draws (resampling decisions would narrow it about sqrt(10)-fold, to about 0.91-0.94 here)."""
+    counts = [(96, 4)] * 9 + [(60, 40)]
+    low, high = alpha_interval(counts)
+    pooled = sum(a for a, _ in counts) / sum(a + r for a, r in counts)
+    assert low == pytest.approx(0.852, abs=0.01) and high == pytest.approx(0.96)
+    assert low < pooled < high
+    assert alpha_interval([(10 * a, 10 * r) for a, r in counts]) == pytest.approx([low, high])
+    assert alpha_interval(counts) == [low, high]  # seeded: the same card twice reads the same
+    assert alpha_interval([(90, 10)] * 10) == pytest.approx([0.9, 0.9])  # prompts alike: no spread to resample
+    assert alpha_interval(counts[:4]) is None  # too few prompts to resample
+    assert alpha_interval([(0, 0)] * 5) is None
+    rows = [dict(speculative=dict(accepted=a, rejections=r, drafted=a + r + 5, tokens_per_pass=2.0,
+                                  cost_ratio_c=0.1, theoretical_speedup=2.0), speedup=1.5) for a, r in counts]
+    summary = aggregate(rows)
+    assert summary["alpha"] == pytest.approx(pooled) and summary["alpha_ci95"] == [low, high]
