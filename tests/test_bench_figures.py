@@ -43,8 +43,9 @@ def test_card_costs_pair_each_draft_timing_with_the_target_timing_beside_it():
 
 def test_the_cards_alpha_interval_resamples_prompts():
     """One hard prompt among easy ones widens the interval to what resampling prompts gives, and
-    scaling every prompt's counts leaves it there: rounds of one prompt are not independent
-    draws (resampling decisions would narrow it about sqrt(10)-fold, to about 0.91-0.94 here)."""
+    scaling every prompt's counts tenfold leaves it there: rounds of one prompt are not independent
+    draws. Resampling decisions instead would give about 0.91-0.94 here, and a sqrt(10)-fold
+    narrower interval after the scaling."""
     counts = [(96, 4)] * 9 + [(60, 40)]
     low, high = alpha_interval(counts)
     pooled = sum(a for a, _ in counts) / sum(a + r for a, r in counts)
