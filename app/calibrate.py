@@ -132,6 +132,7 @@ def measure(pair, k_max: int, target_cache: Callable = CachedModel) -> Costs:
     curve = verify_curve(pair.target, ids, k_max + 1, target_cache)
     greedy, run = SamplingConfig(), RunConfig(max_new_tokens=16 * (k_max + 1))
     spec = SpecConfig(k=1, k_policy="fixed", k_max=k_max)
+    ks = lengths(k_max)
     kw = {} if target_cache is CachedModel else dict(target_cache=target_cache)
 
     contexts = {False: ids, True: ids}
@@ -155,7 +156,7 @@ def measure(pair, k_max: int, target_cache: Callable = CachedModel) -> Costs:
     for _ in range(PARTS):
         plain += rounds(False, 4)
         # each run must hold one whole block of each length
-        speculative += rounds(True, len(lengths(k_max)) * BLOCK)
+        speculative += rounds(True, len(ks) * BLOCK)
     drafts: dict[int, list[float]] = {}
     verifies: dict[int, list[float]] = {1: [s.verify_time for s, _ in plain]}
     outside = []
@@ -182,9 +183,9 @@ def measure(pair, k_max: int, target_cache: Callable = CachedModel) -> Costs:
     # Costs.draft_s), and never falls as k grows. A call that drafts nothing costs what such calls
     # cost when seen (prompt lookup's search without a match), else the line's fixed part.
     seen = {n for n, t in drafts.items() if len(t) >= MIN_SEEN}
-    ran = {n: draft_points[n] for n in lengths(k_max) if n in seen}
+    ran = {n: draft_points[n] for n in ks if n in seen}
     draft = []
-    if len(ran) == len(lengths(k_max)) > 2:
+    if len(ran) == len(ks) > 2:
         draft = list(itertools.accumulate(_interpolate(ran, k_max + 1)[1:], max))
         draft.insert(0, draft_points[0] if 0 in seen else draft_round)
     return Costs(verify_s=tuple(verify), draft_round_s=draft_round, draft_token_s=draft_token,

@@ -79,7 +79,8 @@ def alpha_interval(counts: list[tuple[int, int]], draws: int = BOOTSTRAP_DRAWS, 
     accepted = numpy.array([a for a, _ in counts], dtype=float)
     pick = numpy.random.default_rng(seed).integers(0, len(n), size=(draws, len(n)))
     totals = n[pick].sum(axis=1)
-    alphas = accepted[pick].sum(axis=1)[totals > 0] / totals[totals > 0]
+    kept = totals > 0  # a resample of prompts without a single decision has no alpha
+    alphas = accepted[pick].sum(axis=1)[kept] / totals[kept]
     if not alphas.size:
         return None
     return [float(x) for x in numpy.quantile(alphas, [0.025, 0.975])]
