@@ -1,9 +1,10 @@
 """A quick measurement of this machine's costs for a pair, taken once when it is first used.
 
 The target's pass time for 1..k_max+1 new tokens is timed directly on a cached context, which
-gives the curve's shape; short engine runs at a few draft lengths set its level and give the
-draft's cost and the round's cost outside both, so they include exactly what a real round
-includes (prompt lookup's search too, which is not free). 1.0-1.3 s for the bundled pairs.
+gives the curve's shape, and again on a longer one, which gives how it grows with the context;
+short engine runs at a few draft lengths set its level and give the draft's cost and the round's
+cost outside both, so they include exactly what a real round includes (prompt lookup's search
+too, which is not free). 1.4-1.6 s for the bundled pairs.
 """
 
 from __future__ import annotations
@@ -17,10 +18,10 @@ from collections.abc import Callable
 import numpy
 import torch
 
-from app import engine, threads
+from app import engine, static_cache, threads
 from app.cache import CachedModel
 from app.config import RunConfig, SamplingConfig, SpecConfig
-from app.costs import Costs
+from app.costs import Costs, by_width
 from app.models import context_length
 from app.policy import KPolicy, make_policy
 
@@ -43,10 +44,15 @@ def count(root, suffix=".py"):
 
 def sizes(root, suffix=".py"):
 '''
-# Passes cost more as the cache fills, so the probe is repeated to a context like a real request's
-# (the bundled suite's prompts are 240-370 tokens): at 128 tokens the model predicted rounds 7-10%
-# faster than a run measured, at 256 tokens 3-7%. Half the window, for a model with a short one.
+# Passes cost more as the cache fills, a wide pass the most. The curve is timed after CONTEXT tokens
+# (half the window, for a model with a short one) and again after up to twice as many, which gives
+# each width's cost per context token (Costs.verify_time), so a run is predicted at the contexts its
+# rounds read (240-500 tokens in the bundled suite). Timed at one context alone, the model had
+# predicted rounds 7-10% fast at 128 tokens and 3-7% at 256.
 CONTEXT = 256
+# Over fewer tokens between the two contexts (a short window), the curves' difference is mostly
+# timing noise: no slope is measured.
+MIN_SPAN = 32
 REPS = 5  # timed passes per width, after one warm-up
 # Pass times keep the fastest of their repetitions: on a shared machine another process only ever
 # adds time, so the minimum is the stable estimate of the curve's shape. Plain rounds and the passes
@@ -127,10 +133,29 @@ def measure(pair, k_max: int, target_cache: Callable = CachedModel) -> Costs:
     """Costs of `pair` (models.Pair) on this machine for up to k_max drafts per round."""
     probe = pair.tokenizer(PROBE)["input_ids"]
     # The draft's window too: runs stop where the smaller window ends, and then no round is timed.
-    n = min(context_length(pair.target, *filter(None, [pair.draft_model])) // 2, CONTEXT)
-    ids = (probe * (n // len(probe) + 1))[-n:]
+    window = limit = context_length(pair.target, *filter(None, [pair.draft_model]))
+    new_tokens = 16 * (k_max + 1)  # a cap: runs stop after a few blocks of rounds (`rounds` below)
+    if isinstance(target_cache, static_cache.StaticCaches):
+        # A static cache (the GPU path) holds only its own request's length, which may be less than the
+        # usual context, and a pass past its end is an error, not a stop: everything shrinks to fit.
+        limit = min(window, static_cache.room(target_cache.max_len))
+        new_tokens = min(new_tokens, limit - limit // 2)
+    n = min(window // 2, limit // 2, CONTEXT)
+    ids = _repeat(probe, n)
     curve = verify_curve(pair.target, ids, k_max + 1, target_cache)
-    greedy, run = SamplingConfig(), RunConfig(max_new_tokens=16 * (k_max + 1))
+    per_context = context_slopes(pair.target, probe, curve, n, min(2 * n, limit - k_max - 1), target_cache)
+    # A round's pass feeds the last kept token again after len(ids) - 1 cached ones, so the curve's
+    # passes after n cached tokens stand for rounds that begin at n + 1 (Step.context).
+    reference = n + 1
+
+    def at_reference(width: int, seconds: float, context: int | None) -> float:
+        """A pass timed in a round that began at `context`, as it would have cost at the reference:
+        the runs' contexts grow past it, and the curve's level must not rise with them."""
+        if not per_context or context is None:
+            return seconds
+        return seconds - by_width(per_context, width) * (context - reference)
+
+    greedy, run = SamplingConfig(), RunConfig(max_new_tokens=new_tokens)
     spec = SpecConfig(k=1, k_policy="fixed", k_max=k_max)
     ks = lengths(k_max)
     kw = {} if target_cache is CachedModel else dict(target_cache=target_cache)
@@ -158,7 +183,7 @@ def measure(pair, k_max: int, target_cache: Callable = CachedModel) -> Costs:
         # each run must hold one whole block of each length
         speculative += rounds(True, len(ks) * BLOCK)
     drafts: dict[int, list[float]] = {}
-    verifies: dict[int, list[float]] = {1: [s.verify_time for s, _ in plain]}
+    verifies: dict[int, list[float]] = {1: [at_reference(1, s.verify_time, s.context) for s, _ in plain]}
     outside = []
     previous_k = None
     for s, busy in speculative:
@@ -167,7 +192,7 @@ def measure(pair, k_max: int, target_cache: Callable = CachedModel) -> Costs:
         if s.round > 2 and s.k == previous_k:
             drafts.setdefault(len(s.drafted), []).append(s.draft_time)
         previous_k = s.k
-        verifies.setdefault(len(s.drafted) + 1, []).append(s.verify_time)
+        verifies.setdefault(len(s.drafted) + 1, []).append(at_reference(len(s.drafted) + 1, s.verify_time, s.context))
         outside.append(busy - s.draft_time - s.verify_time)
     draft_points = {n: statistics.median(t) for n, t in drafts.items()} or {0: 0.0}
     draft_round, draft_token = _fit_line(draft_points)
@@ -190,7 +215,27 @@ def measure(pair, k_max: int, target_cache: Callable = CachedModel) -> Costs:
         draft.insert(0, draft_points[0] if 0 in seen else draft_round)
     return Costs(verify_s=tuple(verify), draft_round_s=draft_round, draft_token_s=draft_token,
                  overhead_s=max(0.0, statistics.median(outside or [0.0])),
-                 plain_round_s=max(verify[0], _lower_quartile([t for _, t in plain])), draft_s=tuple(draft))
+                 plain_round_s=max(verify[0], _lower_quartile([at_reference(1, t, s.context) for s, t in plain])),
+                 draft_s=tuple(draft), verify_per_context_s=per_context, context=reference)
+
+
+def context_slopes(target, probe: list[int], curve: list[float], n: int, far: int,
+                   target_cache: Callable = CachedModel) -> tuple[float, ...]:
+    """Seconds more per context token for a pass over 1..len(curve) new tokens, from `curve` (timed
+    after n tokens) and the same curve timed after `far`; () when far is too close to n to tell.
+
+    Never negative, and never less for a wider pass, which reads the cache with more queries.
+    """
+    if far - n < MIN_SPAN:
+        return ()
+    curve_far = verify_curve(target, _repeat(probe, far), len(curve), target_cache)
+    return tuple(itertools.accumulate((max(0.0, (b - a) / (far - n)) for a, b in zip(curve, curve_far, strict=True)),
+                                      max))
+
+
+def _repeat(probe: list[int], n: int) -> list[int]:
+    """The last n tokens of the probe repeated: a context of n tokens."""
+    return (probe * (n // len(probe) + 1))[-n:]
 
 
 def _interpolate(points: dict[int, float], n: int) -> list[float]:

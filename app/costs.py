@@ -9,8 +9,14 @@ the figure labelled "predicted for this machine".
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
+
+
+def by_width(values: Sequence[float], width: int) -> float:
+    """values[width - 1] of a per-width list, whose last entry stands for every wider pass."""
+    return values[min(width, len(values)) - 1]
 
 
 def expected_tokens_per_round(alpha: float, k: int) -> float:
@@ -35,36 +41,72 @@ class Costs:
     # the line above. A draft's first steps after a target pass are dearer than its later ones, so a
     # least-squares line through short and long rounds undercounts the ones between.
     draft_s: tuple[float, ...] = ()
+    # A pass reads every cached position, so it costs more as the context grows, a wide pass the most.
+    # verify_s and plain_round_s hold at `context` tokens; [n - 1]: seconds more per context token for
+    # a pass over n new tokens. Empty: no dependence measured, every context costs the same.
+    verify_per_context_s: tuple[float, ...] = ()
+    context: int = 0
 
     def draft_time(self, k: int) -> float:
         """Seconds of one draft call of k tokens."""
         return self.draft_s[k] if k < len(self.draft_s) else self.draft_round_s + k * self.draft_token_s
 
-    def round_s(self, k: int) -> float:
-        """Seconds of a round that drafts k tokens and verifies k + 1."""
-        width = min(k, len(self.verify_s) - 1)
-        return self.draft_time(k) + self.verify_s[width] + self.overhead_s
+    def verify_time(self, width: int, context: int | None = None) -> float:
+        """Seconds of a pass over `width` new tokens after `context` tokens (None: the measured one)."""
+        return by_width(self.verify_curve(context), width)
 
-    def tokens_per_s(self, alpha: float, k: int) -> float:
-        return expected_tokens_per_round(alpha, k) / self.round_s(k)
+    def verify_curve(self, context: int | None = None) -> list[float]:
+        """verify_time for every width at one context, never less for a wider pass.
 
-    def speedup(self, alpha: float, k: int) -> float:
+        Below the measured context the line is extrapolated, a wide pass's furthest; it must reach
+        neither 0 nor below a narrower pass.
+        """
+        if context is None or not self.verify_per_context_s:
+            return list(self.verify_s)
+        shifted = (max(t + by_width(self.verify_per_context_s, n) * (context - self.context), t / 2)
+                   for n, t in enumerate(self.verify_s, start=1))
+        return list(itertools.accumulate(shifted, max))
+
+    def plain_s(self, context: int | None = None) -> float:
+        """Seconds of one plain round after `context` tokens."""
+        return self.plain_round_s - self.verify_s[0] + self.verify_time(1, context)
+
+    def round_s(self, k: int, context: int | None = None) -> float:
+        """Seconds of a round that drafts k tokens and verifies k + 1, after `context` tokens."""
+        return self._round_s(k, self.verify_curve(context))
+
+    def _round_s(self, k: int, verify: Sequence[float]) -> float:
+        return self.draft_time(k) + by_width(verify, k + 1) + self.overhead_s
+
+    def tokens_per_s(self, alpha: float, k: int, context: int | None = None) -> float:
+        return expected_tokens_per_round(alpha, k) / self.round_s(k, context)
+
+    def speedup(self, alpha: float, k: int, context: int | None = None) -> float:
         """Expected speedup over plain decoding at acceptance alpha with k drafts per round."""
-        return self.tokens_per_s(alpha, k) * self.plain_round_s
+        return self.tokens_per_s(alpha, k, context) * self.plain_s(context)
 
-    def best_k(self, alpha: float, k_max: int) -> int:
+    def best_k(self, alpha: float, k_max: int, context: int | None = None) -> int:
         """The k in 1..k_max with the most expected tokens per second (the smallest on a tie)."""
-        return max(range(1, k_max + 1), key=lambda k: (self.tokens_per_s(alpha, k), -k))
+        verify = self.verify_curve(context)  # once: adaptive k asks every round
 
-    def predicted_speedup(self, alpha: float, draft_lengths: Sequence[int], first_round_s: float = 0.0) -> float:
+        def rate(k: int) -> float:
+            return expected_tokens_per_round(alpha, k) / self._round_s(k, verify)
+
+        return max(range(1, k_max + 1), key=lambda k: (rate(k), -k))
+
+    def predicted_speedup(self, alpha: float, draft_lengths: Sequence[int], first_round_s: float = 0.0,
+                          contexts: Sequence[int | None] | None = None) -> float:
         """Speedup this model expects for rounds that drafted these many tokens, at acceptance alpha.
 
         first_round_s: a first round that both modes pay alike (the prompt's prefill, measured in the
         run), added to both sides as real runs add it: a long prompt dilutes the gain of the rounds.
+        contexts: each round's context length, which plain decoding of the same tokens shares.
         """
-        tokens = sum(expected_tokens_per_round(alpha, k) for k in draft_lengths)
-        seconds = sum(self.round_s(k) for k in draft_lengths)
-        return (first_round_s + tokens * self.plain_round_s) / (first_round_s + seconds)
+        contexts = contexts or [None] * len(draft_lengths)
+        rounds = list(zip(draft_lengths, contexts, strict=True))
+        plain = sum(expected_tokens_per_round(alpha, k) * self.plain_s(c) for k, c in rounds)
+        seconds = sum(self.round_s(k, c) for k, c in rounds)
+        return (first_round_s + plain) / (first_round_s + seconds)
 
     def to_dict(self) -> dict:
         return asdict(self)

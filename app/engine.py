@@ -179,7 +179,7 @@ def generate(
         proposer.commit(v.accepted, v.token, kept_features)
         sync(lm.device)
         t2 = time.perf_counter()
-        policy.update(len(drafts), v.accepted, t1 - t0, t2 - t1)
+        policy.update(len(drafts), v.accepted, t1 - t0, t2 - t1, context=base + v.accepted + 1)
 
         texts, token_text = out.detok.peek(drafts, v.accepted, v.token)
         kept = drafts[: v.accepted] + [v.token]
@@ -196,7 +196,7 @@ def generate(
             draft_time=t1 - t0, verify_time=t2 - t1, elapsed=busy,
             decisions=_decisions(drafts, texts, v),
             top=_top(tokenizer, proposal, p_logits, p, v) if teach and not autoregressive else [],
-            stop_reason=out.stop_reason, feature_position=proposal.feature_position,
+            stop_reason=out.stop_reason, feature_position=proposal.feature_position, context=base,
         )
         if out.stop_reason:
             return

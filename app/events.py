@@ -54,6 +54,7 @@ class Step:
     top: list[tuple[int, str, float, float, float]] = field(default_factory=list)
     stop_reason: str | None = None  # eos | stop_string | max_new_tokens | context_full, on the last step
     feature_position: int | None = None  # feature drafts: the position of the target feature the head read
+    context: int | None = None  # len(prompt + output) when the round began, which its cost grows with
 
     def spans(self) -> list[tuple[str, str]]:
         """(text, kind) pieces in display order, rejected drafts where they were proposed.

@@ -12,7 +12,8 @@ LABELS = {
     "theoretical_speedup": "Leviathan et al.'s idealised speedup at the measured alpha and c: "
                            "assumes one verify pass costs one plain step",
     "predicted_speedup": "predicted for this machine: the same expected tokens per round over this "
-                         "machine's measured round time (verify time per width, draft cost, overhead), "
+                         "machine's measured round time (verify time per width and context length, "
+                         "draft cost, overhead), "
                          "plus the run's first round (the prompt's prefill) as measured, on both sides",
     "achieved_speedup": "measured: speculative tokens/s over autoregressive tokens/s",
 }
@@ -82,7 +83,8 @@ def summarize(steps: Sequence[Step], costs: Costs | None = None) -> dict:
         if costs is not None:
             # Round 1 holds the prompt's prefill, which plain decoding pays too: it counts as measured.
             stats["predicted_speedup"] = costs.predicted_speedup(
-                min(alpha, 1.0), [len(s.drafted) for s in steps[1:]], first_round_s=steps[0].elapsed)
+                min(alpha, 1.0), [len(s.drafted) for s in steps[1:]], first_round_s=steps[0].elapsed,
+                contexts=[s.context for s in steps[1:]])
     return stats
 
 

@@ -16,8 +16,10 @@ class KPolicy:
     def next_k(self) -> int:
         return self.k
 
-    def update(self, drafted: int, accepted: int, draft_time: float, verify_time: float) -> None:
-        """Learn from one round: drafts offered and kept, and the two measured times."""
+    def update(self, drafted: int, accepted: int, draft_time: float, verify_time: float,
+               context: int | None = None) -> None:
+        """Learn from one round: drafts offered and kept, the two measured times, and the context
+        length the next round starts from."""
 
 
 class HeuristicK(KPolicy):
@@ -27,7 +29,7 @@ class HeuristicK(KPolicy):
         super().__init__(spec)
         self.k = min(spec.k, spec.k_max)
 
-    def update(self, drafted, accepted, draft_time, verify_time):
+    def update(self, drafted, accepted, draft_time, verify_time, context=None):
         if drafted:
             self.k = min(self.k + 2, self.spec.k_max) if accepted == drafted else max(self.k - 1, 1)
 
@@ -37,8 +39,9 @@ class AdaptiveK(KPolicy):
 
     a is Leviathan's per-token acceptance (accepted / (accepted + rejections)), decayed so it
     tracks the text as it changes. round_seconds comes from `costs`, the machine's measured
-    curve (calibrate.py); without one, Leviathan's idealised costs. No clock is read here:
-    the same records give the same k, so the same seed gives the same sampled text.
+    curve (calibrate.py) at the context the next round starts from, which the records fix too; without
+    one, Leviathan's idealised costs. No clock is read here: the same records give the same k, so
+    the same seed gives the same sampled text.
     """
 
     DECAY = 0.8  # weight kept by the past each round
@@ -53,13 +56,13 @@ class AdaptiveK(KPolicy):
     def alpha(self) -> float:
         return self.accepted / (self.accepted + self.rejected)
 
-    def update(self, drafted, accepted, draft_time, verify_time):
+    def update(self, drafted, accepted, draft_time, verify_time, context=None):
         if not drafted:
             return
         d = self.DECAY
         self.accepted = d * self.accepted + accepted
         self.rejected = d * self.rejected + (accepted < drafted)
-        self.k = self.costs.best_k(min(self.alpha, 0.999), self.spec.k_max)
+        self.k = self.costs.best_k(min(self.alpha, 0.999), self.spec.k_max, context)
 
 
 def make_policy(spec: SpecConfig, costs: Costs | None = None) -> KPolicy:

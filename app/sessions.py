@@ -60,8 +60,8 @@ class _Replay(KPolicy):
         self.round += 1
         return k
 
-    def update(self, drafted, accepted, draft_time, verify_time):
-        self.inner.update(drafted, accepted, draft_time, verify_time)
+    def update(self, drafted, accepted, draft_time, verify_time, context=None):
+        self.inner.update(drafted, accepted, draft_time, verify_time, context)
 
 
 @dataclass

@@ -17,6 +17,7 @@ from __future__ import annotations
 import functools
 import os
 import threading
+from dataclasses import dataclass
 
 import torch
 from transformers import PreTrainedModel, StaticCache
@@ -105,7 +106,7 @@ class StaticCachedModel:
 
     def _forward(self, ids: list[int], keep: int, features: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
         n = len(ids)
-        if self.length + n + BUCKETS[-1] > self.max_len:
+        if self.length + n > room(self.max_len):
             raise SpecError(f"static cache of {self.max_len} tokens is full: raise its length")
         width = next((b for b in BUCKETS if b >= n), None)
         if self.compile and width is not None:
@@ -148,9 +149,27 @@ class StaticModelProposer(ModelProposer):
         self.lm = StaticCachedModel(self.model, self.max_len, self.compile)
 
 
-def target_cache(max_len: int, compile: bool = False):
+def room(max_len: int) -> int:
+    """The most tokens a pass may end at in a static cache of max_len: the widest graph's padding
+    must still fit after it."""
+    return max_len - BUCKETS[-1]
+
+
+@dataclass(frozen=True)
+class StaticCaches:
+    """A target_cache for engine.generate: static caches of max_len tokens. Its length is known to
+    whoever plans passes ahead of a request (calibrate.py), since a pass past the end is an error."""
+
+    max_len: int
+    compile: bool = False
+
+    def __call__(self, model: PreTrainedModel) -> StaticCachedModel:
+        return StaticCachedModel(model, self.max_len, self.compile)
+
+
+def target_cache(max_len: int, compile: bool = False) -> StaticCaches:
     """A target_cache for engine.generate: static caches of max_len tokens."""
-    return functools.partial(StaticCachedModel, max_len=max_len, compile=compile)
+    return StaticCaches(max_len, compile)
 
 
 def setup(pair, spec, requested: bool, prompt_len: int, max_new_tokens: int, speculative: bool = True):

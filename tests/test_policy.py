@@ -1,13 +1,14 @@
 """Adaptive k follows this machine's measured costs, and reads no clock: same seed, same text."""
 
 import dataclasses
+import itertools
 import random
 
 import pytest
 from conftest import run
 
-from app import calibrate, metrics
-from app.config import SpecConfig
+from app import calibrate, engine, metrics
+from app.config import RunConfig, SamplingConfig, SpecConfig
 from app.costs import Costs
 from app.models import PROMPT_LOOKUP, Pair
 from app.policy import AdaptiveK
@@ -17,6 +18,8 @@ PROMPT = "def add(a, b):\n  return a"
 # A machine where a verify pass over n tokens costs 1 + 0.25 (n - 1) steps, drafting 0.05 a token.
 STEEP = Costs(verify_s=tuple(1 + 0.25 * i for i in range(9)), draft_round_s=0.0, draft_token_s=0.05,
               overhead_s=0.0, plain_round_s=1.0)
+# The same machine measured after 100 tokens, where a pass over n tokens costs n ms more per context token.
+GROWING = dataclasses.replace(STEEP, verify_per_context_s=tuple(1e-3 * n for n in range(1, 10)), context=100)
 
 
 def test_k_depends_on_the_records_only():
@@ -117,30 +120,44 @@ def test_calibration_takes_round_times_as_rounds_spend_them(target, near_draft, 
     """The verify curve keeps its shape but takes its level from the rounds' own verify times (passes
     timed back to back ran a fifth faster than inside rounds), and a draft whose first steps cost more
     than its later ones is interpolated between the lengths it ran, not put on one line through them.
-    Times are fixed here, so nothing depends on the clock."""
+    Passes cost more after a longer context, a wide pass the most: timed after two contexts, the curve
+    gives each width's cost per context token, and every round's pass is brought back to the curve's
+    context before it sets the level. Times are fixed here, so nothing depends on the clock."""
     pair = Pair(target, tokenizer, "tiny", "model", near_draft)
     k_max = 8
     curve = [0.001 + 0.0001 * n for n in range(k_max + 1)]  # back to back: flatter and lower
 
+    def per_context(width):  # seconds more per context token: 1 us, plus 0.5 us a token
+        return 1e-6 * (1 + 0.5 * (width - 1))
+
     def draft_s(k):  # concave: 1.0 ms for the first draft, 0.4 ms for each of the next three, 0.2 ms after
         return 0.0 if k == 0 else 0.001 + 0.0004 * min(k - 1, 3) + 0.0002 * max(k - 4, 0)
 
-    def verify_s(width):  # inside rounds: 2 ms, plus 0.25 ms a token
-        return 0.002 + 0.00025 * (width - 1)
+    reference = min(target.config.max_position_embeddings // 2, calibrate.CONTEXT)
 
-    monkeypatch.setattr(calibrate, "verify_curve", lambda *args, **kwargs: list(curve))
+    def verify_s(width, cached=reference):  # inside rounds: 2 ms, plus 0.25 ms a token, after `reference` cached
+        return 0.002 + 0.00025 * (width - 1) + per_context(width) * (cached - reference)
+
+    monkeypatch.setattr(calibrate, "verify_curve", lambda target, context, widths, *args, **kwargs: [
+        t + per_context(n) * (len(context) - reference) for n, t in enumerate(curve, start=1)])
 
     def fixed(steps):
         out = []
         for s in steps[1:]:
             n = len(s.drafted)
-            s = dataclasses.replace(s, draft_time=draft_s(n), verify_time=verify_s(n + 1))
+            # A round's pass feeds its last kept token again: it reads one position fewer from the cache.
+            s = dataclasses.replace(s, draft_time=draft_s(n), verify_time=verify_s(n + 1, s.context - 1))
             out.append((s, s.draft_time + s.verify_time + 0.0001))
         return out
 
     monkeypatch.setattr(calibrate, "_busy", fixed)
     costs = calibrate.measure(pair, k_max)
     assert calibrate.lengths(k_max) == [1, 4, 8]
+    assert costs.context == reference + 1  # rounds that begin there read what the curve's passes read
+    assert costs.verify_per_context_s == pytest.approx([per_context(n) for n in range(1, k_max + 2)])
+    for context in (reference - 50, reference + 100):
+        assert costs.verify_time(5, context) == pytest.approx(verify_s(5, context - 1))
+        assert costs.plain_s(context) == pytest.approx(verify_s(1, context - 1) + 0.0001)
     for k in calibrate.lengths(k_max):
         assert costs.verify_s[k] == pytest.approx(verify_s(k + 1))
         assert costs.draft_time(k) == pytest.approx(draft_s(k))
@@ -159,3 +176,56 @@ def test_interpolation_is_level_beyond_its_points_and_zero_without_any():
     assert calibrate._interpolate({1: 1.0, 4: 2.2, 8: 3.0}, 9) == pytest.approx(
         [1.0, 1.0, 1.4, 1.8, 2.2, 2.4, 2.6, 2.8, 3.0])
     assert calibrate._interpolate({}, 3) == [0.0, 0.0, 0.0]
+
+
+def test_a_longer_context_makes_rounds_dearer_and_k_shorter():
+    """Attention reads every cached position, so a pass costs more after a longer context and a wide
+    pass more than a narrow one: the prediction and adaptive k follow the contexts the rounds read."""
+    assert GROWING.verify_time(5, 100) == STEEP.verify_time(5) == STEEP.verify_s[4]
+    assert GROWING.round_s(4, 300) - GROWING.round_s(4) == pytest.approx(200 * 5e-3)
+    assert GROWING.round_s(8, 300) - GROWING.round_s(8, 100) > GROWING.round_s(2, 300) - GROWING.round_s(2, 100)
+    assert GROWING.plain_s(300) == pytest.approx(STEEP.plain_round_s + 200 * 1e-3)
+    # Below the measured context a pass costs less, but never nothing, nor less than a narrower one.
+    assert GROWING.verify_time(1, 0) == pytest.approx(0.9)
+    far = dataclasses.replace(GROWING, context=1000)
+    assert far.verify_time(9, 0) == pytest.approx(STEEP.verify_s[8] / 2)
+    assert far.verify_time(2, 700) == far.verify_time(1, 700)  # the wider pass's line falls below it there
+    assert far.verify_curve(700) == sorted(far.verify_curve(700))
+    # Plain decoding of the same tokens pays the same context: both sides of the prediction move.
+    e = metrics.expected_tokens_per_pass(0.8, 4)
+    assert GROWING.predicted_speedup(0.8, [4], contexts=[400]) == pytest.approx(
+        e * (1 + 300 * 1e-3) / (STEEP.round_s(4) + 300 * 5e-3))
+    assert GROWING.predicted_speedup(0.8, [4] * 10, contexts=[100] * 10) == pytest.approx(
+        STEEP.predicted_speedup(0.8, [4] * 10))
+    assert GROWING.best_k(0.9, 8, 1000) < GROWING.best_k(0.9, 8, 100)
+    ks = {}
+    for context in (100, 1000):
+        policy = AdaptiveK(SpecConfig(k_max=8), GROWING)
+        for _ in range(5):
+            policy.update(4, 4, 0.0, 0.0, context=context)
+        ks[context] = policy.next_k()
+    assert ks[1000] < ks[100]
+
+
+def test_each_round_records_the_context_its_passes_read(target, near_draft, tokenizer):
+    _, steps = run(target, tokenizer, PROMPT, ModelProposer(near_draft, "near"), k_policy="adaptive", k_max=6,
+                   max_new_tokens=40)
+    assert steps[0].context == len(tokenizer(PROMPT)["input_ids"])
+    for before, after in itertools.pairwise(steps):
+        assert after.context == before.context + len(before.emitted)
+    st = metrics.summarize(steps, GROWING)
+    assert st["predicted_speedup"] == pytest.approx(GROWING.predicted_speedup(
+        st["alpha"], [len(s.drafted) for s in steps[1:]], first_round_s=steps[0].elapsed,
+        contexts=[s.context for s in steps[1:]]))
+    assert st["predicted_speedup"] != pytest.approx(metrics.summarize(steps, STEEP)["predicted_speedup"])
+
+    class Recording(AdaptiveK):
+        def update(self, drafted, accepted, draft_time, verify_time, context=None):
+            seen.append(context)
+            super().update(drafted, accepted, draft_time, verify_time, context)
+
+    seen, spec = [], SpecConfig(k_policy="adaptive", k_max=6)
+    steps = list(engine.generate(target, tokenizer, tokenizer(PROMPT)["input_ids"], ModelProposer(near_draft, "near"),
+                                 SamplingConfig(), spec, RunConfig(max_new_tokens=40), Recording(spec, GROWING)))
+    assert seen[:-1] == [s.context for s in steps[1:]]  # each choice of k knows the context it is for
+

@@ -1,7 +1,7 @@
 """The static-cache path (the GPU fast path, run eagerly on CPU) gives the target's own greedy output."""
 
 import pytest
-from conftest import run
+from conftest import run, tiny_llama
 
 from app import engine
 from app.config import RunConfig, SamplingConfig, SpecConfig
@@ -51,3 +51,20 @@ def test_fast_path_is_cuda_only_and_off_on_zerogpu(monkeypatch):
     monkeypatch.setenv("SPACES_ZERO_GPU", "1")
     assert "ZeroGPU" in available(True, torch.device("cuda"))[1]
     assert cache_length(100, 128) % 256 == 0 and cache_length(100, 128) >= 100 + 128 + BUCKETS[-1]
+
+
+def test_calibration_fits_a_static_cache_sized_for_a_short_request(tokenizer):
+    """A short request's static cache holds less than the calibration's usual context (256 tokens
+    for a model with a 1,024-token window): its passes and short runs must fit in it. On CUDA every
+    --compile request is calibrated with a cache of its own length."""
+    from app import calibrate
+    from app.models import PROMPT_LOOKUP, Pair
+
+    target = tiny_llama(len(tokenizer), ctx=1024)
+    pair = Pair(target, tokenizer, "tiny", PROMPT_LOOKUP, None)
+    max_len = cache_length(len(tokenizer(PROMPT)["input_ids"]), 40)
+    assert max_len < calibrate.CONTEXT + 9 + BUCKETS[-1]
+    costs = calibrate.measure(pair, 8, target_cache(max_len))
+    assert len(costs.verify_s) == 9 and all(t > 0 for t in costs.verify_s)
+    assert costs.context <= max_len // 2
+    assert costs.verify_per_context_s, "the second, longer context must fit in the cache too"
