@@ -133,14 +133,14 @@ def measure(pair, k_max: int, target_cache: Callable = CachedModel) -> Costs:
     """Costs of `pair` (models.Pair) on this machine for up to k_max drafts per round."""
     probe = pair.tokenizer(PROBE)["input_ids"]
     # The draft's window too: runs stop where the smaller window ends, and then no round is timed.
-    window = limit = context_length(pair.target, *filter(None, [pair.draft_model]))
+    limit = context_length(pair.target, *filter(None, [pair.draft_model]))
     new_tokens = 16 * (k_max + 1)  # a cap: runs stop after a few blocks of rounds (`rounds` below)
     if isinstance(target_cache, static_cache.StaticCaches):
         # A static cache (the GPU path) holds only its own request's length, which may be less than the
         # usual context, and a pass past its end is an error, not a stop: everything shrinks to fit.
-        limit = min(window, static_cache.room(target_cache.max_len))
+        limit = min(limit, static_cache.room(target_cache.max_len))
         new_tokens = min(new_tokens, limit - limit // 2)
-    n = min(window // 2, limit // 2, CONTEXT)
+    n = min(limit // 2, CONTEXT)
     ids = _repeat(probe, n)
     curve = verify_curve(pair.target, ids, k_max + 1, target_cache)
     per_context = context_slopes(pair.target, probe, curve, n, min(2 * n, limit - k_max - 1), target_cache)

@@ -69,7 +69,10 @@ class Costs:
 
     def plain_s(self, context: int | None = None) -> float:
         """Seconds of one plain round after `context` tokens."""
-        return self.plain_round_s - self.verify_s[0] + self.verify_time(1, context)
+        return self._plain_s(self.verify_curve(context))
+
+    def _plain_s(self, verify: Sequence[float]) -> float:
+        return self.plain_round_s - self.verify_s[0] + verify[0]
 
     def round_s(self, k: int, context: int | None = None) -> float:
         """Seconds of a round that drafts k tokens and verifies k + 1, after `context` tokens."""
@@ -102,10 +105,11 @@ class Costs:
         run), added to both sides as real runs add it: a long prompt dilutes the gain of the rounds.
         contexts: each round's context length, which plain decoding of the same tokens shares.
         """
-        contexts = contexts or [None] * len(draft_lengths)
-        rounds = list(zip(draft_lengths, contexts, strict=True))
-        plain = sum(expected_tokens_per_round(alpha, k) * self.plain_s(c) for k, c in rounds)
-        seconds = sum(self.round_s(k, c) for k, c in rounds)
+        plain = seconds = 0.0
+        for k, context in zip(draft_lengths, contexts or [None] * len(draft_lengths), strict=True):
+            verify = self.verify_curve(context)  # once per round: both sides read it
+            plain += expected_tokens_per_round(alpha, k) * self._plain_s(verify)
+            seconds += self._round_s(k, verify)
         return (first_round_s + plain) / (first_round_s + seconds)
 
     def to_dict(self) -> dict:
