@@ -3,9 +3,11 @@ transformers' own generate (plain; assisted and prompt lookup, each with its def
 with a truly constant k), repeated and interleaved. `--card` (card.py) and `--threads-check`
 (threads_check.py) are its two other modes.
 
-Every contender is warmed up, then each prompt runs every contender `--reps` times in
+Every contender is warmed up, then each prompt takes its own calibration (calibrate.py, which
+"predicted for this machine" and adaptive k read) and runs every contender `--reps` times in
 rotating order, so drift on a shared machine falls on all alike; medians and spreads are
-reported, and every greedy output is checked against plain decoding token for token.
+reported, the calibrations' too, and every greedy output is checked against plain decoding token
+for token.
 
     python -m app bench [--suite code|prose|all] [--draft ...] [--k 4] [--reps 3] [--out runs/bench]
     python -m app bench --card       # acceptance and cost of every bundled draft (card.py)
@@ -247,16 +249,24 @@ def bench(args) -> dict:
     lookup_pair = None
     if args.lookup and pair.draft_spec.kind != draft_spec.PROMPT_LOOKUP:
         lookup_pair = models.load_pair(args.target, models.PROMPT_LOOKUP, args.device, args.dtype)
-    costs = calibrate.costs_for(pair, _adaptive(sp))
+    costs = calibrate.costs_for(pair, _adaptive(sp))  # the pair's, as the app and the CLI keep it
     lookup_costs = calibrate.costs_for(lookup_pair, _adaptive(sp)) if lookup_pair else None
     prompts = suite(args.suite)[: args.limit or None]
     field = contenders(args, pair, lookup_pair, s, sp, r, costs, lookup_costs)
-    assisted = next((c for c in field if c.name == f"hf_assisted_k={sp.k}"), None)  # timed once more, on the pass clock
     warm = pair.encode(prompts[0], r.chat)
     for c in field:  # warm-up, discarded: first calls allocate and pick kernels
         c.run(warm, 16)
     rows = []
     for i, prompt in enumerate(prompts):
+        # A calibration is one draw of this host's speed, which drifts by a tenth over minutes and not
+        # evenly across pass widths, so one taken at the start predicted a whole run 10-15% fast at
+        # large k. Each prompt is predicted from its own, taken right beside its runs, as a pair's
+        # first request is in the app; the spread of the draws is reported with them.
+        own = calibrate.measure(pair, _adaptive(sp).k_max)
+        lookup_own = calibrate.measure(lookup_pair, _adaptive(sp).k_max) if lookup_pair else None
+        field = contenders(args, pair, lookup_pair, s, sp, r, own, lookup_own)
+        # transformers' assisted run at constant k is timed once more, on the pass clock
+        assisted = next((c for c in field if c.name == f"hf_assisted_k={sp.k}"), None)
         ids = pair.encode(prompt, r.chat)
         times = {c.name: [] for c in field}
         outputs, steps = {}, {}
@@ -266,8 +276,9 @@ def bench(args) -> dict:
                 out, seconds, st = c.run(ids, r.max_new_tokens)
                 times[c.name].append(seconds)
                 outputs[c.name], steps[c.name] = out, st
-        row = prompt_row(i, ids, field, times, outputs, steps, costs, lookup_costs, sp.k)
-        row["outside_forward"] = outside_forward(pair, ids, s, sp, r, costs)
+        row = prompt_row(i, ids, field, times, outputs, steps, own, lookup_own, sp.k)
+        row["calibration"] = calibration_row(own)
+        row["outside_forward"] = outside_forward(pair, ids, s, sp, r, own)
         if assisted is not None:
             row["hf_passes"] = hf_passes_share(pair, assisted, ids, r.max_new_tokens)
         rows.append(row)
@@ -280,6 +291,13 @@ def bench(args) -> dict:
                 costs=costs.to_dict(), lookup_costs=lookup_costs.to_dict() if lookup_costs else None,
                 summary=summarize_rows(rows, [c.name for c in field], sp.k), prompts=rows,
                 device=str(pair.target.device), dtype=str(pair.target.dtype), torch=torch.__version__)
+
+
+def calibration_row(costs: Costs) -> dict:
+    """A prompt's own calibration in milliseconds: a plain round, the narrowest and the widest pass."""
+    widest = len(costs.verify_s)
+    return dict(plain_round_ms=1000 * costs.plain_round_s, verify_1_ms=1000 * costs.verify_s[0],
+                verify_widest_ms=1000 * costs.verify_s[-1], draft_widest_ms=1000 * costs.draft_time(widest - 1))
 
 
 def prompt_row(i, ids, field, times, outputs, steps, costs, lookup_costs, k: int) -> dict:
@@ -334,6 +352,7 @@ def summarize_rows(rows: list[dict], names: list[str], k: int) -> dict:
                all_identical=all(r["identical"] for r in rows),
                achieved_over_predicted=med([r["speedup"] / r["adaptive"]["predicted_speedup"] for r in rows
                                             if r["adaptive"].get("predicted_speedup")]),
+               calibrations={key: med([r["calibration"][key] for r in rows]) for key in rows[0]["calibration"]},
                outside_forward_share=med([r["outside_forward"]["share"] for r in rows]),
                outside_forward_ms_per_round=med([r["outside_forward"]["ms_per_round"] for r in rows]))
     if best:

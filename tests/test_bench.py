@@ -59,6 +59,27 @@ def test_a_k_outside_the_sweep_still_gets_its_like_for_like_partner(tmp_path):
     assert sm["ours_over_hf_fixed_k"]["median"] > 0
 
 
+def test_each_prompt_is_predicted_from_its_own_calibration(tmp_path, monkeypatch):
+    draws = []
+    real = bench.calibrate.measure
+
+    def measure(pair, k_max, *args):
+        draws.append(real(pair, k_max, *args))
+        return draws[-1]
+    monkeypatch.setattr(bench.calibrate, "measure", measure)
+    out = tmp_path / "b"
+    argv = ["--limit", "2", "--reps", "1", "--max-new-tokens", "8", "--no-sweep", "--no-lookup", "--no-hf",
+            "--out", str(out)]
+    assert bench.main(argv) == 0
+    doc = json.loads(out.with_suffix(".json").read_text())
+    own = draws[-2:]  # one per prompt, after the pair's own (unless an earlier test left it cached)
+    assert len(draws) in (2, 3) and own[0] is not own[1]
+    for row, costs in zip(doc["prompts"], own, strict=True):
+        assert row["calibration"]["verify_widest_ms"] == pytest.approx(1000 * costs.verify_s[-1])
+    spread = doc["summary"]["calibrations"]["verify_widest_ms"]
+    assert spread["min"] <= spread["median"] <= spread["max"]
+
+
 def test_card_still_reports_every_bundled_draft(tmp_path):
     out = tmp_path / "card"
     assert bench.main(["--card", "--limit", "1", "--max-new-tokens", "8", "--out", str(out)]) == 0
