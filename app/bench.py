@@ -249,7 +249,8 @@ def bench(args) -> dict:
     lookup_pair = None
     if args.lookup and pair.draft_spec.kind != draft_spec.PROMPT_LOOKUP:
         lookup_pair = models.load_pair(args.target, models.PROMPT_LOOKUP, args.device, args.dtype)
-    costs = calibrate.costs_for(pair, _adaptive(sp))  # the pair's, as the app and the CLI keep it
+    # The pair's calibration, as the app and the CLI keep it: here only the warm-up runs on it.
+    costs = calibrate.costs_for(pair, _adaptive(sp))
     lookup_costs = calibrate.costs_for(lookup_pair, _adaptive(sp)) if lookup_pair else None
     prompts = suite(args.suite)[: args.limit or None]
     field = contenders(args, pair, lookup_pair, s, sp, r, costs, lookup_costs)
@@ -260,8 +261,8 @@ def bench(args) -> dict:
     for i, prompt in enumerate(prompts):
         # A calibration is one draw of this host's speed, which drifts by a tenth over minutes and not
         # evenly across pass widths, so one taken at the start predicted a whole run 10-15% fast at
-        # large k. Each prompt is predicted from its own, taken right beside its runs, as a pair's
-        # first request is in the app; the spread of the draws is reported with them.
+        # large k. Each prompt's runs and prediction read a draw taken just before them, and every
+        # draw is in the JSON, so a run shows how far its host's speed moved.
         own = calibrate.measure(pair, _adaptive(sp).k_max)
         lookup_own = calibrate.measure(lookup_pair, _adaptive(sp).k_max) if lookup_pair else None
         field = contenders(args, pair, lookup_pair, s, sp, r, own, lookup_own)
@@ -277,7 +278,9 @@ def bench(args) -> dict:
                 times[c.name].append(seconds)
                 outputs[c.name], steps[c.name] = out, st
         row = prompt_row(i, ids, field, times, outputs, steps, own, lookup_own, sp.k)
-        row["calibration"] = calibration_row(own)
+        row["costs"] = own.to_dict()
+        if lookup_own is not None:
+            row["lookup_costs"] = lookup_own.to_dict()
         row["outside_forward"] = outside_forward(pair, ids, s, sp, r, own)
         if assisted is not None:
             row["hf_passes"] = hf_passes_share(pair, assisted, ids, r.max_new_tokens)
@@ -291,13 +294,6 @@ def bench(args) -> dict:
                 costs=costs.to_dict(), lookup_costs=lookup_costs.to_dict() if lookup_costs else None,
                 summary=summarize_rows(rows, [c.name for c in field], sp.k), prompts=rows,
                 device=str(pair.target.device), dtype=str(pair.target.dtype), torch=torch.__version__)
-
-
-def calibration_row(costs: Costs) -> dict:
-    """A prompt's own calibration in milliseconds: a plain round, the narrowest and the widest pass."""
-    widest = len(costs.verify_s)
-    return dict(plain_round_ms=1000 * costs.plain_round_s, verify_1_ms=1000 * costs.verify_s[0],
-                verify_widest_ms=1000 * costs.verify_s[-1], draft_widest_ms=1000 * costs.draft_time(widest - 1))
 
 
 def prompt_row(i, ids, field, times, outputs, steps, costs, lookup_costs, k: int) -> dict:
@@ -352,7 +348,6 @@ def summarize_rows(rows: list[dict], names: list[str], k: int) -> dict:
                all_identical=all(r["identical"] for r in rows),
                achieved_over_predicted=med([r["speedup"] / r["adaptive"]["predicted_speedup"] for r in rows
                                             if r["adaptive"].get("predicted_speedup")]),
-               calibrations={key: med([r["calibration"][key] for r in rows]) for key in rows[0]["calibration"]},
                outside_forward_share=med([r["outside_forward"]["share"] for r in rows]),
                outside_forward_ms_per_round=med([r["outside_forward"]["ms_per_round"] for r in rows]))
     if best:
@@ -363,6 +358,8 @@ def summarize_rows(rows: list[dict], names: list[str], k: int) -> dict:
                       for r in rows])
         out |= dict(best_fixed_k=best, best_fixed_speedup=fixed[best], adaptive_over_best_fixed=paired,
                     adaptive_over_best_fixed_of_medians=adaptive / fixed[best])
+    if all("costs" in r for r in rows):
+        out["calibrations"] = calibration_spread([Costs(**r["costs"]) for r in rows], med)
     if all("hf_passes" in r for r in rows):
         out |= dict(hf_assisted_passes_share=med([r["hf_passes"]["share"] for r in rows]),
                     ours_over_hf_ceiling=med([r["hf_passes"]["ceiling"] for r in rows]))
@@ -371,6 +368,16 @@ def summarize_rows(rows: list[dict], names: list[str], k: int) -> dict:
         if any(v is not None for v in values):
             out[f"ours_over_hf_{key}"] = med(values)
     return out
+
+
+def calibration_spread(draws: list[Costs], med) -> dict:
+    """Milliseconds of the parts that drift moved in the prompts' calibrations, the widest pass most:
+    a plain round, the narrowest and widest passes, and drafting k_max tokens."""
+    k_max = len(draws[0].verify_s) - 1
+    return dict(plain_round_ms=med([1000 * c.plain_round_s for c in draws]),
+                verify_1_ms=med([1000 * c.verify_time(1) for c in draws]),
+                verify_widest_ms=med([1000 * c.verify_time(k_max + 1) for c in draws]),
+                draft_k_max_ms=med([1000 * c.draft_time(k_max) for c in draws]))
 
 
 def _f(x):
@@ -403,7 +410,9 @@ repetitions, then median over prompts). Spread: (max - min) / median of a prompt
 <th>rep spread</th><th>predicted for this machine</th><th>output = plain</th></tr>{rows}</table>
 <h2>Summary</h2><pre>{html.escape(json.dumps(facts, indent=1))}</pre>
 <h2>Labels</h2><pre>{html.escape(json.dumps(doc['labels'], indent=1))}</pre>
-<h2>This machine's costs</h2><pre>{html.escape(json.dumps(doc['costs'], indent=1))}</pre>
+<h2>This machine's costs</h2><p>The pair's first calibration; each prompt's runs and prediction read their
+own, taken just before them (each prompt's "costs" in the JSON; their spread is under "calibrations" above).</p>
+<pre>{html.escape(json.dumps(doc['costs'], indent=1))}</pre>
 {figure}</body></html>"""
 
 

@@ -59,25 +59,39 @@ def test_a_k_outside_the_sweep_still_gets_its_like_for_like_partner(tmp_path):
     assert sm["ours_over_hf_fixed_k"]["median"] > 0
 
 
-def test_each_prompt_is_predicted_from_its_own_calibration(tmp_path, monkeypatch):
-    draws = []
-    real = bench.calibrate.measure
+def test_each_prompt_runs_and_is_predicted_on_its_own_calibration(tmp_path, monkeypatch):
+    draws, policies, predictions = [], [], []
+    real_measure, real_policy, real_summarize = bench.calibrate.measure, bench.make_policy, bench.metrics.summarize
 
-    def measure(pair, k_max, *args):
-        draws.append(real(pair, k_max, *args))
+    def measure(*args, **kw):
+        draws.append(real_measure(*args, **kw))
         return draws[-1]
+
+    def make_policy(spec, costs):
+        policies.append(costs)
+        return real_policy(spec, costs)
+
+    def summarize(steps, costs=None):
+        predictions.append(costs)
+        return real_summarize(steps, costs)
     monkeypatch.setattr(bench.calibrate, "measure", measure)
+    monkeypatch.setattr(bench, "make_policy", make_policy)
+    monkeypatch.setattr(bench.metrics, "summarize", summarize)
     out = tmp_path / "b"
-    argv = ["--limit", "2", "--reps", "1", "--max-new-tokens", "8", "--no-sweep", "--no-lookup", "--no-hf",
+    argv = ["--limit", "2", "--reps", "2", "--max-new-tokens", "8", "--no-sweep", "--no-lookup", "--no-hf",
             "--out", str(out)]
     assert bench.main(argv) == 0
     doc = json.loads(out.with_suffix(".json").read_text())
     own = draws[-2:]  # one per prompt, after the pair's own (unless an earlier test left it cached)
-    assert len(draws) in (2, 3) and own[0] is not own[1]
+    assert len(draws) in (2, 3)
+    # Each prompt's adaptive runs (2 reps, then the run on the pass clock) and its prediction read its draw.
+    assert policies[-6:] == [own[0]] * 3 + [own[1]] * 3
+    assert [c for c in predictions if c is not None] == own
     for row, costs in zip(doc["prompts"], own, strict=True):
-        assert row["calibration"]["verify_widest_ms"] == pytest.approx(1000 * costs.verify_s[-1])
+        assert row["costs"]["verify_s"] == pytest.approx(list(costs.verify_s))
+    widest = [1000 * c.verify_s[-1] for c in own]
     spread = doc["summary"]["calibrations"]["verify_widest_ms"]
-    assert spread["min"] <= spread["median"] <= spread["max"]
+    assert (spread["min"], spread["max"]) == pytest.approx((min(widest), max(widest)))
 
 
 def test_card_still_reports_every_bundled_draft(tmp_path):
