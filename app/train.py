@@ -56,6 +56,14 @@ KD_WEIGHT = 0.7  # share of the distilled draft's loss that is KL to the target
 ON_POLICY_BATCHES = 80  # generation batches of the target
 ON_POLICY_BATCH, ON_POLICY_PREFIX, ON_POLICY_NEW = 64, 128, 128
 ON_POLICY_STEPS = 1500  # extra optimiser steps on those continuations
+# Sequence-level unlikelihood (Welleck et al. 2019), an optional last phase of the target's training
+# (--unlikelihood-steps; the shipped target has none): a 7M target loops in 95% of greedy code
+# continuations however long it trains, because greedy decoding follows its most likely cycle. The
+# phase alternates corpus batches with batches of its own greedy continuations, in which every token
+# of a 4-gram that already occurred earlier in the continuation is pushed down by -log(1 - p).
+UL_NGRAM = 4
+UL_BATCH, UL_PREFIX, UL_NEW = 8, 64, 128
+UL_LR = 3e-4  # a fine-tune of a trained model: the corpus phase's 2e-3 would undo it
 # The feature-level draft (EAGLE-1) trains after the target, on the frozen target's features.
 FEATURE_HEAD = "draft-feature"
 FEATURE_STEPS, FEATURE_LR = 2000, 2e-3
@@ -178,6 +186,67 @@ def train_one(shape, model, data, args, log, teacher=None, corpus=None, steps=No
     return result
 
 
+def repeated_ngrams(rows: torch.Tensor, n: int = UL_NGRAM) -> torch.Tensor:
+    """(B, T) bool: the tokens of every n-gram that already occurred earlier in its row."""
+    mask = torch.zeros_like(rows, dtype=torch.bool)
+    for b, row in enumerate(rows.tolist()):
+        seen = set()
+        for t in range(n - 1, len(row)):
+            gram = tuple(row[t - n + 1 : t + 1])
+            if gram in seen:
+                mask[b, t - n + 1 : t + 1] = True
+            seen.add(gram)
+    return mask
+
+
+def unlikelihood_loss(model, rows: torch.Tensor, start: int) -> tuple[torch.Tensor, float]:
+    """Mean -log(1 - p) of the repeated tokens of rows[:, start:] (the continuations), and the
+    share of continuation tokens that repeat."""
+    new = rows[:, start:]
+    mask = repeated_ngrams(new)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        logits = model(input_ids=rows[:, :-1]).logits.float()[:, start - 1 :]
+    p = logits.softmax(-1).gather(-1, new[..., None])[..., 0]
+    loss = -(torch.log((1 - p).clamp(min=1e-5)) * mask).sum() / mask.sum().clamp(min=1)
+    return loss, mask.float().mean().item()
+
+
+def train_unlikelihood(model, corpus: Corpus, args, log, steps: int) -> dict:
+    """The unlikelihood phase: `steps` optimiser steps, every other one on the model's own greedy
+    continuations of corpus prefixes, generated afresh as it learns."""
+    gen = torch.Generator().manual_seed(args.seed)
+    data = corpus.batches(args.batch, args.ctx, gen)
+    prefix = min(UL_PREFIX, args.ctx // 2)
+    prefixes = corpus.batches(UL_BATCH, prefix - 1, gen)
+    opt, sched = _optimiser(model, UL_LR, steps, weight_decay=0.1)
+    start, shares = time.time(), []
+    for step in tqdm(range(steps), desc="target unlikelihood", mininterval=5):
+        if step % 2 == 0:
+            x = next(data)
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                logits = model(input_ids=x[:, :-1]).logits.float()
+            loss = F.cross_entropy(logits.flatten(0, 1), x[:, 1:].flatten())
+        else:
+            model.eval()
+            with torch.no_grad():
+                rows = model.generate(next(prefixes), max_new_tokens=min(UL_NEW, args.ctx - prefix),
+                                      min_new_tokens=min(UL_NEW, args.ctx - prefix), do_sample=False,
+                                      pad_token_id=model.config.pad_token_id)
+            model.train()
+            loss, share = unlikelihood_loss(model, rows, prefix)
+            shares.append(share)
+        _update(model, opt, sched, loss)
+        if step % 50 == 1 or step == steps - 1:
+            log(dict(model="target", phase="unlikelihood", step=step, loss=round(loss.item(), 4),
+                     repeated_share=round(shares[-1], 4) if shares else None, elapsed_s=round(time.time() - start, 1)))
+    info = dict(steps=steps, lr=UL_LR, ngram=UL_NGRAM, train_seconds=round(time.time() - start, 1),
+                repeated_share_first=shares[0] if shares else None, repeated_share_last=shares[-1] if shares else None,
+                held_out_loss=round(held_out_loss(model, corpus.held, args.ctx), 4),
+                held_out_loss_packages=round(held_out_loss(model, corpus.held_packages, args.ctx), 4))
+    log(dict(done=dict(model="target", phase="unlikelihood") | info))
+    return info
+
+
 @torch.no_grad()
 def target_features(target, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(B, T, H) last-layer features and (B, T, V) logits of the frozen target over x."""
@@ -264,6 +333,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--no-packages", dest="packages", action="store_false",
                     help="train on the standard library alone (family v1's corpus)")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: one per core)")
+    ap.add_argument("--unlikelihood-steps", type=int, default=0,
+                    help="end the target's training with this many steps of sequence-level unlikelihood "
+                    "against greedy loops (model card, Repetition; 0: none, as shipped)")
     ap.add_argument("--only", nargs="*", default=None,
                     help="train only these members (distillation reads the saved target)")
     return ap.parse_args(argv)
@@ -309,6 +381,11 @@ def main(argv=None) -> dict:
         # The teacher is the target as shipped (fp16 on disk, fp32 in memory), the one the app runs.
         teacher = load_teacher(args.out / "target") if shape.distill else None
         info = train_one(shape, model, data, args, log, teacher=teacher, corpus=corpus)
+        if shape.name == "target" and args.unlikelihood_steps:
+            phase = train_unlikelihood(model, corpus, args, log, args.unlikelihood_steps)
+            # The saved model's losses are the phase's; the corpus phase's stay beside them.
+            info |= dict(unlikelihood=phase, corpus_phase_held_out_loss=info["held_out_loss"],
+                         held_out_loss=phase["held_out_loss"], held_out_loss_packages=phase["held_out_loss_packages"])
         if teacher is not None:
             phase = train_one(shape, model, on_policy(teacher), args, log, teacher=teacher, corpus=corpus,
                               steps=ON_POLICY_STEPS, hard=True)

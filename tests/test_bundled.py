@@ -101,7 +101,7 @@ def test_bundled_feature_draft_is_an_eagle1_head_of_the_target():
 def test_training_command_runs_end_to_end(tmp_path):
     out = tmp_path / "family"
     results = train.main(["--out", str(out), "--max-files", "6", "--scale", "0.002", "--ctx", "64",
-                          "--vocab-size", "400", "--batch", "2"])
+                          "--vocab-size", "400", "--batch", "2", "--unlikelihood-steps", "2"])
     assert set(results) == set(NAMES) | {train.FEATURE_HEAD}
     for name in NAMES:
         model = AutoModelForCausalLM.from_pretrained(out / name)
@@ -109,11 +109,14 @@ def test_training_command_runs_end_to_end(tmp_path):
         info = json.loads((out / name / "training.json").read_text())
         assert info["held_out_loss"] > 0 and info["command"].startswith("python -m app train")
         assert info["corpus"]["python-stdlib"]["tokens"] > 0 and len(info["corpus"]) > 1  # packages too
+    target = json.loads((out / "target" / "training.json").read_text())
+    assert target["unlikelihood"]["steps"] == 2 and target["held_out_loss"] == target["unlikelihood"]["held_out_loss"]
     head = json.loads((out / train.FEATURE_HEAD / "training.json").read_text())
     assert head["held_out_top1"] >= 0 and head["reads"] == "target"
     assert head["on_policy_steps"] > 0 and head["on_policy_rows"] > 0  # it also read the target's own text
     pair = models.load_pair(str(out / "target"), str(out / train.FEATURE_HEAD))
     assert pair.head is not None
     log = [json.loads(line) for line in (out / "training_log.jsonl").read_text().splitlines()]
-    assert sum("done" in r for r in log) == len(NAMES) + 2  # the distilled draft logs two phases, plus the head
+    # The target logs two phases (unlikelihood last), the distilled draft two, plus the head.
+    assert sum("done" in r for r in log) == len(NAMES) + 3
     assert any("on_policy_rows" in r for r in log)
