@@ -40,10 +40,11 @@ class Shape:
     steps: int  # optimiser steps at the default scale
     lr: float
     distill: bool  # loss adds KL(p_target || q_draft) to cross-entropy
+    unlikelihood: bool = False  # --unlikelihood-steps ends its training with that phase (the target's)
 
 
 FAMILY = (
-    Shape("target", 8, 256, 704, 4, 2, steps=3500, lr=2e-3, distill=False),
+    Shape("target", 8, 256, 704, 4, 2, steps=3500, lr=2e-3, distill=False, unlikelihood=True),
     # One layer, not two (ninth session): alpha at k = 4 fell from 0.85 to 0.83, but a draft token
     # costs 0.096 of a target token against 0.141, and the code suite went from 1.84x to 2.42x.
     Shape("draft-distilled", 1, 192, 512, 4, 2, steps=1500, lr=2e-3, distill=True),
@@ -93,6 +94,18 @@ def build_model(shape: Shape, tokenizer: PreTrainedTokenizerFast, ctx: int) -> L
     return LlamaForCausalLM(config)
 
 
+def next_logits(model, x: torch.Tensor) -> torch.Tensor:
+    """fp32 logits for every next token of x[:, 1:], computed under bf16 autocast as in training."""
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        return model(input_ids=x[:, :-1]).logits.float()
+
+
+def greedy(model, x: torch.Tensor, new: int) -> torch.Tensor:
+    """x followed by exactly `new` greedy tokens of the model (no early stop at EOS)."""
+    return model.generate(x, max_new_tokens=new, min_new_tokens=new, do_sample=False,
+                          pad_token_id=model.config.pad_token_id)
+
+
 @torch.no_grad()
 def held_out_loss(model: LlamaForCausalLM, stream: torch.Tensor, ctx: int, max_windows: int = 24) -> float:
     """Mean next-token cross-entropy (nats) over non-overlapping held-out windows."""
@@ -100,9 +113,7 @@ def held_out_loss(model: LlamaForCausalLM, stream: torch.Tensor, ctx: int, max_w
     losses = []
     for i in range(min(max_windows, (len(stream) - 1) // ctx)):
         x = stream[i * ctx : (i + 1) * ctx + 1].long().unsqueeze(0)
-        with torch.autocast("cpu", dtype=torch.bfloat16):
-            logits = model(input_ids=x[:, :-1]).logits.float()
-        losses.append(F.cross_entropy(logits[0], x[0, 1:]).item())
+        losses.append(F.cross_entropy(next_logits(model, x)[0], x[0, 1:]).item())
     model.train()
     return sum(losses) / max(len(losses), 1)
 
@@ -116,8 +127,7 @@ def greedy_continuations(teacher, corpus: Corpus, args, gen: torch.Generator) ->
     rows = []
     for _ in tqdm(range(n_batches), desc="target greedy continuations", mininterval=5):
         x = next(prefixes)
-        rows.append(teacher.generate(x, max_new_tokens=new, min_new_tokens=new, do_sample=False,
-                                     pad_token_id=teacher.config.pad_token_id))
+        rows.append(greedy(teacher, x, new))
     return torch.cat(rows)
 
 
@@ -157,13 +167,12 @@ def train_one(shape, model, data, args, log, teacher=None, corpus=None, steps=No
     start = time.time()
     for step in bar:
         x = next(data)
-        with torch.autocast("cpu", dtype=torch.bfloat16):
-            logits = model(input_ids=x[:, :-1]).logits.float()
+        logits = next_logits(model, x)
         ce = F.cross_entropy(logits.flatten(0, 1), x[:, 1:].flatten())
         loss = ce
         if teacher is not None:
-            with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
-                p_logits = teacher(input_ids=x[:, :-1]).logits.float()
+            with torch.no_grad():
+                p_logits = next_logits(teacher, x)
             kl = F.kl_div(
                 F.log_softmax(logits, -1).flatten(0, 1), F.log_softmax(p_logits, -1).flatten(0, 1),
                 log_target=True, reduction="batchmean",
@@ -201,21 +210,27 @@ def repeated_ngrams(rows: torch.Tensor, n: int = UL_NGRAM) -> torch.Tensor:
 
 
 def unlikelihood_loss(model, rows: torch.Tensor, start: int) -> tuple[torch.Tensor, float]:
-    """Mean -log(1 - p) of the repeated tokens of rows[:, start:] (the continuations), and the
-    share of continuation tokens that repeat."""
+    """Mean -log(1 - p) over the repeated tokens of rows[:, start:] (the continuations), and the
+    share of continuation tokens that repeat.
+
+    The mean is over the repeated tokens, not over every continuation token as in Welleck et al.'s
+    code, so the push stays as strong while repeats grow rare. log(1 - p) is the log-sum-exp of
+    every other token's logit minus all of them: 1 - p itself rounds to 0 for a token the model is
+    sure of, which is a loop's, and would give it no gradient.
+    """
     new = rows[:, start:]
     mask = repeated_ngrams(new)
-    with torch.autocast("cpu", dtype=torch.bfloat16):
-        logits = model(input_ids=rows[:, :-1]).logits.float()[:, start - 1 :]
-    p = logits.softmax(-1).gather(-1, new[..., None])[..., 0]
-    loss = -(torch.log((1 - p).clamp(min=1e-5)) * mask).sum() / mask.sum().clamp(min=1)
+    logits = next_logits(model, rows)[:, start - 1 :]
+    others = logits.scatter(-1, new[..., None], float("-inf"))
+    log_not_p = others.logsumexp(-1) - logits.logsumexp(-1)
+    loss = -(log_not_p * mask).sum() / mask.sum().clamp(min=1)
     return loss, mask.float().mean().item()
 
 
 def train_unlikelihood(model, corpus: Corpus, args, log, steps: int) -> dict:
     """The unlikelihood phase: `steps` optimiser steps, every other one on the model's own greedy
     continuations of corpus prefixes, generated afresh as it learns."""
-    gen = torch.Generator().manual_seed(args.seed)
+    gen = torch.Generator().manual_seed(args.seed + 1)  # not the corpus phase's batches again
     data = corpus.batches(args.batch, args.ctx, gen)
     prefix = min(UL_PREFIX, args.ctx // 2)
     prefixes = corpus.batches(UL_BATCH, prefix - 1, gen)
@@ -224,15 +239,11 @@ def train_unlikelihood(model, corpus: Corpus, args, log, steps: int) -> dict:
     for step in tqdm(range(steps), desc="target unlikelihood", mininterval=5):
         if step % 2 == 0:
             x = next(data)
-            with torch.autocast("cpu", dtype=torch.bfloat16):
-                logits = model(input_ids=x[:, :-1]).logits.float()
-            loss = F.cross_entropy(logits.flatten(0, 1), x[:, 1:].flatten())
+            loss = F.cross_entropy(next_logits(model, x).flatten(0, 1), x[:, 1:].flatten())
         else:
             model.eval()
             with torch.no_grad():
-                rows = model.generate(next(prefixes), max_new_tokens=min(UL_NEW, args.ctx - prefix),
-                                      min_new_tokens=min(UL_NEW, args.ctx - prefix), do_sample=False,
-                                      pad_token_id=model.config.pad_token_id)
+                rows = greedy(model, next(prefixes), min(UL_NEW, args.ctx - prefix))
             model.train()
             loss, share = unlikelihood_loss(model, rows, prefix)
             shares.append(share)
@@ -336,7 +347,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: one per core)")
     ap.add_argument("--unlikelihood-steps", type=int, default=0,
                     help="end the target's training with this many steps of sequence-level unlikelihood "
-                    "against greedy loops (model card, Repetition; 0: none, as shipped)")
+                    "against greedy loops, half of them on its own continuations (model card, Repetition; "
+                    "not multiplied by --scale; 0: none, as shipped)")
     ap.add_argument("--only", nargs="*", default=None,
                     help="train only these members (distillation reads the saved target)")
     return ap.parse_args(argv)
@@ -382,11 +394,12 @@ def main(argv=None) -> dict:
         # The teacher is the target as shipped (fp16 on disk, fp32 in memory), the one the app runs.
         teacher = load_teacher(args.out / "target") if shape.distill else None
         info = train_one(shape, model, data, args, log, teacher=teacher, corpus=corpus)
-        if shape.name == "target" and args.unlikelihood_steps:
+        if shape.unlikelihood and args.unlikelihood_steps:
             phase = train_unlikelihood(model, corpus, args, log, args.unlikelihood_steps)
-            # The saved model's losses are the phase's; the corpus phase's stay beside them.
-            info |= dict(unlikelihood=phase, corpus_phase_held_out_loss=info["held_out_loss"],
-                         held_out_loss=phase["held_out_loss"], held_out_loss_packages=phase["held_out_loss_packages"])
+            # The saved model's losses are the phase's; the corpus phase's record stays beside them.
+            info = info | dict(corpus_phase=info, unlikelihood=phase, held_out_loss=phase["held_out_loss"],
+                               held_out_loss_packages=phase["held_out_loss_packages"],
+                               train_seconds=info["train_seconds"] + phase["train_seconds"])
         if teacher is not None:
             phase = train_one(shape, model, on_policy(teacher), args, log, teacher=teacher, corpus=corpus,
                               steps=ON_POLICY_STEPS, hard=True)

@@ -110,7 +110,9 @@ def test_training_command_runs_end_to_end(tmp_path):
         assert info["held_out_loss"] > 0 and info["command"].startswith("python -m app train")
         assert info["corpus"]["python-stdlib"]["tokens"] > 0 and len(info["corpus"]) > 1  # packages too
     target = json.loads((out / "target" / "training.json").read_text())
-    assert target["unlikelihood"]["steps"] == 2 and target["held_out_loss"] == target["unlikelihood"]["held_out_loss"]
+    phase = target["unlikelihood"]
+    assert phase["steps"] == 2 and phase["repeated_share_first"] is not None  # a batch of its own text ran
+    assert target["held_out_loss"] == phase["held_out_loss"] and target["corpus_phase"]["held_out_loss"] > 0
     head = json.loads((out / train.FEATURE_HEAD / "training.json").read_text())
     assert head["held_out_top1"] >= 0 and head["reads"] == "target"
     assert head["on_policy_steps"] > 0 and head["on_policy_rows"] > 0  # it also read the target's own text
