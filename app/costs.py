@@ -82,7 +82,10 @@ class Costs:
         return self.draft_time(k) + by_width(verify, k + 1) + self.overhead_s
 
     def tokens_per_s(self, alpha: float, k: int, context: int | None = None) -> float:
-        return expected_tokens_per_round(alpha, k) / self.round_s(k, context)
+        return self._tokens_per_s(alpha, k, self.verify_curve(context))
+
+    def _tokens_per_s(self, alpha: float, k: int, verify: Sequence[float]) -> float:
+        return expected_tokens_per_round(alpha, k) / self._round_s(k, verify)
 
     def speedup(self, alpha: float, k: int, context: int | None = None) -> float:
         """Expected speedup over plain decoding at acceptance alpha with k drafts per round."""
@@ -91,11 +94,7 @@ class Costs:
     def best_k(self, alpha: float, k_max: int, context: int | None = None) -> int:
         """The k in 1..k_max with the most expected tokens per second (the smallest on a tie)."""
         verify = self.verify_curve(context)  # once: adaptive k asks every round
-
-        def rate(k: int) -> float:
-            return expected_tokens_per_round(alpha, k) / self._round_s(k, verify)
-
-        return max(range(1, k_max + 1), key=lambda k: (rate(k), -k))
+        return max(range(1, k_max + 1), key=lambda k: (self._tokens_per_s(alpha, k, verify), -k))
 
     def predicted_speedup(self, alpha: float, draft_lengths: Sequence[int], first_round_s: float = 0.0,
                           contexts: Sequence[int | None] | None = None) -> float:

@@ -121,7 +121,7 @@ def _kind_times(target, draft, tok, prompt, ks, n, new_tokens, max_len, compiled
     """Step times and engine runs with one cache kind: None is the dynamic cache every run uses;
     False/True the static cache, eager or compiled."""
     t0 = time.perf_counter()
-    cache = CachedModel if compiled is None else static_cache.target_cache(max_len, compiled)
+    cache = CachedModel if compiled is None else static_cache.StaticCaches(max_len, compiled)
     times = dict(target=step_times(target, prompt, ks, n, cache),
                  draft_step_ms=step_times(draft, prompt, [], n, cache)["step_ms"])
     ar = engine_run(target, tok, prompt, None, 1, new_tokens, cache)

@@ -167,11 +167,6 @@ class StaticCaches:
         return StaticCachedModel(model, self.max_len, self.compile)
 
 
-def target_cache(max_len: int, compile: bool = False) -> StaticCaches:
-    """A target_cache for engine.generate: static caches of max_len tokens."""
-    return StaticCaches(max_len, compile)
-
-
 def setup(pair, spec, requested: bool, prompt_len: int, max_new_tokens: int, speculative: bool = True):
     """(proposer, target_cache, note) for one request: the fast path where it runs, else the usual.
 
@@ -184,4 +179,4 @@ def setup(pair, spec, requested: bool, prompt_len: int, max_new_tokens: int, spe
     max_len = cache_length(prompt_len, max_new_tokens)
     if type(proposer) is ModelProposer:  # a draft model; prompt lookup and early exit keep their own
         proposer = StaticModelProposer(proposer.model, proposer.name, max_len, compile=True)
-    return proposer, target_cache(max_len, compile=True), note
+    return proposer, StaticCaches(max_len, compile=True), note

@@ -46,10 +46,10 @@ def test_greedy_equals_generate(target, tokenizer, head, no_eos, k, policy):
 
 def test_greedy_on_the_static_cache_equals_generate(target, tokenizer, head, no_eos):
     """The GPU fast path's target cache also hands the head its features (run eagerly here)."""
-    from app.static_cache import cache_length, target_cache
+    from app.static_cache import StaticCaches, cache_length
 
     for prompt in PROMPTS:
-        cache = target_cache(cache_length(len(tokenizer(prompt)["input_ids"]), 40))
+        cache = StaticCaches(cache_length(len(tokenizer(prompt)["input_ids"]), 40))
         spec, steps = run(target, tokenizer, prompt, FeatureProposer(target, head), k=4, k_policy="fixed",
                           max_new_tokens=40, target_cache=cache)
         assert spec == hf_greedy(target, tokenizer, prompt, 40)

@@ -6,7 +6,7 @@ from conftest import run, tiny_llama
 from app import engine
 from app.config import RunConfig, SamplingConfig, SpecConfig
 from app.proposers import PromptLookup
-from app.static_cache import BUCKETS, StaticCachedModel, StaticModelProposer, available, cache_length, target_cache
+from app.static_cache import BUCKETS, StaticCachedModel, StaticCaches, StaticModelProposer, available, cache_length
 
 PROMPT = "def add(a, b):\n  return a"
 
@@ -14,7 +14,7 @@ PROMPT = "def add(a, b):\n  return a"
 def static_run(target, tokenizer, proposer, k_policy="fixed", k=4, n=40):
     ids = tokenizer(PROMPT)["input_ids"]
     steps = list(engine.generate(target, tokenizer, ids, proposer, SamplingConfig(), SpecConfig(k=k, k_policy=k_policy),
-                                 RunConfig(n), target_cache=target_cache(cache_length(len(ids), n))))
+                                 RunConfig(n), target_cache=StaticCaches(cache_length(len(ids), n))))
     return [t for s in steps for t in s.emitted], steps
 
 
@@ -64,7 +64,7 @@ def test_calibration_fits_a_static_cache_sized_for_a_short_request(tokenizer):
     pair = Pair(target, tokenizer, "tiny", PROMPT_LOOKUP, None)
     max_len = cache_length(len(tokenizer(PROMPT)["input_ids"]), 40)
     assert max_len < calibrate.CONTEXT + 9 + BUCKETS[-1]
-    costs = calibrate.measure(pair, 8, target_cache(max_len))
+    costs = calibrate.measure(pair, 8, StaticCaches(max_len))
     assert len(costs.verify_s) == 9 and all(t > 0 for t in costs.verify_s)
     assert costs.context <= max_len // 2
     assert costs.verify_per_context_s, "the second, longer context must fit in the cache too"
