@@ -1,4 +1,4 @@
-"""python -m app generate | bench | train | gpucheck: every UI claim, reproducible from a terminal."""
+"""python -m app generate | bench | train | gpucheck | export | quality: every UI claim, from a terminal."""
 
 from __future__ import annotations
 
