@@ -250,8 +250,8 @@ def bench(args) -> dict:
     if args.lookup and pair.draft_spec.kind != draft_spec.PROMPT_LOOKUP:
         lookup_pair = models.load_pair(args.target, models.PROMPT_LOOKUP, args.device, args.dtype)
     # The pair's calibration, as the app and the CLI keep it: here only the warm-up runs on it.
-    costs = calibrate.costs_for(pair, _adaptive(sp))
-    lookup_costs = calibrate.costs_for(lookup_pair, _adaptive(sp)) if lookup_pair else None
+    costs = calibrate.costs_for(pair, _adaptive(sp), sampling=s)
+    lookup_costs = calibrate.costs_for(lookup_pair, _adaptive(sp), sampling=s) if lookup_pair else None
     prompts = suite(args.suite)[: args.limit or None]
     field = contenders(args, pair, lookup_pair, s, sp, r, costs, lookup_costs)
     warm = pair.encode(prompts[0], r.chat)
@@ -263,8 +263,8 @@ def bench(args) -> dict:
         # evenly across pass widths, so one taken at the start predicted a whole run 10-15% fast at
         # large k. Each prompt's runs and prediction read a draw taken just before them, and every
         # draw is in the JSON, so a run shows how far its host's speed moved.
-        own = calibrate.measure(pair, _adaptive(sp).k_max)
-        lookup_own = calibrate.measure(lookup_pair, _adaptive(sp).k_max) if lookup_pair else None
+        own = calibrate.measure(pair, _adaptive(sp).k_max, sampling=s)
+        lookup_own = calibrate.measure(lookup_pair, _adaptive(sp).k_max, sampling=s) if lookup_pair else None
         field = contenders(args, pair, lookup_pair, s, sp, r, own, lookup_own)
         # transformers' assisted run at constant k is timed once more, on the pass clock
         assisted = next((c for c in field if c.name == f"hf_assisted_k={sp.k}"), None)

@@ -143,7 +143,7 @@ def card(args) -> dict:
             _, ar = run_one(pair, prompt, s, SpecConfig(), r, "autoregressive")
             _, spec = run_one(pair, prompt, s, SpecConfig(k=4, k_policy="fixed"), r, "speculative")
             _, adaptive = run_one(pair, prompt, s, SpecConfig(k_policy="adaptive"), r, "speculative",
-                                  calibrate.policy_for(pair, SpecConfig(k_policy="adaptive")))
+                                  calibrate.policy_for(pair, SpecConfig(k_policy="adaptive"), sampling=s))
             a, b, c = (metrics.summarize(x) for x in (ar, spec, adaptive))
             rows.append(dict(autoregressive=a, speculative=b, speedup=metrics.compare(b, a)["achieved_speedup"],
                              adaptive_speedup=metrics.compare(c, a)["achieved_speedup"]))

@@ -203,7 +203,7 @@ def _equal_runs(pair, examples: list[dict], new_tokens: int, compiled: bool) -> 
             for label, sp in (("autoregressive", None),) + EQUALITY_SPECS:
                 proposer, cache, _ = static_cache.setup(pair, sp or SpecConfig(), compiled, len(ids), new_tokens,
                                                         speculative=sp is not None)
-                policy = make_policy(sp, calibrate.costs_for(pair, sp, cache)) if sp else None
+                policy = make_policy(sp, calibrate.costs_for(pair, sp, cache, SamplingConfig(**extra))) if sp else None
                 t0 = time.perf_counter()
                 steps = list(engine.generate(pair.target, pair.tokenizer, ids, proposer, SamplingConfig(**extra),
                                              sp or SpecConfig(), RunConfig(new_tokens), policy, cache))

@@ -189,7 +189,7 @@ def generate_both(prompt, target, custom_target, draft, custom_draft, chat, deco
         pair = _pair(target, draft)
         ids = pair.encode(prompt, r.chat)
         shown = pair.tokenizer.decode(ids, skip_special_tokens=True)
-        costs = calibrate.costs_for(pair, sp)  # measured once per pair: verify curve and draft cost
+        costs = calibrate.costs_for(pair, sp, sampling=s)  # measured once per pair and kind of sampling
         runs = _interleave(
             engine.generate(pair.target, pair.tokenizer, ids, pair.proposer(sp), s, sp, r,
                             policy=make_policy(sp, costs)),

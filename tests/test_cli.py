@@ -91,3 +91,19 @@ def test_cli_with_an_unreachable_hub_is_one_line(tmp_path):
     assert proc.returncode == 2 and proc.stderr.startswith("error: ") and proc.stderr.count("\n") == 1, proc.stderr
     assert "HF_HUB_OFFLINE" in proc.stderr
     assert took < 30, f"{took:.1f}s: the Hub was retried instead of detected as unreachable"
+
+
+def test_a_sampled_run_is_planned_on_timings_of_sampled_rounds(capsys, monkeypatch):
+    """Adaptive k and "predicted for this machine" read a calibration taken under the request's own
+    sampling settings: sampled rounds cost more than greedy ones (calibrate.measure)."""
+    from app import calibrate
+
+    seen, real_measure = [], calibrate.measure
+    monkeypatch.setattr(calibrate, "_cache", {})
+    monkeypatch.setattr(calibrate, "measure", lambda *a, **kw: seen.append(kw["sampling"]) or real_measure(*a, **kw))
+    argv = ["generate", "--prompt", "import os\n", "--max-new-tokens", "8", "--k-max", "2", "--draft", "prompt-lookup",
+            "--temperature", "0.8", "--top-p", "0.9", "--json"]
+    assert cli.main(argv) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert [(s.temperature, s.top_p) for s in seen] == [(0.8, 0.9)]
+    assert doc["stats"]["predicted_speedup"] is not None

@@ -84,6 +84,34 @@ def test_calibration_measures_every_part(target, near_draft, tokenizer, draft):
     assert isinstance(policy, AdaptiveK) and policy.costs is calibrate.costs_for(pair, SpecConfig(k_max=4))
 
 
+def test_calibration_runs_under_the_requests_sampling_once_per_cost_class(target, near_draft, tokenizer, monkeypatch):
+    """Sampled rounds cost more than greedy ones, the more so the more they draft (a probability row
+    and a draw per draft, a filtered row per verified position), so a sampled request must not be
+    planned on greedy timings. Temperature and seed change no cost: they share one measurement."""
+    pair = Pair(target, tokenizer, "tiny-sampling", "model", near_draft)
+    spec, seen = SpecConfig(k_policy="adaptive", k_max=3), []
+    real_generate = calibrate.engine.generate
+
+    def spy(target, tokenizer, ids, proposer, sampling_cfg, *args, **kwargs):
+        seen.append(sampling_cfg)
+        return real_generate(target, tokenizer, ids, proposer, sampling_cfg, *args, **kwargs)
+
+    monkeypatch.setattr(calibrate.engine, "generate", spy)
+    greedy = calibrate.costs_for(pair, spec)
+    assert seen and all(s.greedy for s in seen)
+    sampled_cfg = SamplingConfig(temperature=0.9, top_p=0.95, repetition_penalty=1.1)
+    seen.clear()
+    sampled = calibrate.costs_for(pair, spec, sampling=sampled_cfg)
+    assert sampled is not greedy
+    assert seen and all(s == sampled_cfg for s in seen)  # the request's own settings, every round
+    seen.clear()
+    hotter = dataclasses.replace(sampled_cfg, temperature=0.5, seed=7)
+    assert calibrate.costs_for(pair, spec, sampling=hotter) is sampled and not seen
+    assert calibrate.costs_for(pair, spec, sampling=dataclasses.replace(sampled_cfg, top_p=1.0)) is not sampled
+    policy = calibrate.policy_for(pair, spec, sampling=hotter)
+    assert isinstance(policy, AdaptiveK) and policy.costs is sampled
+
+
 def test_calibration_shrugs_off_a_burst_that_covers_whole_short_runs(target, near_draft, tokenizer, monkeypatch):
     """A neighbour busy through two of the three short plain runs (every round in them ten times as
     long) must not set the plain round's cost, or "predicted for this machine" swings with it: the
