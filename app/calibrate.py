@@ -1,10 +1,11 @@
-"""A quick measurement of this machine's costs for a pair, taken once when it is first used.
+"""A quick measurement of this machine's costs for a pair, taken when it is first used with a kind
+of sampling (`cost_class`).
 
 The target's pass time for 1..k_max+1 new tokens is timed directly on a cached context, which
 gives the curve's shape, and again on a longer one, which gives how it grows with the context;
 short engine runs at a few draft lengths set its level and give the draft's cost and the round's
 cost outside both, so they include exactly what a real round includes (prompt lookup's search
-too, which is not free). 1.4-1.6 s for the bundled pairs.
+too, which is not free). 1.4-1.6 s for the bundled pairs, greedy; sampled rounds take longer.
 """
 
 from __future__ import annotations
@@ -131,8 +132,11 @@ def _busy(steps) -> list[tuple]:
 
 def cost_class(s: SamplingConfig) -> tuple:
     """What of a request's sampling settings changes the time of a round, not its text: greedy or
-    sampled, top-k and top-p filtering, and each repetition control. Temperature and seed do not."""
-    return (s.greedy, s.top_k > 0, s.top_p < 1, s.repetition_penalty != 1.0, s.no_repeat_ngram_size > 0)
+    sampled, top-k and top-p filtering when sampling (greedy rounds take the argmax and never filter,
+    and the UI passes its sliders either way), and each repetition control. Temperature and seed do not."""
+    sampled = not s.greedy
+    return (sampled, sampled and s.top_k > 0, sampled and s.top_p < 1, s.repetition_penalty != 1.0,
+            s.no_repeat_ngram_size > 0)
 
 
 def measure(pair, k_max: int, target_cache: Callable = CachedModel, sampling: SamplingConfig | None = None) -> Costs:
@@ -289,9 +293,10 @@ def costs_for(pair, spec: SpecConfig, target_cache: Callable = CachedModel,
            threads.key(), getattr(target_cache, "__name__", str(target_cache)), cost_class(sampling))
     with _lock:
         if key not in _cache:
-            if len(_cache) >= MAX_CACHED:
+            if len(_cache) >= MAX_CACHED:  # the least recently used goes: greedy stays while it is in use
                 _cache.pop(next(iter(_cache)))
             _cache[key] = measure(pair, spec.k_max, target_cache, sampling=sampling)
+        _cache[key] = _cache.pop(key)  # now the most recently used
         return _cache[key]
 
 

@@ -91,6 +91,7 @@ def test_calibration_runs_under_the_requests_sampling_once_per_cost_class(target
     pair = Pair(target, tokenizer, "tiny-sampling", "model", near_draft)
     spec, seen = SpecConfig(k_policy="adaptive", k_max=3), []
     real_generate = calibrate.engine.generate
+    monkeypatch.setattr(calibrate, "_cache", {})
 
     def spy(target, tokenizer, ids, proposer, sampling_cfg, *args, **kwargs):
         seen.append(sampling_cfg)
@@ -107,9 +108,16 @@ def test_calibration_runs_under_the_requests_sampling_once_per_cost_class(target
     seen.clear()
     hotter = dataclasses.replace(sampled_cfg, temperature=0.5, seed=7)
     assert calibrate.costs_for(pair, spec, sampling=hotter) is sampled and not seen
-    assert calibrate.costs_for(pair, spec, sampling=dataclasses.replace(sampled_cfg, top_p=1.0)) is not sampled
     policy = calibrate.policy_for(pair, spec, sampling=hotter)
     assert isinstance(policy, AdaptiveK) and policy.costs is sampled
+    # Greedy rounds take the argmax: the UI's top-k and top-p sliders cost them nothing.
+    assert calibrate.costs_for(pair, spec, sampling=SamplingConfig(top_k=50, top_p=0.9)) is greedy
+    # Each of sampling itself, top-k, top-p and either repetition control is a cost of its own.
+    others = [SamplingConfig(temperature=0.7), SamplingConfig(temperature=0.7, top_k=50),
+              SamplingConfig(temperature=0.7, top_p=0.9), SamplingConfig(no_repeat_ngram_size=3),
+              SamplingConfig(repetition_penalty=1.2)]
+    measured = [calibrate.costs_for(pair, spec, sampling=cfg) for cfg in others]
+    assert len({id(c) for c in [greedy, sampled, *measured]}) == 2 + len(others)
 
 
 def test_calibration_shrugs_off_a_burst_that_covers_whole_short_runs(target, near_draft, tokenizer, monkeypatch):
