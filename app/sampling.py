@@ -44,12 +44,36 @@ def probs(logits: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor:
         kth = torch.topk(logits, cfg.top_k, dim=-1).values[..., -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))
     if cfg.top_p < 1.0:
-        sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
-        sorted_p = sorted_logits.softmax(-1)
-        # Drop a token when the mass before it already reaches top_p; the first always stays.
-        drop = (sorted_p.cumsum(-1) - sorted_p) >= cfg.top_p
-        logits = logits.masked_fill(torch.zeros_like(drop).scatter(-1, order, drop), float("-inf"))
+        logits = logits.masked_fill(top_p_drop(logits, cfg.top_p), float("-inf"))
     return logits.softmax(-1)
+
+
+# On CPU a full sort of a 4,096-token row took 0.23 ms here (a 151k vocabulary's far longer), and
+# a sampled round filters a row per draft and per verified position: at k = 4 about 2 ms of a
+# 10-12 ms round. The top-p set is almost always among a row's few hundred likeliest tokens, and
+# topk finds those in a fifth of the time (0.05 ms).
+TOP_P_CANDIDATES = 256
+
+
+def top_p_drop(logits: torch.Tensor, top_p: float) -> torch.Tensor:
+    """(..., V) bool: the tokens top-p sampling drops, those whose likelier tokens' mass already
+    reaches top_p (the likeliest always stays).
+
+    Ranked by a full sort, or on CPU by the TOP_P_CANDIDATES likeliest when their mass reaches
+    top_p in every row, so that every token outside them is dropped either way. On a GPU the
+    sort is cheap, and checking that mass would wait for the device.
+    """
+    p = logits.softmax(-1)
+    m = min(TOP_P_CANDIDATES, p.shape[-1])
+    if p.device.type == "cpu":
+        ranked, order = torch.topk(p, m, dim=-1)
+        mass = ranked.cumsum(-1)  # summed in rank order, exactly as the full sort's would be
+        if bool((mass[..., -1] >= top_p).all()):
+            drop = (mass - ranked) >= top_p
+            return torch.ones_like(p, dtype=torch.bool).scatter(-1, order, drop)
+    ranked, order = torch.sort(p, dim=-1, descending=True)
+    drop = (ranked.cumsum(-1) - ranked) >= top_p
+    return torch.zeros_like(drop).scatter(-1, order, drop)
 
 
 def sample(p: torch.Tensor, gen: torch.Generator) -> int:

@@ -138,3 +138,27 @@ def test_processing_is_identical_for_p_and_q():
     kept = (pp > 0).sum().item()
     assert full[:kept].sum() >= 0.8 > full[: kept - 1].sum()
     assert torch.allclose(pp[:kept], full[:kept] / full[:kept].sum())
+
+
+def test_top_p_from_the_likeliest_candidates_drops_exactly_what_a_full_sort_drops(monkeypatch):
+    """On CPU top-p ranks only the likeliest TOP_P_CANDIDATES tokens when their mass reaches top_p,
+    and sorts the whole row otherwise: the dropped set must be the full sort's either way."""
+    from app import sampling
+
+    def full_sort(logits, top_p):
+        ranked, order = torch.sort(logits.softmax(-1), dim=-1, descending=True)
+        return torch.zeros_like(ranked, dtype=torch.bool).scatter(-1, order, (ranked.cumsum(-1) - ranked) >= top_p)
+
+    sorts = []
+    real_sort = torch.sort
+    monkeypatch.setattr(torch, "sort", lambda *a, **kw: sorts.append(1) or real_sort(*a, **kw))
+    gen = torch.Generator().manual_seed(0)
+    for scale, top_p, sorted_whole in ((4.0, 0.95, False), (8.0, 0.5, False), (0.3, 0.95, True), (4.0, 0.9999, True)):
+        logits = torch.randn(9, 4096, generator=gen) * scale
+        sorts.clear()
+        dropped = sampling.top_p_drop(logits, top_p)
+        assert torch.equal(dropped, full_sort(logits, top_p))
+        assert (len(sorts) == 2) == sorted_whole  # the reference sorts once; the fast path does not
+        assert not dropped.all(-1).any()  # the likeliest token always stays
+    flat_and_peaked = torch.stack([torch.randn(4096, generator=gen) * 0.3, torch.randn(4096, generator=gen) * 8])
+    assert torch.equal(sampling.top_p_drop(flat_and_peaked, 0.9), full_sort(flat_and_peaked, 0.9))
