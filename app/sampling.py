@@ -56,24 +56,28 @@ TOP_P_CANDIDATES = 256
 
 
 def top_p_drop(logits: torch.Tensor, top_p: float) -> torch.Tensor:
-    """(..., V) bool: the tokens top-p sampling drops, those whose likelier tokens' mass already
-    reaches top_p (the likeliest always stays).
+    """(..., V) bool: the tokens top-p sampling drops, those less likely than the last token needed
+    for the likelier tokens' mass to reach top_p (the likeliest always stays).
 
-    Ranked by a full sort, or on CPU by the TOP_P_CANDIDATES likeliest when their mass reaches
-    top_p in every row, so that every token outside them is dropped either way. On a GPU the
-    sort is cheap, and checking that mass would wait for the device.
+    The cut is a probability, not a rank, so tokens tied at it all stay, and the set depends only on
+    the row's sorted values, never on how a sort orders ties: a row gets the same set alone or
+    beside others, as p's rows and q's do. Those values come from a full sort, or on CPU from the
+    TOP_P_CANDIDATES likeliest when their mass reaches top_p in every row, since no token outside
+    them is then needed. On a GPU the sort is cheap, and checking that mass would wait for the device.
     """
     p = logits.softmax(-1)
-    m = min(TOP_P_CANDIDATES, p.shape[-1])
+    ranked = None
     if p.device.type == "cpu":
-        ranked, order = torch.topk(p, m, dim=-1)
-        mass = ranked.cumsum(-1)  # summed in rank order, exactly as the full sort's would be
-        if bool((mass[..., -1] >= top_p).all()):
-            drop = (mass - ranked) >= top_p
-            return torch.ones_like(p, dtype=torch.bool).scatter(-1, order, drop)
-    ranked, order = torch.sort(p, dim=-1, descending=True)
-    drop = (ranked.cumsum(-1) - ranked) >= top_p
-    return torch.zeros_like(drop).scatter(-1, order, drop)
+        ranked = torch.topk(p, min(TOP_P_CANDIDATES, p.shape[-1]), dim=-1).values
+        mass = ranked.cumsum(-1)  # summed in rank order, exactly as the full sort's first ones are
+        if not bool((mass[..., -1] >= top_p).all()):
+            ranked = None
+    if ranked is None:
+        ranked = torch.sort(p, dim=-1, descending=True).values
+        mass = ranked.cumsum(-1)
+    before = torch.cat([torch.zeros_like(mass[..., :1]), mass[..., :-1]], dim=-1)  # never falls, unlike mass - ranked
+    needed = (before < top_p).sum(-1, keepdim=True).clamp_min(1)
+    return p < ranked.gather(-1, needed - 1)
 
 
 def sample(p: torch.Tensor, gen: torch.Generator) -> int:

@@ -142,12 +142,17 @@ def test_processing_is_identical_for_p_and_q():
 
 def test_top_p_from_the_likeliest_candidates_drops_exactly_what_a_full_sort_drops(monkeypatch):
     """On CPU top-p ranks only the likeliest TOP_P_CANDIDATES tokens when their mass reaches top_p,
-    and sorts the whole row otherwise: the dropped set must be the full sort's either way."""
+    and sorts the whole row otherwise: the dropped set must be the full sort's either way, and a row
+    must get the same set alone as beside other rows (p's rows are filtered together, q's one by
+    one), also where bf16-rounded logits tie at the cut."""
     from app import sampling
 
     def full_sort(logits, top_p):
-        ranked, order = torch.sort(logits.softmax(-1), dim=-1, descending=True)
-        return torch.zeros_like(ranked, dtype=torch.bool).scatter(-1, order, (ranked.cumsum(-1) - ranked) >= top_p)
+        p = logits.softmax(-1)
+        ranked = torch.sort(p, dim=-1, descending=True).values
+        before = torch.cat([torch.zeros_like(ranked[..., :1]), ranked.cumsum(-1)[..., :-1]], dim=-1)
+        cut = ranked.gather(-1, (before < top_p).sum(-1, keepdim=True).clamp_min(1) - 1)
+        return p < cut
 
     sorts = []
     real_sort = torch.sort
@@ -160,5 +165,9 @@ def test_top_p_from_the_likeliest_candidates_drops_exactly_what_a_full_sort_drop
         assert torch.equal(dropped, full_sort(logits, top_p))
         assert (len(sorts) == 2) == sorted_whole  # the reference sorts once; the fast path does not
         assert not dropped.all(-1).any()  # the likeliest token always stays
-    flat_and_peaked = torch.stack([torch.randn(4096, generator=gen) * 0.3, torch.randn(4096, generator=gen) * 8])
-    assert torch.equal(sampling.top_p_drop(flat_and_peaked, 0.9), full_sort(flat_and_peaked, 0.9))
+    flat = torch.randn(1, 4096, generator=gen) * 0.3
+    for dtype in (torch.float32, torch.bfloat16):
+        peaked = (torch.randn(8, 4096, generator=gen) * 4).to(dtype).float()  # bf16: ties at the cut
+        alone = torch.cat([sampling.top_p_drop(row[None], 0.9) for row in peaked])
+        beside = sampling.top_p_drop(torch.cat([peaked, flat]), 0.9)[:-1]  # takes the full sort
+        assert torch.equal(alone, full_sort(peaked, 0.9)) and torch.equal(beside, alone)
