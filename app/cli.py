@@ -43,7 +43,7 @@ def cmd_generate(args) -> int:
                                                args.mode == "speculative")
     if args.compile:
         print(f"--compile: {note}", file=sys.stderr)
-    costs = calibrate.costs_for(pair, sp, cache, s) if proposer else None  # measured once per kind of sampling
+    costs = calibrate.costs_for(pair, sp, cache, sampling=s) if proposer else None  # measured once per kind of sampling
     policy = make_policy(sp, costs) if proposer else None
     steps = list(engine.generate(pair.target, pair.tokenizer, ids, proposer, s, sp, r, policy, cache,
                                  teach=args.json))

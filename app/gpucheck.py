@@ -200,12 +200,13 @@ def _equal_runs(pair, examples: list[dict], new_tokens: int, compiled: bool) -> 
         for extra in ({}, penalty):
             ref = pair.target.generate(torch.tensor([ids], device=pair.target.device), do_sample=False,
                                        max_new_tokens=new_tokens, **extra)[0, len(ids):].tolist()
+            s = SamplingConfig(**extra)  # greedy, with or without the example's repetition controls
             for label, sp in (("autoregressive", None),) + EQUALITY_SPECS:
                 proposer, cache, _ = static_cache.setup(pair, sp or SpecConfig(), compiled, len(ids), new_tokens,
                                                         speculative=sp is not None)
-                policy = make_policy(sp, calibrate.costs_for(pair, sp, cache, SamplingConfig(**extra))) if sp else None
+                policy = make_policy(sp, calibrate.costs_for(pair, sp, cache, sampling=s)) if sp else None
                 t0 = time.perf_counter()
-                steps = list(engine.generate(pair.target, pair.tokenizer, ids, proposer, SamplingConfig(**extra),
+                steps = list(engine.generate(pair.target, pair.tokenizer, ids, proposer, s,
                                              sp or SpecConfig(), RunConfig(new_tokens), policy, cache))
                 seconds = time.perf_counter() - t0
                 got = [t for step in steps for t in step.emitted]
