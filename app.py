@@ -3,16 +3,20 @@
 import argparse
 import os
 
-from app import hosting, queue_limits, threads, zerogpu
-from app.ui import launch  # imports `spaces` where it exists, before anything touches CUDA
+from app.models import hosting, threads
+from app.serve import queue_limits, zerogpu
+from app.serve.ui import launch  # imports `spaces` where it exists, before anything touches CUDA
 
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description="Speculative decoding, live (Gradio app)")
     ap.add_argument("--host", help="interface to bind (default 127.0.0.1, or GRADIO_SERVER_NAME)")
     ap.add_argument("--port", type=int, help="port (default 7860, or GRADIO_SERVER_PORT)")
     ap.add_argument("--share", action="store_true", help="create a public gradio.live link (off by default)")
-    ap.add_argument("--threads", type=threads.cli_value,
-                    help="torch threads: N or auto (default: auto, or SPECDEC_THREADS; see README)")
+    ap.add_argument(
+        "--threads",
+        type=threads.cli_value,
+        help="torch threads: N or auto (default: auto, or SPECDEC_THREADS; see README)",
+    )
     args = ap.parse_args()
     threads.apply(args.threads, share=queue_limits.concurrency())  # auto threads divide free cores among runs
     # A non-loopback bind, or a share link anyone can open, is public hosting: presets only by default.

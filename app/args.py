@@ -7,9 +7,10 @@ nothing heavy, so `--help` stays fast.
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
 
-from app import threads
-from app.config import RunConfig, SamplingConfig, SpecConfig
+from app.core.config import RunConfig, SamplingConfig, Settings, SpecConfig
+from app.models import threads
 
 
 def add_generation_args(ap: argparse.ArgumentParser) -> None:
@@ -22,27 +23,55 @@ def add_generation_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--top-k", type=int, default=0)
     ap.add_argument("--top-p", type=float, default=1.0)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--repetition-penalty", type=float, default=1.0,
-                    help="> 1 discourages repeating context tokens, as in transformers' generate (1: off)")
-    ap.add_argument("--no-repeat-ngram-size", type=int, default=0,
-                    help="forbid repeating any n-gram of this size, as in generate (0: off)")
+    ap.add_argument(
+        "--repetition-penalty",
+        type=float,
+        default=1.0,
+        help="> 1 discourages repeating context tokens, as in transformers' generate (1: off)",
+    )
+    ap.add_argument(
+        "--no-repeat-ngram-size",
+        type=int,
+        default=0,
+        help="forbid repeating any n-gram of this size, as in generate (0: off)",
+    )
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
-    ap.add_argument("--chat", action="store_true", help="format the prompt with the chat template")
+    ap.add_argument(
+        "--chat",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="format the prompt with the chat template (default: when the target has one)",
+    )
     ap.add_argument("--device", help="cuda, cuda:1, mps or cpu (default: best available)")
     ap.add_argument("--dtype", help="fp32, fp16 or bf16 (default: bf16 on CUDA, fp32 on CPU)")
-    ap.add_argument("--threads", type=threads.cli_value,
-                    help="torch threads: N or auto (default: auto, or SPECDEC_THREADS; see README)")
-    ap.add_argument("--compile", action="store_true",
-                    help="CUDA only: static KV cache and CUDA graphs (torch.compile); off on ZeroGPU")
+    ap.add_argument(
+        "--threads",
+        type=threads.cli_value,
+        help="torch threads: N or auto (default: auto, or SPECDEC_THREADS; see README)",
+    )
+    ap.add_argument(
+        "--compile",
+        action="store_true",
+        help="CUDA only: static KV cache and CUDA graphs (torch.compile); off on ZeroGPU",
+    )
 
 
-def configs(args) -> tuple[SamplingConfig, SpecConfig, RunConfig]:
+def settings(args) -> Settings:
+    """The options as one validated Settings (a bad value raises UserError with what to change)."""
     policy = args.k_policy or ("fixed" if args.k is not None else "adaptive")
     k = args.k if args.k is not None else 4
-    return (
-        SamplingConfig(args.temperature, args.top_k, args.top_p, args.seed,
-                       args.repetition_penalty, args.no_repeat_ngram_size),
+    return Settings(
+        SamplingConfig(
+            args.temperature, args.top_k, args.top_p, args.seed, args.repetition_penalty, args.no_repeat_ngram_size
+        ),
         SpecConfig(k=k, k_policy=policy, k_max=max(args.k_max, k) if policy != "fixed" else args.k_max),
-        RunConfig(args.max_new_tokens, tuple(args.stop), args.chat),
+        RunConfig(args.max_new_tokens, tuple(args.stop), bool(args.chat)),
     )
+
+
+def with_chat(settings: Settings, args, tokenizer) -> Settings:
+    """Settings with chat formatting on where --chat was not given and the target has a chat template."""
+    if args.chat is not None or not getattr(tokenizer, "chat_template", None):
+        return settings
+    return replace(settings, run=replace(settings.run, chat=True))

@@ -8,12 +8,17 @@ import sys
 import traceback
 
 # Only light modules here: `--help` and argument errors must not wait for torch to import.
-from app.args import add_generation_args, configs
-from app.config import SpecError, settings_dict
-from app.events import KIND_LABELS, REJECTED
+from app.args import add_generation_args, settings
+from app.core.config import UserError
+from app.core.events import KIND_LABELS, REJECTED
 
-COLOURS = {"accepted": "\x1b[32m", "corrected": "\x1b[31m", "bonus": "\x1b[34m", "rejected": "\x1b[2;9m",
-           "target": "\x1b[1m"}
+COLOURS = {
+    "accepted": "\x1b[32m",
+    "corrected": "\x1b[31m",
+    "bonus": "\x1b[34m",
+    "rejected": "\x1b[2;9m",
+    "target": "\x1b[1m",
+}
 RESET = "\x1b[0m"
 
 
@@ -26,29 +31,33 @@ def _quiet_transformers() -> None:
 
 
 def cmd_generate(args) -> int:
-    from app import calibrate, engine, metrics, models, render, static_cache, threads
-    from app.policy import make_policy
+    from app import request
+    from app.core import metrics
+    from app.models import threads
+    from app.views import render
 
     _quiet_transformers()
 
     threads.apply(args.threads)
-    s, sp, r = configs(args)
-    for cfg in (s, sp, r):
-        cfg.validate()
-    if not args.prompt or not args.prompt.strip():
-        raise SpecError("prompt is empty: pass --prompt TEXT")
-    pair = models.load_pair(args.target, args.draft, args.device, args.dtype, draft=args.mode == "speculative")
-    ids = pair.encode(args.prompt, r.chat)
-    proposer, cache, note = static_cache.setup(pair, sp, args.compile, len(ids), r.max_new_tokens,
-                                               args.mode == "speculative")
+    speculative = args.mode == "speculative"
+    req = request.Request(
+        args.prompt,
+        args.target,
+        args.draft,
+        settings(args),
+        speculative,
+        args.device,
+        args.dtype,
+        args.compile,
+        auto_chat=args.chat is None,
+    )
+    run = request.open_request(req)
     if args.compile:
-        print(f"--compile: {note}", file=sys.stderr)
-    costs = calibrate.costs_for(pair, sp, cache, sampling=s) if proposer else None  # measured once per kind of sampling
-    policy = make_policy(sp, costs) if proposer else None
-    steps = list(engine.generate(pair.target, pair.tokenizer, ids, proposer, s, sp, r, policy, cache,
-                                 teach=args.json))
-    draft = pair.draft_name if proposer else None
-    doc = metrics.report(steps, pair.target_name, draft, settings_dict(args.mode, s, sp, r), costs)
+        print(f"--compile: {run.note}", file=sys.stderr)
+    steps = list(run.steps(teach=args.json))
+    pair, s = run.pair, run.settings
+    draft = pair.draft_name if speculative else None
+    doc = metrics.report(steps, pair.target_name, draft, s.as_dict(args.mode), run.costs)
     doc["threads"] = threads.key()  # "auto" or the fixed count (README, "Threads")
     if args.json:
         json.dump(doc, sys.stdout)
@@ -64,14 +73,18 @@ def cmd_generate(args) -> int:
     else:  # exactly the generated text, as --json's "text", so it can be piped
         print(doc["text"])
     st = doc["stats"]
-    line = (f"\n{st['new_tokens']} tokens in {st['elapsed_s']:.2f}s ({st['tokens_per_s']:.1f} tok/s), "
-            f"{st['target_passes']} target passes")
+    line = (
+        f"\n{st['new_tokens']} tokens in {st['elapsed_s']:.2f}s ({st['tokens_per_s']:.1f} tok/s), "
+        f"{st['target_passes']} target passes"
+    )
     if st["stop_reason"] == "context_full":
         line += "; stopped: context full"
     if draft:
-        line += (f"; acceptance {_pct(st['acceptance_rate'])} of drafts, alpha {_pct(st['alpha'])}, "
-                 f"{st['tokens_per_pass']:.2f} tokens/pass, speedup predicted for this machine "
-                 f"{_num(st['predicted_speedup'])}x (Leviathan's idealised {_num(st['theoretical_speedup'])}x)")
+        line += (
+            f"; acceptance {_pct(st['acceptance_rate'])} of drafts, alpha {_pct(st['alpha'])}, "
+            f"{st['tokens_per_pass']:.2f} tokens/pass, speedup predicted for this machine "
+            f"{_num(st['predicted_speedup'])}x (Leviathan's idealised {_num(st['theoretical_speedup'])}x)"
+        )
         if colour:
             line += "\n" + " ".join(f"{COLOURS[kind]}{label}{RESET}" for kind, label in KIND_LABELS.items())
     print(line, file=sys.stderr)
@@ -88,8 +101,11 @@ def _num(x):
 
 def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m app", description=__doc__)
-    ap.add_argument("--debug", action="store_true",
-                    help="print the full traceback of an unexpected error (may also follow the command)")
+    ap.add_argument(
+        "--debug",
+        action="store_true",
+        help="print the full traceback of an unexpected error (may also follow the command)",
+    )
     sub = ap.add_subparsers(dest="command", required=True)
     g = sub.add_parser("generate", help="one generation; --json prints records and stats")
     g.add_argument("--prompt", required=True)
@@ -110,11 +126,11 @@ def parser() -> argparse.ArgumentParser:
 def _delegate(command: str, rest: list[str]) -> int:
     _quiet_transformers()
     if command == "bench":
-        from app import bench
+        from app.bench import bench
 
         return bench.main(rest)
     if command == "gpucheck":
-        from app import gpucheck
+        from app.bench import gpucheck
 
         return gpucheck.main(rest)
     if command == "export":
@@ -122,10 +138,10 @@ def _delegate(command: str, rest: list[str]) -> int:
 
         return export.main(rest)
     if command == "quality":
-        from app import quality
+        from app.bench import quality
 
         return quality.main(rest)
-    from app import train
+    from app.training import train
 
     train.main(rest)
     return 0
@@ -140,7 +156,7 @@ def main(argv=None) -> int:
             return _delegate(argv[0], argv[1:])
         args = parser().parse_args(argv)
         return args.func(args)
-    except SpecError as e:  # a user error: the message says what to change
+    except UserError as e:  # a user error: the message says what to change
         print(f"error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
@@ -151,6 +167,9 @@ def main(argv=None) -> int:
             traceback.print_exc()
         else:
             first = str(e).strip().splitlines()[0] if str(e).strip() else ""
-            print(f"error: {type(e).__name__}: {first}\n(an unexpected error, likely a bug: "
-                  "run again with --debug for the traceback)", file=sys.stderr)
+            print(
+                f"error: {type(e).__name__}: {first}\n(an unexpected error, likely a bug: "
+                "run again with --debug for the traceback)",
+                file=sys.stderr,
+            )
         return 1

@@ -11,8 +11,8 @@ import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from app.config import SamplingConfig, SpecConfig, SpecError
-from app.draft_spec import EARLY_EXIT, FEATURE_HEAD, MODEL, PROMPT_LOOKUP, DraftSpec
+from app.core.config import SamplingConfig, SpecConfig, UserError
+from app.drafts.draft_spec import DraftSpec, Kind
 
 RUNS = Path("runs")
 
@@ -69,8 +69,10 @@ def choose_k(target: str, draft: DraftInfo, spec: SpecConfig, runs: Path = RUNS)
     if found:
         k, path = found
         return k, [f"{spec.k_policy} k has no counterpart: fixed k = {k}, the best fixed k of the last bench ({path})"]
-    return spec.k, [f"{spec.k_policy} k has no counterpart: fixed k = {spec.k} (run python -m app bench to measure "
-                    "the best fixed k for this pair)"]
+    return spec.k, [
+        f"{spec.k_policy} k has no counterpart: fixed k = {spec.k} (run python -m app bench to measure "
+        "the best fixed k for this pair)"
+    ]
 
 
 def vllm(target: str, draft: DraftInfo, spec: SpecConfig, sampling: SamplingConfig, runs: Path = RUNS) -> Export:
@@ -78,19 +80,21 @@ def vllm(target: str, draft: DraftInfo, spec: SpecConfig, sampling: SamplingConf
     k, k_notes = choose_k(target, draft, spec, runs)
     notes: list[str] = []
     config: dict | None = {"num_speculative_tokens": k}
-    if draft.kind == PROMPT_LOOKUP:
+    if draft.kind == Kind.PROMPT_LOOKUP:
         config = {"method": "ngram", **config, "prompt_lookup_max": spec.ngram_max, "prompt_lookup_min": spec.ngram_min}
-    elif draft.kind == FEATURE_HEAD:
+    elif draft.kind == Kind.FEATURE_HEAD:
         config = {"method": "eagle", "model": draft.spec.source, **config}
         if Path(draft.spec.source).is_dir():
             notes.append("vLLM loads EAGLE checkpoints: check that this head directory is one vLLM can read")
-    elif draft.kind == EARLY_EXIT:
+    elif draft.kind == Kind.EARLY_EXIT:
         config = None
         notes.append(f"early exit ({draft.name}) has no counterpart in vLLM: the command serves the target alone")
     elif draft.different_tokenizer:
         config = None
-        notes.append("a draft with a different tokenizer has no counterpart in vLLM (its draft model must share "
-                     "the target's vocabulary): the command serves the target alone")
+        notes.append(
+            "a draft with a different tokenizer has no counterpart in vLLM (its draft model must share "
+            "the target's vocabulary): the command serves the target alone"
+        )
     else:
         config = {"method": "draft_model", "model": draft.name, **config}
     argv = ["vllm", "serve", target]
@@ -111,30 +115,53 @@ def _vllm_sampling_notes(s: SamplingConfig) -> list[str]:
     return notes
 
 
-def llama_server(target: str, draft: DraftInfo, spec: SpecConfig, sampling: SamplingConfig,
-                 runs: Path = RUNS) -> Export:
+def llama_server(
+    target: str, draft: DraftInfo, spec: SpecConfig, sampling: SamplingConfig, runs: Path = RUNS
+) -> Export:
     """`llama-server` with -md/--draft-max/--draft-min, or --spec-type ngram-simple for prompt lookup."""
     k, k_notes = choose_k(target, draft, spec, runs)
     notes: list[str] = []
     argv = ["llama-server", "-m", _gguf(target, notes)]
-    if draft.kind == PROMPT_LOOKUP:
-        argv += ["--spec-type", "ngram-simple", "--spec-ngram-size-n", str(spec.ngram_max),
-                 "--spec-ngram-size-m", str(k), "--draft-max", str(k)]
+    if draft.kind == Kind.PROMPT_LOOKUP:
+        argv += [
+            "--spec-type",
+            "ngram-simple",
+            "--spec-ngram-size-n",
+            str(spec.ngram_max),
+            "--spec-ngram-size-m",
+            str(k),
+            "--draft-max",
+            str(k),
+        ]
         if spec.ngram_min < spec.ngram_max:
-            notes.append(f"llama.cpp matches {spec.ngram_max}-grams only; this app also falls back to shorter "
-                         f"n-grams down to {spec.ngram_min}")
-    elif draft.kind == MODEL and not draft.different_tokenizer:
+            notes.append(
+                f"llama.cpp matches {spec.ngram_max}-grams only; this app also falls back to shorter "
+                f"n-grams down to {spec.ngram_min}"
+            )
+    elif draft.kind == Kind.MODEL and not draft.different_tokenizer:
         argv += ["-md", _gguf(draft.name, notes), "--draft-max", str(k), "--draft-min", "0"]
-    elif draft.kind == MODEL:
-        notes.append("a draft with a different tokenizer has no counterpart in llama.cpp (it requires compatible "
-                     "vocabularies): the command serves the target alone")
+    elif draft.kind == Kind.MODEL:
+        notes.append(
+            "a draft with a different tokenizer has no counterpart in llama.cpp (it requires compatible "
+            "vocabularies): the command serves the target alone"
+        )
     else:
-        what = "early exit" if draft.kind == EARLY_EXIT else "a feature-head (EAGLE) draft"
+        what = "early exit" if draft.kind == Kind.EARLY_EXIT else "a feature-head (EAGLE) draft"
         notes.append(f"{what} ({draft.name}) has no counterpart in llama-server: the command serves the target alone")
     if "--draft-max" in argv:
         notes = k_notes + notes
-    argv += ["--temp", _num(sampling.temperature), "--top-k", str(sampling.top_k), "--top-p", _num(sampling.top_p),
-             "--seed", str(sampling.seed), "--repeat-penalty", _num(sampling.repetition_penalty)]
+    argv += [
+        "--temp",
+        _num(sampling.temperature),
+        "--top-k",
+        str(sampling.top_k),
+        "--top-p",
+        _num(sampling.top_p),
+        "--seed",
+        str(sampling.seed),
+        "--repeat-penalty",
+        _num(sampling.repetition_penalty),
+    ]
     if sampling.no_repeat_ngram_size:
         notes.append(f"no-repeat n-gram size {sampling.no_repeat_ngram_size} has no counterpart in llama.cpp")
     return Export("llama.cpp", argv, notes)
@@ -145,8 +172,10 @@ def _gguf(model: str, notes: list[str]) -> str:
     if model.endswith(".gguf"):
         return model
     out = f"{Path(model).name}.gguf"
-    notes.append(f"llama.cpp loads GGUF: convert {model} first, e.g. "
-                 f"python convert_hf_to_gguf.py {shlex.quote(model)} --outfile {out}")
+    notes.append(
+        f"llama.cpp loads GGUF: convert {model} first, e.g. "
+        f"python convert_hf_to_gguf.py {shlex.quote(model)} --outfile {out}"
+    )
     return out
 
 
@@ -154,8 +183,9 @@ def _num(x: float) -> str:
     return f"{x:g}"
 
 
-def export_all(target: str, draft: DraftInfo, spec: SpecConfig, sampling: SamplingConfig,
-               runs: Path = RUNS) -> list[Export]:
+def export_all(
+    target: str, draft: DraftInfo, spec: SpecConfig, sampling: SamplingConfig, runs: Path = RUNS
+) -> list[Export]:
     return [vllm(target, draft, spec, sampling, runs), llama_server(target, draft, spec, sampling, runs)]
 
 
@@ -170,7 +200,7 @@ def for_pair(pair, spec: SpecConfig, sampling: SamplingConfig, runs: Path = RUNS
 def describe(target: str, draft_name: str) -> DraftInfo:
     """DraftInfo for a resolved draft name; tokenizers are compared only when both load locally."""
     spec = DraftSpec.parse(draft_name)
-    if spec.kind != MODEL:
+    if spec.kind != Kind.MODEL:
         return DraftInfo(spec)
     return DraftInfo(spec, different_tokenizer=_different_tokenizers(target, spec.source))
 
@@ -186,7 +216,7 @@ def _different_tokenizers(target: str, draft: str) -> bool:
         return False  # not available offline: assume one family, as the presets are
     try:
         return not check_compatible(t, d, target, draft)
-    except SpecError:  # a tokenizer that cannot spell text: no engine drafts with it
+    except UserError:  # a tokenizer that cannot spell text: no engine drafts with it
         return True
 
 
@@ -201,10 +231,10 @@ def main(argv: list[str]) -> int:
     args_module.add_generation_args(ap)
     ap.add_argument("--json", action="store_true", help="print the commands and notes as JSON")
     args = ap.parse_args(argv)
-    sampling, spec, _ = args_module.configs(args)
-    sampling.validate(), spec.validate()
+    st = args_module.settings(args)
+    sampling, spec = st.sampling, st.spec
     target = models.resolve(args.target or models.DEFAULT_TARGET)
-    draft = describe(target, models.resolve(args.draft or models.DEFAULT_DRAFT, "draft"))
+    draft = describe(target, models.resolve(args.draft or models.default_draft(args.target), "draft"))
     exports = export_all(target, draft, spec, sampling)
     if args.json:
         print(json.dumps([dict(engine=e.engine, argv=e.argv, command=e.shell(), notes=e.notes) for e in exports]))

@@ -25,8 +25,14 @@ def serve(log: Path, **env: str):
     port = free_port()
     full_env = dict(os.environ, GRADIO_ANALYTICS_ENABLED="False", HF_HUB_OFFLINE="1", **env)
     with log.open("w") as out:
-        proc = subprocess.Popen([sys.executable, "app.py", "--port", str(port)], cwd=ROOT, env=full_env,
-                                stdout=out, stderr=subprocess.STDOUT, text=True)
+        proc = subprocess.Popen(
+            [sys.executable, "app.py", "--port", str(port)],
+            cwd=ROOT,
+            env=full_env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
         try:
             deadline = time.time() + 180
             while True:

@@ -7,7 +7,7 @@ import torch
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-from app import threads
+from app.models import threads
 
 threads.apply()  # the app's thread policy (SPECDEC_THREADS overrides): tests stay fast on a busy machine
 
@@ -24,14 +24,23 @@ def char_tokenizer(chars: str = CHARS) -> PreTrainedTokenizerFast:
     return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>")
 
 
-def tiny_llama(vocab: int, layers: int = 2, hidden: int = 32, seed: int = 0, scale: float = 1.0,
-               ctx: int = 256) -> LlamaForCausalLM:
+def tiny_llama(
+    vocab: int, layers: int = 2, hidden: int = 32, seed: int = 0, scale: float = 1.0, ctx: int = 256
+) -> LlamaForCausalLM:
     """Random Llama; `scale` sharpens its distributions by scaling the output layer."""
     torch.manual_seed(seed)
     config = LlamaConfig(
-        vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=ctx,
-        bos_token_id=0, eos_token_id=1, pad_token_id=2, tie_word_embeddings=False,
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=ctx,
+        bos_token_id=0,
+        eos_token_id=1,
+        pad_token_id=2,
+        tie_word_embeddings=False,
     )
     model = LlamaForCausalLM(config).eval()
     with torch.no_grad():
@@ -50,16 +59,25 @@ def _tree_outputs() -> dict[str, str] | None:
 
     root = Path(__file__).resolve().parent.parent
     try:
-        out = subprocess.run(["git", "status", "--porcelain", "--untracked-files=all"], cwd=root,
-                             capture_output=True, text=True, timeout=60, check=True).stdout
+        out = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=all"],
+            cwd=root,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=True,
+        ).stdout
     except (OSError, subprocess.SubprocessError):
         return None
     paths = [line[3:].split(" -> ")[-1] for line in out.splitlines()]
     # Source and docs are left out: people edit them while a suite runs; tests write neither.
     # So is the screenshot a run was asked to refresh (SPECDEC_SCREENSHOT, see README).
     asked = Path(os.environ.get("SPECDEC_SCREENSHOT") or root / "-").resolve()
-    return {p: hashlib.sha1((root / p).read_bytes()).hexdigest() if (root / p).is_file() else "gone"
-            for p in paths if not p.endswith((".py", ".md")) and (root / p).resolve() != asked}
+    return {
+        p: hashlib.sha1((root / p).read_bytes()).hexdigest() if (root / p).is_file() else "gone"
+        for p in paths
+        if not p.endswith((".py", ".md")) and (root / p).resolve() != asked
+    }
 
 
 def pytest_configure(config):
@@ -114,27 +132,43 @@ ADD_PROMPT = "def add(a, b):\n  return a"  # the render and UI tests' prompt
 @pytest.fixture(scope="module")
 def records(target, near_draft, tokenizer):
     """Step records of one speculative run (a near draft, k = 4) and one plain run of ADD_PROMPT."""
-    from app.proposers import ModelProposer
+    from app.drafts.model import ModelProposer
 
-    _, spec = run(target, tokenizer, ADD_PROMPT, ModelProposer(near_draft, "near"), k=4, k_policy="fixed",
-                  max_new_tokens=40)
+    _, spec = run(
+        target, tokenizer, ADD_PROMPT, ModelProposer(near_draft, "near"), k=4, k_policy="fixed", max_new_tokens=40
+    )
     _, ar = run(target, tokenizer, ADD_PROMPT, max_new_tokens=40)
     return spec, ar
 
 
 def run(target, tokenizer, prompt, proposer=None, **kw):
     """Generated ids and the Step records of one engine run."""
-    from app.config import RunConfig, SamplingConfig, SpecConfig
-    from app.engine import generate
+    from app.core.config import RunConfig, SamplingConfig, SpecConfig
+    from app.core.engine import generate
+    from app.core.teaching import top_table
+    from app.kv.cache import CachedModel
 
     sampling_keys = ("temperature", "top_k", "top_p", "seed", "repetition_penalty", "no_repeat_ngram_size")
     sampling = SamplingConfig(**{k: kw.pop(k) for k in sampling_keys if k in kw})
     spec = SpecConfig(**{k: kw.pop(k) for k in ("k", "k_policy", "k_max", "ngram_max", "ngram_min") if k in kw})
     teach = kw.pop("teach", True)  # tests read the teaching table too
-    cache = {"target_cache": kw.pop("target_cache")} if "target_cache" in kw else {}
+    cache = {"target_cache": kw.pop("target_cache", CachedModel)}
     cfg = RunConfig(**kw)
     ids = prompt if isinstance(prompt, list) else tokenizer(prompt)["input_ids"]
-    steps = list(generate(target, tokenizer, ids, proposer, sampling, spec, cfg, teach=teach, **cache))
+    steps = list(
+        generate(
+            target,
+            tokenizer,
+            ids,
+            proposer,
+            sampling_cfg=sampling,
+            spec=spec,
+            run=cfg,
+            teach=top_table if teach else None,
+            before_round=threads.follow,  # the thread governor, as the request path passes it
+            **cache,
+        )
+    )
     return [t for s in steps for t in s.emitted], steps
 
 
@@ -151,5 +185,5 @@ def hf_greedy_until_eos(model, tokenizer, prompt, n, **kw):
     """transformers' own greedy continuation, cut after the tokenizer's EOS as the engine stops there."""
     ids = tokenizer(prompt, return_tensors="pt")["input_ids"]
     out = model.generate(ids, max_new_tokens=n, do_sample=False, eos_token_id=None, pad_token_id=2, **kw)
-    ref = out[0, ids.shape[1]:].tolist()
+    ref = out[0, ids.shape[1] :].tolist()
     return ref[: ref.index(1) + 1] if 1 in ref else ref

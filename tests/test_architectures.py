@@ -15,9 +15,10 @@ from transformers import AutoTokenizer
 from transformers.cache_utils import DynamicSlidingWindowLayer
 
 from app import models
-from app.cache import CachedModel, decoder_layers
-from app.config import RunConfig, SamplingConfig, SpecConfig, SpecError
-from app.engine import generate
+from app.core.config import RunConfig, SamplingConfig, SpecConfig, UserError
+from app.core.engine import generate
+from app.drafts.model import decoder_layers
+from app.kv.cache import CachedModel
 
 TOKENIZER = models.BUNDLED / "target"
 WINDOW = 16  # sliding window of the window models: the prompt alone is longer
@@ -25,8 +26,14 @@ PROMPT = "def main(argv=None):\n    parser = argparse.ArgumentParser()\n"
 NEW = 40
 SCALE = 30.0
 SPECIAL = dict(bos_token_id=0, eos_token_id=1, pad_token_id=2)
-LLAMA_LIKE = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=4, num_attention_heads=4,
-                  num_key_value_heads=2, max_position_embeddings=256)
+LLAMA_LIKE = dict(
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=4,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=256,
+)
 HYBRID = ["sliding_attention", "full_attention"] * 2  # Gemma's alternating local/global layers
 GEMMA = dict(head_dim=8, sliding_window=WINDOW, layer_types=HYBRID, tie_word_embeddings=False)
 
@@ -41,10 +48,18 @@ CONFIGS = {
     "phi3": lambda: tf.Phi3Config(**LLAMA_LIKE),
     # Tied embeddings cannot be scaled alone (the input would grow too): larger weights sharpen them instead.
     "gpt2": lambda: tf.GPT2Config(n_embd=32, n_layer=4, n_head=4, n_positions=256, initializer_range=0.2),
-    "gpt_neox": lambda: tf.GPTNeoXConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=4,
-                                         num_attention_heads=4, max_position_embeddings=256),
-    "opt": lambda: tf.OPTConfig(hidden_size=32, ffn_dim=64, num_hidden_layers=4, num_attention_heads=4,
-                                max_position_embeddings=256, word_embed_proj_dim=32, init_std=0.2),
+    "gpt_neox": lambda: tf.GPTNeoXConfig(
+        hidden_size=32, intermediate_size=64, num_hidden_layers=4, num_attention_heads=4, max_position_embeddings=256
+    ),
+    "opt": lambda: tf.OPTConfig(
+        hidden_size=32,
+        ffn_dim=64,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        max_position_embeddings=256,
+        word_embed_proj_dim=32,
+        init_std=0.2,
+    ),
 }
 WINDOWED = {"mistral", "gemma2", "gemma3"}
 
@@ -77,18 +92,35 @@ def arch_dirs(request, tmp_path_factory):
 
 def reference(pair: models.Pair, ids: list[int]) -> list[int]:
     """The target's own greedy continuation, by transformers' generate(), with no near-ties in it."""
-    out = pair.target.generate(torch.tensor([ids]), max_new_tokens=NEW, do_sample=False, pad_token_id=2,
-                               return_dict_in_generate=True, output_logits=True)
+    out = pair.target.generate(
+        torch.tensor([ids]),
+        max_new_tokens=NEW,
+        do_sample=False,
+        pad_token_id=2,
+        return_dict_in_generate=True,
+        output_logits=True,
+    )
     top2 = torch.cat(out.logits).topk(2).values
     assert (top2[:, 0] - top2[:, 1]).min() > 1e-3, "a near-tie would make the comparison depend on rounding"
-    return out.sequences[0, len(ids):].tolist()
+    return out.sequences[0, len(ids) :].tolist()
 
 
 def speculate(pair: models.Pair, ids: list[int], sampling: SamplingConfig = SamplingConfig()):
     """(emitted ids, steps, proposer) of one speculative run with a fixed k = 4."""
     spec = SpecConfig(k=4, k_policy="fixed")
     proposer = pair.proposer(spec)
-    steps = list(generate(pair.target, pair.tokenizer, ids, proposer, sampling, spec, RunConfig(NEW)))
+    steps = list(
+        generate(
+            pair.target,
+            pair.tokenizer,
+            ids,
+            proposer,
+            sampling_cfg=sampling,
+            spec=spec,
+            run=RunConfig(NEW),
+            target_cache=CachedModel,
+        )
+    )
     return [t for s in steps for t in s.emitted], steps, proposer
 
 
@@ -99,7 +131,8 @@ def count_target_tokens(model: torch.nn.Module) -> tuple[list[int], object]:
     seen: list[int] = []
     last = model.get_submodule(decoder_layers(model))[-1]
     hook = last.register_forward_pre_hook(
-        lambda m, a, kw: seen.append((a[0] if a else kw["hidden_states"]).shape[1]), with_kwargs=True)
+        lambda m, a, kw: seen.append((a[0] if a else kw["hidden_states"]).shape[1]), with_kwargs=True
+    )
     return seen, hook
 
 
@@ -146,16 +179,17 @@ def test_sampling_runs(arch_dirs):
 def test_a_recurrent_cache_is_refused_when_the_pair_loads(tmp_path):
     # Mamba's state cannot be rewound by a crop: refused before anyone waits, naming the architecture.
     tok = AutoTokenizer.from_pretrained(TOKENIZER)
-    tf.MambaForCausalLM(tf.MambaConfig(vocab_size=len(tok), hidden_size=16, num_hidden_layers=2, state_size=4,
-                                       **SPECIAL)).save_pretrained(tmp_path)
+    tf.MambaForCausalLM(
+        tf.MambaConfig(vocab_size=len(tok), hidden_size=16, num_hidden_layers=2, state_size=4, **SPECIAL)
+    ).save_pretrained(tmp_path)
     tok.save_pretrained(tmp_path)
-    with pytest.raises(SpecError, match=r"MambaForCausalLM \(mamba\) is not supported: .*cannot be cropped"):
+    with pytest.raises(UserError, match=r"MambaForCausalLM \(mamba\) is not supported: .*cannot be cropped"):
         models.load_pair(str(tmp_path), "prompt-lookup")
     plain = models.load_pair(str(tmp_path), draft=False)  # plain decoding never rolls back: it still runs
     ids = plain.encode(PROMPT)
-    steps = list(generate(plain.target, plain.tokenizer, ids, None, run=RunConfig(12)))
+    steps = list(generate(plain.target, plain.tokenizer, ids, None, run=RunConfig(12), target_cache=CachedModel))
     expected = plain.target.generate(torch.tensor([ids]), max_new_tokens=12, do_sample=False, pad_token_id=2)
-    assert [t for s in steps for t in s.emitted] == expected[0, len(ids):].tolist()
+    assert [t for s in steps for t in s.emitted] == expected[0, len(ids) :].tolist()
 
 
 @pytest.mark.parametrize("rows", [3000, 4096 + 64], ids=["smaller", "larger"])

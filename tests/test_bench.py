@@ -5,7 +5,8 @@ import time
 
 import pytest
 
-from app import bench, models
+from app import models
+from app.bench import bench, contenders
 
 pytestmark = pytest.mark.slow  # benchmark runs on the bundled models
 
@@ -18,8 +19,17 @@ def test_bench_writes_a_checked_self_contained_report(tmp_path, capsys):
     assert bench.main(argv) == 0
     doc = json.loads(out.with_suffix(".json").read_text())
     names = set(doc["summary"]["contenders"])
-    assert {"autoregressive", "adaptive", "hf_plain", "hf_assisted_default", "hf_assisted_k=4",
-            "lookup_adaptive", "lookup_k=4", "hf_lookup_default", "hf_lookup_k=4"} <= names
+    assert {
+        "autoregressive",
+        "adaptive",
+        "hf_plain",
+        "hf_assisted_default",
+        "hf_assisted_k=4",
+        "lookup_adaptive",
+        "lookup_k=4",
+        "hf_lookup_default",
+        "hf_lookup_k=4",
+    } <= names
     assert {f"k={k}" for k in range(1, 9)} <= names
     row = doc["prompts"][0]
     for name, entry in row["contenders"].items():
@@ -40,8 +50,20 @@ def test_bench_writes_a_checked_self_contained_report(tmp_path, capsys):
 
 def test_without_the_sweep_ours_at_fixed_k_still_meets_transformers_like_for_like(tmp_path):
     out = tmp_path / "b"
-    argv = ["--limit", "1", "--reps", "1", "--max-new-tokens", "8", "--no-sweep", "--no-lookup",
-            "--draft", str(models.BUNDLED / "draft-distilled"), "--out", str(out)]
+    argv = [
+        "--limit",
+        "1",
+        "--reps",
+        "1",
+        "--max-new-tokens",
+        "8",
+        "--no-sweep",
+        "--no-lookup",
+        "--draft",
+        str(models.BUNDLED / "draft-distilled"),
+        "--out",
+        str(out),
+    ]
     assert bench.main(argv) == 0
     sm = json.loads(out.with_suffix(".json").read_text())["summary"]
     assert {n for n in sm["contenders"] if n.startswith("k=")} == {"k=4"}
@@ -51,8 +73,21 @@ def test_without_the_sweep_ours_at_fixed_k_still_meets_transformers_like_for_lik
 
 def test_a_k_outside_the_sweep_still_gets_its_like_for_like_partner(tmp_path):
     out = tmp_path / "b"
-    argv = ["--limit", "1", "--reps", "1", "--max-new-tokens", "8", "--k", "9", "--no-lookup",
-            "--draft", str(models.BUNDLED / "draft-distilled"), "--out", str(out)]
+    argv = [
+        "--limit",
+        "1",
+        "--reps",
+        "1",
+        "--max-new-tokens",
+        "8",
+        "--k",
+        "9",
+        "--no-lookup",
+        "--draft",
+        str(models.BUNDLED / "draft-distilled"),
+        "--out",
+        str(out),
+    ]
     assert bench.main(argv) == 0
     sm = json.loads(out.with_suffix(".json").read_text())["summary"]
     assert {n for n in sm["contenders"] if n.startswith("k=")} == {f"k={j}" for j in range(1, 10)}
@@ -61,7 +96,7 @@ def test_a_k_outside_the_sweep_still_gets_its_like_for_like_partner(tmp_path):
 
 def test_each_prompt_runs_and_is_predicted_on_its_own_calibration(tmp_path, monkeypatch):
     draws, policies, predictions = [], [], []
-    real_measure, real_policy, real_summarize = bench.calibrate.measure, bench.make_policy, bench.metrics.summarize
+    real_measure, real_policy, real_summarize = bench.calibrate.measure, contenders.make_policy, bench.metrics.summarize
 
     def measure(*args, **kw):
         draws.append(real_measure(*args, **kw))
@@ -74,12 +109,24 @@ def test_each_prompt_runs_and_is_predicted_on_its_own_calibration(tmp_path, monk
     def summarize(steps, costs=None):
         predictions.append(costs)
         return real_summarize(steps, costs)
+
     monkeypatch.setattr(bench.calibrate, "measure", measure)
-    monkeypatch.setattr(bench, "make_policy", make_policy)
+    monkeypatch.setattr(contenders, "make_policy", make_policy)
     monkeypatch.setattr(bench.metrics, "summarize", summarize)
     out = tmp_path / "b"
-    argv = ["--limit", "2", "--reps", "2", "--max-new-tokens", "8", "--no-sweep", "--no-lookup", "--no-hf",
-            "--out", str(out)]
+    argv = [
+        "--limit",
+        "2",
+        "--reps",
+        "2",
+        "--max-new-tokens",
+        "8",
+        "--no-sweep",
+        "--no-lookup",
+        "--no-hf",
+        "--out",
+        str(out),
+    ]
     assert bench.main(argv) == 0
     doc = json.loads(out.with_suffix(".json").read_text())
     own = draws[-2:]  # one per prompt, after the pair's own (unless an earlier test left it cached)
@@ -126,7 +173,7 @@ def test_threads_check_measures_both_counts_idle_and_busy(tmp_path):
 def test_forward_clock_counts_a_feature_heads_passes():
     import torch
 
-    pair = models.load_pair(models.DEFAULT_TARGET, str(models.BUNDLED / "draft-feature"))
+    pair = models.load_pair(models.TINY_TARGET, str(models.BUNDLED / "draft-feature"))
     h = pair.target.config.hidden_size
     with bench.forward_clock(pair.target, pair.draft_model, pair.head) as inside, torch.inference_mode():
         pair.head(torch.zeros(1, 3, h), torch.zeros(1, 3, h))
@@ -169,10 +216,10 @@ def test_forward_clock_counts_nested_calls_once():
 def test_forward_clock_keeps_forward_signatures_and_early_exit_views_working():
     import inspect
 
-    from app.cache import CachedModel
-    from app.proposers import early_exit
+    from app.drafts.model import early_exit
+    from app.kv.cache import CachedModel
 
-    pair = models.load_pair(models.DEFAULT_TARGET, "prompt-lookup")
+    pair = models.load_pair(models.TINY_TARGET, "prompt-lookup")
     target = pair.target
     signature = inspect.signature(target.forward)
     with bench.forward_clock(target):
@@ -186,10 +233,10 @@ def test_forward_clock_keeps_forward_signatures_and_early_exit_views_working():
 
 
 def test_forward_clock_counts_direct_passes_whole_and_lets_go_of_them():
-    from app import direct_pass
-    from app.cache import CachedModel
+    from app.kv import direct_pass
+    from app.kv.cache import CachedModel
 
-    pair = models.load_pair(models.DEFAULT_TARGET, str(models.BUNDLED / "draft-distilled"))
+    pair = models.load_pair(models.TINY_TARGET, str(models.BUNDLED / "draft-distilled"))
     real = direct_pass.forward, direct_pass.step
     lm = CachedModel(pair.target)
     assert lm.direct is not None  # the bundled target runs direct passes, not its forward

@@ -2,19 +2,26 @@
 
 import pytest
 
-from app import bench
-from app.card import aggregate, alpha_interval, cost_ratio
+from app.bench import bench
+from app.bench.card import aggregate, alpha_interval, cost_ratio
 
 
 def test_adaptive_is_compared_with_the_best_fixed_k_prompt_by_prompt():
     """Adaptive is 1.11x k = 2 on two prompts of three, yet the median of its speedups is 0.74x
     k = 2's: the comparison pairs each prompt's two runs, as ours against transformers does."""
+
     def row(adaptive, k1, k2):
         speeds = {"autoregressive": 1.0, "adaptive": adaptive, "k=1": k1, "k=2": k2}
-        return dict(contenders={n: dict(speedup=v, tokens_per_s=100 * v, spread=0.0, identical=True)
-                                for n, v in speeds.items()},
-                    identical=True, speedup=adaptive, adaptive={}, ours_over_hf={},
-                    outside_forward=dict(share=0.01, ms_per_round=0.1))
+        return dict(
+            contenders={
+                n: dict(speedup=v, tokens_per_s=100 * v, spread=0.0, identical=True) for n, v in speeds.items()
+            },
+            identical=True,
+            speedup=adaptive,
+            adaptive={},
+            ours_over_hf={},
+            outside_forward=dict(share=0.01, ms_per_round=0.1),
+        )
 
     rows = [row(1.0, 0.5, 0.9), row(2.0, 0.5, 3.0), row(3.0, 0.5, 2.7)]
     sm = bench.summarize_rows(rows, ["autoregressive", "adaptive", "k=1", "k=2"], k=2)
@@ -33,6 +40,7 @@ def test_card_costs_pair_each_draft_timing_with_the_target_timing_beside_it():
         def run():
             calls.append(name)
             return next(times)
+
         return run
 
     d, t, cost = cost_ratio(timed("draft", draft_s), timed("target", target_s), reps=3)
@@ -56,7 +64,19 @@ def test_the_cards_alpha_interval_resamples_prompts():
     assert alpha_interval([(90, 10)] * 10) == pytest.approx([0.9, 0.9])  # prompts alike: no spread to resample
     assert alpha_interval(counts[:4]) is None  # too few prompts to resample
     assert alpha_interval([(0, 0)] * 5) is None
-    rows = [dict(speculative=dict(accepted=a, rejections=r, drafted=a + r + 5, tokens_per_pass=2.0,
-                                  cost_ratio_c=0.1, theoretical_speedup=2.0), speedup=1.5) for a, r in counts]
+    rows = [
+        dict(
+            speculative=dict(
+                accepted=a,
+                rejections=r,
+                drafted=a + r + 5,
+                tokens_per_pass=2.0,
+                cost_ratio_c=0.1,
+                theoretical_speedup=2.0,
+            ),
+            speedup=1.5,
+        )
+        for a, r in counts
+    ]
     summary = aggregate(rows)
     assert summary["alpha"] == pytest.approx(pooled) and summary["alpha_ci95"] == [low, high]

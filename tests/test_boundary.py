@@ -1,4 +1,4 @@
-"""The boundary: inputs checked by name, SpecError to a clear message, anything else to a generic one."""
+"""The boundary: inputs checked by name, UserError to a clear message, anything else to a generic one."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import logging
 
 import pytest
 
-from app import boundary
-from app.config import SpecError
+from app.core.config import UserError
+from app.serve import boundary
 
 
 class Shown(Exception):
@@ -22,7 +22,7 @@ def handler(prompt, seed, k=4):
     if prompt == "raise":
         raise PermissionError(13, "Permission denied", "/srv/private/weights")
     if prompt == "refuse":
-        raise SpecError("a clear reason")
+        raise UserError("a clear reason")
     return prompt, seed, k
 
 
@@ -32,15 +32,18 @@ def streaming(prompt, max_new_tokens):
     raise OSError("/home/owner/.cache: No space left on device")
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    (dict(seed=2**70), "seed must be a whole number"),
-    (dict(seed=float("nan")), "seed must be a finite number"),
-    (dict(seed="abc"), "seed must be a number"),
-    (dict(k=float("nan")), "k must be a finite number"),
-    (dict(k=True), "k must be a number"),
-    (dict(prompt="a\udc80b"), "prompt contains an invalid character at position 1"),
-    (dict(prompt=["not", "text"]), "prompt must be text"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(seed=2**70), "seed must be a whole number"),
+        (dict(seed=float("nan")), "seed must be a finite number"),
+        (dict(seed="abc"), "seed must be a number"),
+        (dict(k=float("nan")), "k must be a finite number"),
+        (dict(k=True), "k must be a number"),
+        (dict(prompt="a\udc80b"), "prompt contains an invalid character at position 1"),
+        (dict(prompt=["not", "text"]), "prompt must be text"),
+    ],
+)
 def test_bad_inputs_are_refused_with_a_clear_message(kwargs, message):
     args = dict(prompt="ok", seed=None) | kwargs
     with pytest.raises(Shown, match=message):
@@ -69,7 +72,7 @@ def test_any_other_error_is_logged_and_reaches_the_visitor_as_a_generic_message(
 def test_every_handler_that_takes_visitor_input_is_guarded():
     import inspect
 
-    from app.ui import build_ui
+    from app.serve.ui import build_ui
 
     handlers = {fn.fn for fn in build_ui().fns.values() if fn.fn is not None}
     takes_input = [h for h in handlers if set(inspect.signature(h).parameters) & set(boundary.FIELDS)]

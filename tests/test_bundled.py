@@ -7,8 +7,12 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from app import corpus, engine, metrics, models, train
-from app.config import RunConfig, SpecConfig
+from app import models
+from app.core import engine, metrics
+from app.core.config import RunConfig, SpecConfig
+from app.data import corpus
+from app.kv.cache import CachedModel
+from app.training import train
 
 NAMES = ["target", "draft-distilled", "draft-small", "draft-weak"]
 
@@ -51,7 +55,7 @@ def held_out_loss(model, tok, text) -> float:
 
 
 def test_target_is_really_trained(held_out_text):
-    model, tok = models.load(models.DEFAULT_TARGET)
+    model, tok = models.load(models.TINY_TARGET)
     bound = 0.6 * math.log(len(tok))  # uniform over the vocabulary is log V nats per token
     assert held_out_loss(model, tok, held_out_text) < bound
     torch.manual_seed(0)
@@ -61,12 +65,27 @@ def test_target_is_really_trained(held_out_text):
 
 @pytest.mark.parametrize("draft", [*NAMES[1:], train.FEATURE_HEAD])
 def test_greedy_speculative_equals_target_greedy(draft, held_out_text):
-    pair = models.load_pair(models.DEFAULT_TARGET, str(models.BUNDLED / draft))
+    pair = models.load_pair(models.TINY_TARGET, str(models.BUNDLED / draft))
     ids = pair.tokenizer(held_out_text[:800])["input_ids"]
     run = RunConfig(48)
-    ar = [t for s in engine.generate(pair.target, pair.tokenizer, ids, None, run=run) for t in s.emitted]
-    spec = [t for s in engine.generate(pair.target, pair.tokenizer, ids, pair.proposer(),
-                                       spec=SpecConfig(k=4, k_policy="fixed"), run=run) for t in s.emitted]
+    ar = [
+        t
+        for s in engine.generate(pair.target, pair.tokenizer, ids, None, run=run, target_cache=CachedModel)
+        for t in s.emitted
+    ]
+    spec = [
+        t
+        for s in engine.generate(
+            pair.target,
+            pair.tokenizer,
+            ids,
+            pair.proposer(),
+            spec=SpecConfig(k=4, k_policy="fixed"),
+            run=run,
+            target_cache=CachedModel,
+        )
+        for t in s.emitted
+    ]
     assert spec == ar and len(ar) == 48
 
 
@@ -77,10 +96,20 @@ def test_bundled_drafts_agree_with_the_target_in_the_order_the_model_card_gives(
     _, held = corpus.split_corpus(corpus.stdlib_files())
     alpha = {}
     for draft in ["draft-weak", "draft-small", "draft-distilled", train.FEATURE_HEAD]:
-        pair = models.load_pair(models.DEFAULT_TARGET, str(models.BUNDLED / draft))
-        steps = [s for text in held[:4]
-                 for s in engine.generate(pair.target, pair.tokenizer, pair.tokenizer(text[:800])["input_ids"],
-                                          pair.proposer(), spec=SpecConfig(k=4, k_policy="fixed"), run=RunConfig(64))]
+        pair = models.load_pair(models.TINY_TARGET, str(models.BUNDLED / draft))
+        steps = [
+            s
+            for text in held[:4]
+            for s in engine.generate(
+                pair.target,
+                pair.tokenizer,
+                pair.tokenizer(text[:800])["input_ids"],
+                pair.proposer(),
+                spec=SpecConfig(k=4, k_policy="fixed"),
+                run=RunConfig(64),
+                target_cache=CachedModel,
+            )
+        ]
         alpha[draft] = metrics.summarize(steps)["alpha"]  # pooled over the four openings
     assert alpha[train.FEATURE_HEAD] > 0.85 and alpha["draft-distilled"] > 0.55, alpha
     assert alpha[train.FEATURE_HEAD] > alpha["draft-distilled"] > alpha["draft-small"] > alpha["draft-weak"], alpha
@@ -88,11 +117,11 @@ def test_bundled_drafts_agree_with_the_target_in_the_order_the_model_card_gives(
 
 
 def test_bundled_feature_draft_is_an_eagle1_head_of_the_target():
-    from app.feature_head import is_head_dir
+    from app.drafts.feature_head import is_head_dir
 
     path = models.BUNDLED / train.FEATURE_HEAD
     assert is_head_dir(path) and json.loads((path / "config.json").read_text())["num_hidden_layers"] == 1
-    pair = models.load_pair(models.DEFAULT_TARGET, "feature draft (EAGLE-style, bundled)")
+    pair = models.load_pair(models.TINY_TARGET, "feature draft (EAGLE-style, bundled)")
     assert pair.head is not None and pair.head.fc.in_features == 2 * pair.target.config.hidden_size
     info = json.loads((path / "training.json").read_text())
     assert info["reads"] == "target" and info["held_out_top1"] > 0.5, "it must really be trained"
@@ -100,8 +129,24 @@ def test_bundled_feature_draft_is_an_eagle1_head_of_the_target():
 
 def test_training_command_runs_end_to_end(tmp_path):
     out = tmp_path / "family"
-    results = train.main(["--out", str(out), "--max-files", "6", "--scale", "0.002", "--ctx", "64",
-                          "--vocab-size", "400", "--batch", "2", "--unlikelihood-steps", "2"])
+    results = train.main(
+        [
+            "--out",
+            str(out),
+            "--max-files",
+            "6",
+            "--scale",
+            "0.002",
+            "--ctx",
+            "64",
+            "--vocab-size",
+            "400",
+            "--batch",
+            "2",
+            "--unlikelihood-steps",
+            "2",
+        ]
+    )
     assert set(results) == set(NAMES) | {train.FEATURE_HEAD}
     for name in NAMES:
         model = AutoModelForCausalLM.from_pretrained(out / name)

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from app import cli, models, threads
+from app import cli, models
+from app.models import threads
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -20,8 +21,18 @@ ROOT = Path(__file__).resolve().parent.parent
 def test_plain_output_is_exactly_the_json_text(capsys, draft):
     # The bundled target with each kind of draft source; stdout is not a terminal here.
     prompt = "import os\n\n\ndef main(argv=None):\n"  # every source's drafts are both kept and rejected here
-    argv = ["generate", "--prompt", prompt, "--max-new-tokens", "40", "--k", "4",
-            *(["--draft", draft] if draft else [])]
+    argv = [
+        "generate",
+        "--target",
+        models.TINY_TARGET,
+        "--prompt",
+        prompt,
+        "--max-new-tokens",
+        "40",
+        "--k",
+        "4",
+        *(["--draft", draft] if draft else []),
+    ]
     assert cli.main([*argv, "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["threads"] == threads.choose()  # "auto" unless SPECDEC_THREADS fixes a count
@@ -32,8 +43,10 @@ def test_plain_output_is_exactly_the_json_text(capsys, draft):
 
 
 def test_help_does_not_import_torch():
-    code = ("import sys\nfrom app import cli\ntry:\n    cli.main(['generate', '--help'])\n"
-            "except SystemExit:\n    pass\nprint(sorted({'torch', 'transformers', 'gradio'} & set(sys.modules)))")
+    code = (
+        "import sys\nfrom app import cli\ntry:\n    cli.main(['generate', '--help'])\n"
+        "except SystemExit:\n    pass\nprint(sorted({'torch', 'transformers', 'gradio'} & set(sys.modules)))"
+    )
     t = time.monotonic()
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
@@ -68,11 +81,19 @@ def _offline_env(tmp_path, offline: bool) -> dict:
 
 @pytest.mark.parametrize("offline", [False, True])
 def test_hub_id_fails_fast_and_says_how_to_get_the_model(tmp_path, offline):
-    code = ("import json, time\nfrom app import models\nfor name in ('someone/some-model', 'Qwen2.5-1.5B-Instruct'):\n"
-            "    t = time.monotonic()\n    try:\n        models.load(name)\n    except models.SpecError as e:\n"
-            "        print(json.dumps({'s': time.monotonic() - t, 'msg': str(e)}))\n")
-    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=_offline_env(tmp_path, offline),
-                          capture_output=True, text=True, timeout=300)
+    code = (
+        "import json, time\nfrom app import models\nmodels.load  # the loader's import is not the failure being timed\nfor name in ('someone/some-model', 'Qwen2.5-1.5B-Instruct'):\n"
+        "    t = time.monotonic()\n    try:\n        models.load(name)\n    except models.UserError as e:\n"
+        "        print(json.dumps({'s': time.monotonic() - t, 'msg': str(e)}))\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=ROOT,
+        env=_offline_env(tmp_path, offline),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     out, preset = (json.loads(line) for line in proc.stdout.strip().splitlines()[-2:])
     assert out["s"] < 5, f"took {out['s']:.1f}s"
@@ -84,9 +105,25 @@ def test_hub_id_fails_fast_and_says_how_to_get_the_model(tmp_path, offline):
 
 def test_cli_with_an_unreachable_hub_is_one_line(tmp_path):
     t = time.monotonic()
-    proc = subprocess.run([sys.executable, "-m", "app", "generate", "--prompt", "x", "--target", "someone/some-model",
-                           "--mode", "autoregressive"], cwd=ROOT, env=_offline_env(tmp_path, False),
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "app",
+            "generate",
+            "--prompt",
+            "x",
+            "--target",
+            "someone/some-model",
+            "--mode",
+            "autoregressive",
+        ],
+        cwd=ROOT,
+        env=_offline_env(tmp_path, False),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     took = time.monotonic() - t
     assert proc.returncode == 2 and proc.stderr.startswith("error: ") and proc.stderr.count("\n") == 1, proc.stderr
     assert "HF_HUB_OFFLINE" in proc.stderr
@@ -101,8 +138,24 @@ def test_a_sampled_run_is_planned_on_timings_of_sampled_rounds(capsys, monkeypat
     seen, real_measure = [], calibrate.measure
     monkeypatch.setattr(calibrate, "_cache", {})
     monkeypatch.setattr(calibrate, "measure", lambda *a, **kw: seen.append(kw["sampling"]) or real_measure(*a, **kw))
-    argv = ["generate", "--prompt", "import os\n", "--max-new-tokens", "8", "--k-max", "2", "--draft", "prompt-lookup",
-            "--temperature", "0.8", "--top-p", "0.9", "--json"]
+    argv = [
+        "generate",
+        "--target",
+        models.TINY_TARGET,
+        "--prompt",
+        "import os\n",
+        "--max-new-tokens",
+        "8",
+        "--k-max",
+        "2",
+        "--draft",
+        "prompt-lookup",
+        "--temperature",
+        "0.8",
+        "--top-p",
+        "0.9",
+        "--json",
+    ]
     assert cli.main(argv) == 0
     doc = json.loads(capsys.readouterr().out)
     assert [(s.temperature, s.top_p) for s in seen] == [(0.8, 0.9)]

@@ -15,18 +15,22 @@ from torch import nn
 from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 from app import models as app_models
-from app.config import RunConfig, SamplingConfig, SpecConfig
-from app.cross_tokenizer import CrossTokenizerProposer, TokenBridge
-from app.engine import generate
+from app.core.config import RunConfig, SamplingConfig, SpecConfig
+from app.core.engine import generate
+from app.drafts.cross_tokenizer import CrossTokenizerProposer, TokenBridge
+from app.kv.cache import CachedModel
 
-CORPUS = """
+CORPUS = (
+    """
 def main(argv=None):
     parser = argparse.ArgumentParser(description="café naïve 日本語 — ünïcödé")
     for item in items:
         if item is None:
             return {'key': value, 'other': [1, 2, 3]}
     hello world, hello there; helpful helpers help
-""" * 4
+"""
+    * 4
+)
 PROMPTS = [
     "def main(argv=None):\n    parser = argparse.",
     "    for item in items:\n        if item",
@@ -39,8 +43,12 @@ def trained_tokenizer(vocab_size: int = 320) -> PreTrainedTokenizerFast:
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<s>", "</s>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=["<s>", "</s>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
     tok.train_from_iterator([CORPUS], trainer)
     return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>")
 
@@ -67,14 +75,17 @@ def test_the_two_tokenizers_split_differently(target_tok, draft_tok):
         assert t != d
 
 
-@pytest.mark.parametrize("committed, text", [
-    ("def main(argv=None):\n    parser = argparse.Arg", "umentParser(description"),  # a word the target began
-    ("def hel", "lo world"),
-    ("if item is None:\n", "        return {'key'"),  # indentation after a newline
-    ("    x =  ", " y"),  # runs of spaces on both sides of the seam
-    ("s = 'caf", "é naïve'"),  # a multi-byte character right after the seam
-    ("s = '日本", "語 — ü'"),
-])
+@pytest.mark.parametrize(
+    "committed, text",
+    [
+        ("def main(argv=None):\n    parser = argparse.Arg", "umentParser(description"),  # a word the target began
+        ("def hel", "lo world"),
+        ("if item is None:\n", "        return {'key'"),  # indentation after a newline
+        ("    x =  ", " y"),  # runs of spaces on both sides of the seam
+        ("s = 'caf", "é naïve'"),  # a multi-byte character right after the seam
+        ("s = '日本", "語 — ü'"),
+    ],
+)
 def test_seam_spells_exactly_the_draft_text(bridge, target_tok, committed, text):
     proposer = _proposer(bridge)
     proposer.ids = target_tok(committed)["input_ids"]
@@ -94,8 +105,16 @@ def test_seam_inside_a_character(bridge, target_tok):
 
 
 def _proposer(bridge):
-    model = LlamaForCausalLM(LlamaConfig(vocab_size=len(bridge.draft), hidden_size=8, intermediate_size=8,
-                                         num_hidden_layers=1, num_attention_heads=1, num_key_value_heads=1))
+    model = LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=len(bridge.draft),
+            hidden_size=8,
+            intermediate_size=8,
+            num_hidden_layers=1,
+            num_attention_heads=1,
+            num_key_value_heads=1,
+        )
+    )
     proposer = CrossTokenizerProposer(model, bridge, "d")
     proposer.begin([], len(bridge.target))
     return proposer
@@ -110,8 +129,14 @@ class OracleDraft(nn.Module):
 
     def __init__(self, tokenizer, answer: str, miss: int = 5):
         super().__init__()
-        self.config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=8, num_hidden_layers=1,
-                                  num_attention_heads=1, num_key_value_heads=1, max_position_embeddings=4096)
+        self.config = LlamaConfig(
+            vocab_size=len(tokenizer),
+            hidden_size=8,
+            num_hidden_layers=1,
+            num_attention_heads=1,
+            num_key_value_heads=1,
+            max_position_embeddings=4096,
+        )
         self.embed = nn.Embedding(len(tokenizer), 1)
         self.tok, self.answer, self.miss = tokenizer, answer, miss
 
@@ -122,32 +147,36 @@ class OracleDraft(nn.Module):
         keys = input_ids[:, None, :, None].float()
         seen = cache.update(keys, keys, 0)[0][0, 0, :, 0].long().tolist()
         n = input_ids.shape[1]
-        rows = [self._next(seen[: len(seen) - n + i + 1]) for i in range(n)][-logits_to_keep if logits_to_keep else 0:]
+        rows = [self._next(seen[: len(seen) - n + i + 1]) for i in range(n)][-logits_to_keep if logits_to_keep else 0 :]
         logits = torch.zeros(len(rows), len(self.tok))
         logits[torch.arange(len(rows)), torch.tensor(rows)] = 10.0
         return SimpleNamespace(logits=logits[None], hidden_states=None)
 
     def _next(self, context: list[int]) -> int:
         text = self.tok.decode(context, skip_special_tokens=True)
-        rest = self.answer[len(text):] if self.answer.startswith(text) else " "
+        rest = self.answer[len(text) :] if self.answer.startswith(text) else " "
         ids = self.tok(rest[:24], add_special_tokens=False)["input_ids"] or [self.tok.eos_token_id]
         return (ids[0] + 1) % len(self.tok) if len(context) % self.miss == 0 else ids[0]
 
 
 def greedy_reference(model, ids, n):
     out = model.generate(torch.tensor([ids]), max_new_tokens=n, do_sample=False, pad_token_id=2)
-    return out[0, len(ids):].tolist()
+    return out[0, len(ids) :].tolist()
 
 
 def run(target, tok, ids, proposer, n, sampling=SamplingConfig()):
     spec = SpecConfig(k=4, k_policy="fixed")
-    steps = list(generate(target, tok, ids, proposer, sampling, spec, RunConfig(n)))
+    steps = list(
+        generate(
+            target, tok, ids, proposer, sampling_cfg=sampling, spec=spec, run=RunConfig(n), target_cache=CachedModel
+        )
+    )
     return [t for s in steps for t in s.emitted], steps
 
 
 @pytest.mark.parametrize("prompt", PROMPTS)
 def test_greedy_equals_the_target_with_the_bundled_target(bridge, target_tok, prompt):
-    target, _ = app_models.load(app_models.DEFAULT_TARGET)
+    target, _ = app_models.load(app_models.TINY_TARGET)
     ids = target_tok(prompt)["input_ids"]
     expected = greedy_reference(target, ids, 40)
     answer = target_tok.decode(ids + expected, skip_special_tokens=True)
@@ -165,9 +194,19 @@ def test_greedy_equals_the_target_with_the_bundled_target(bridge, target_tok, pr
 def test_greedy_random_target_with_partial_characters(bridge, target_tok):
     # A random target writes arbitrary byte-level tokens, bytes of split characters included.
     torch.manual_seed(3)
-    target = LlamaForCausalLM(LlamaConfig(vocab_size=len(target_tok), hidden_size=32, intermediate_size=64,
-                                          num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                                          bos_token_id=0, eos_token_id=1, pad_token_id=2)).eval()
+    target = LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=len(target_tok),
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            bos_token_id=0,
+            eos_token_id=1,
+            pad_token_id=2,
+        )
+    ).eval()
     with torch.no_grad():
         target.lm_head.weight.mul_(30.0)
     ids = target_tok(PROMPTS[2])["input_ids"]
@@ -184,9 +223,16 @@ def test_pair_with_another_tokenizer_loads_and_samples(tmp_path, target_tok, dra
     """load_pair accepts the pair and says so; sampling drafts only shared tokens, with an exact q."""
     torch.manual_seed(0)
     for name, tok, layers in (("target", target_tok, 2), ("draft", draft_tok, 1)):
-        LlamaForCausalLM(LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64,
-                                     num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2)
-                         ).save_pretrained(tmp_path / name)
+        LlamaForCausalLM(
+            LlamaConfig(
+                vocab_size=len(tok),
+                hidden_size=32,
+                intermediate_size=64,
+                num_hidden_layers=layers,
+                num_attention_heads=4,
+                num_key_value_heads=2,
+            )
+        ).save_pretrained(tmp_path / name)
         tok.save_pretrained(tmp_path / name)
     pair = app_models.load_pair(str(tmp_path / "target"), str(tmp_path / "draft"))
     assert pair.note == "different tokenizers: drafts are re-tokenised"
@@ -232,7 +278,13 @@ def test_sampling_with_another_tokenizer_keeps_the_target_distribution():
     exact = exact_distribution(p_model, prompt, cfg)
     counts: dict = {}
     for seed in range(N):
-        got, _ = run(p_model, target_tok, prompt, CrossTokenizerProposer(q_model, bridge, "q"), 3,
-                     SamplingConfig(temperature=1.0, seed=seed))
+        got, _ = run(
+            p_model,
+            target_tok,
+            prompt,
+            CrossTokenizerProposer(q_model, bridge, "q"),
+            3,
+            SamplingConfig(temperature=1.0, seed=seed),
+        )
         counts[tuple(got)] = counts.get(tuple(got), 0) + 1
     assert tv({s: c / N for s, c in counts.items()}, exact) < tv_bound(exact)

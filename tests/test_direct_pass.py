@@ -6,10 +6,10 @@ from test_architectures import CONFIGS, WINDOW, build
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
-from app import direct_pass
-from app.cache import CachedModel
-from app.growing_cache import ROOM, GrowingLayer
-from app.models import DEFAULT_TARGET, load
+from app.kv import direct_pass
+from app.kv.cache import CachedModel
+from app.kv.growing_cache import ROOM, GrowingLayer
+from app.models import TINY_TARGET, load
 
 CONTEXT = list(range(20, 60))
 
@@ -42,13 +42,13 @@ def test_direct_passes_equal_the_models_forward_bit_for_bit_and_roll_back(arch):
 
 
 def test_the_bundled_targets_direct_passes_equal_its_forward_bit_for_bit():
-    target, tokenizer = load(DEFAULT_TARGET)
+    target, tokenizer = load(TINY_TARGET)
     _same_passes(target, tokenizer("def walk(root):\n    for path in os.listdir(root):\n")["input_ids"])
 
 
 def test_a_cache_that_outgrows_its_room_still_gives_the_forwards_bits():
     """Rounds of verify-then-rollback on the bundled target until its growing cache reallocates."""
-    target, _ = load(DEFAULT_TARGET)
+    target, _ = load(TINY_TARGET)
     direct, own = _twins(target)
     context = [(3 * i) % 4000 + 5 for i in range(100)]
     assert torch.equal(direct.extend(context, keep=1), own.extend(context, keep=1))

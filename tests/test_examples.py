@@ -6,8 +6,10 @@ from collections import Counter
 
 import pytest
 
-from app import engine, metrics, models
-from app.config import RunConfig, SamplingConfig, SpecConfig
+from app import models
+from app.core import engine, metrics
+from app.core.config import RunConfig, SamplingConfig, SpecConfig
+from app.kv.cache import CachedModel
 
 pytestmark = pytest.mark.slow  # every example on the bundled pair
 
@@ -23,8 +25,14 @@ def loops(ids: list[int], n: int = 8, times: int = 3) -> bool:
 def sampling_of(example: dict) -> SamplingConfig:
     s = example["settings"]
     greedy = s["decoding"] == "greedy"
-    return SamplingConfig(0.0 if greedy else s["temperature"], s["top_k"], s["top_p"], s.get("seed", 0),
-                          s["repetition_penalty"], s["no_repeat_ngram_size"])
+    return SamplingConfig(
+        0.0 if greedy else s["temperature"],
+        s["top_k"],
+        s["top_p"],
+        s.get("seed", 0),
+        s["repetition_penalty"],
+        s["no_repeat_ngram_size"],
+    )
 
 
 def test_every_example_carries_valid_settings():
@@ -47,8 +55,18 @@ def results():
         s = sampling_of(e)
         run = RunConfig(e["settings"]["max_new_tokens"])
         ids = pair.encode(e["prompt"])
-        steps = list(engine.generate(pair.target, pair.tokenizer, ids, pair.proposer(), s,
-                                     SpecConfig(k=4, k_policy="fixed"), run))
+        steps = list(
+            engine.generate(
+                pair.target,
+                pair.tokenizer,
+                ids,
+                pair.proposer(),
+                sampling_cfg=s,
+                spec=SpecConfig(k=4, k_policy="fixed"),
+                run=run,
+                target_cache=CachedModel,
+            )
+        )
         stats = metrics.summarize(steps)
         out.append((e, [t for st in steps for t in st.emitted], stats["alpha"]))
     return out

@@ -7,9 +7,9 @@ import shlex
 
 import pytest
 
-from app import cli
-from app.config import SamplingConfig, SpecConfig
-from app.draft_spec import DraftSpec
+from app import cli, models
+from app.core.config import SamplingConfig, SpecConfig
+from app.drafts.draft_spec import DraftSpec
 from app.export import DraftInfo, export_all, llama_server, vllm
 
 TARGET, DRAFT = "Qwen/Qwen2.5-7B-Instruct", "Qwen/Qwen2.5-0.5B-Instruct"
@@ -46,8 +46,12 @@ def test_draft_model_pair():
 def test_prompt_lookup_maps_to_ngram_and_spec_type():
     spec = SpecConfig(k=3, k_policy="fixed", ngram_max=4, ngram_min=2)
     v, ll = export_all(TARGET, info("prompt-lookup"), spec, GREEDY)
-    assert spec_config(v.argv) == {"method": "ngram", "num_speculative_tokens": 3,
-                                   "prompt_lookup_max": 4, "prompt_lookup_min": 2}
+    assert spec_config(v.argv) == {
+        "method": "ngram",
+        "num_speculative_tokens": 3,
+        "prompt_lookup_max": 4,
+        "prompt_lookup_min": 2,
+    }
     assert flag(ll.argv, "--spec-type") == "ngram-simple" and flag(ll.argv, "--spec-ngram-size-n") == "4"
     assert flag(ll.argv, "--draft-max") == "3" and "-md" not in ll.argv
     assert any("shorter n-grams" in n for n in ll.notes)
@@ -55,14 +59,17 @@ def test_prompt_lookup_maps_to_ngram_and_spec_type():
 
 def test_eagle_head():
     v = vllm(TARGET, info("eagle:yuhuili/EAGLE-Qwen2-7B-Instruct"), FIXED, GREEDY)
-    assert spec_config(v.argv) == {"method": "eagle", "model": "yuhuili/EAGLE-Qwen2-7B-Instruct",
-                                   "num_speculative_tokens": 5}
+    assert spec_config(v.argv) == {
+        "method": "eagle",
+        "model": "yuhuili/EAGLE-Qwen2-7B-Instruct",
+        "num_speculative_tokens": 5,
+    }
 
 
-@pytest.mark.parametrize("draft, what", [
-    (info("early-exit:2"), "early exit"),
-    (info(DRAFT, different_tokenizer=True), "different tokenizer"),
-])
+@pytest.mark.parametrize(
+    "draft, what",
+    [(info("early-exit:2"), "early exit"), (info(DRAFT, different_tokenizer=True), "different tokenizer")],
+)
 def test_settings_without_counterpart_are_said_plainly(draft, what):
     v, ll = export_all(TARGET, draft, SpecConfig(), GREEDY)
     assert v.argv == ["vllm", "serve", TARGET]
@@ -72,10 +79,12 @@ def test_settings_without_counterpart_are_said_plainly(draft, what):
 
 
 def test_adaptive_k_becomes_the_benchs_best_fixed_k(tmp_path):
-    (tmp_path / "other.json").write_text(json.dumps({"target": TARGET, "draft": "another", "summary":
-                                                      {"best_fixed_k": "k=2"}}))
-    (tmp_path / "bench.json").write_text(json.dumps({"target": TARGET, "draft": DRAFT, "summary":
-                                                      {"best_fixed_k": "k=6"}}))
+    (tmp_path / "other.json").write_text(
+        json.dumps({"target": TARGET, "draft": "another", "summary": {"best_fixed_k": "k=2"}})
+    )
+    (tmp_path / "bench.json").write_text(
+        json.dumps({"target": TARGET, "draft": DRAFT, "summary": {"best_fixed_k": "k=6"}})
+    )
     v = vllm(TARGET, info(DRAFT), SpecConfig(k_policy="adaptive"), GREEDY, runs=tmp_path)
     assert spec_config(v.argv)["num_speculative_tokens"] == 6
     assert any("adaptive k has no counterpart: fixed k = 6" in n and "bench.json" in n for n in v.notes)
@@ -91,14 +100,19 @@ def test_sampling_settings_travel():
     request = json.loads(next(n for n in v.notes if n.startswith("sampling is per request")).split("send ", 1)[1])
     assert request == {"temperature": 0.7, "top_p": 0.9, "top_k": 40, "seed": 3, "repetition_penalty": 1.1}
     ll = llama_server(TARGET, info(DRAFT), FIXED, s)
-    assert [flag(ll.argv, f) for f in ("--temp", "--top-k", "--top-p", "--seed", "--repeat-penalty")] == \
-        ["0.7", "40", "0.9", "3", "1.1"]
+    assert [flag(ll.argv, f) for f in ("--temp", "--top-k", "--top-p", "--seed", "--repeat-penalty")] == [
+        "0.7",
+        "40",
+        "0.9",
+        "3",
+        "1.1",
+    ]
     for e in (v, ll):
         assert any("no-repeat n-gram size 3 has no counterpart" in n for n in e.notes)
 
 
 def test_cli_export_json(capsys):
-    assert cli.main(["export", "--draft", "prompt-lookup", "--k", "3", "--json"]) == 0
+    assert cli.main(["export", "--target", models.TINY_TARGET, "--draft", "prompt-lookup", "--k", "3", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert [e["engine"] for e in out] == ["vllm", "llama.cpp"]
     assert spec_config(out[0]["argv"])["method"] == "ngram"
@@ -109,8 +123,8 @@ def test_for_pair_is_what_the_ui_shows(tmp_path):
     from app import models
     from app.export import for_pair
 
-    pair = models.load_pair(models.DEFAULT_TARGET, "prompt-lookup")
+    pair = models.load_pair(models.TINY_TARGET, "prompt-lookup")
     text = for_pair(pair, FIXED, GREEDY, runs=tmp_path)
     assert text.startswith("vllm serve ") and "\n\nllama-server -m " in text
     assert '"method":"ngram"' in text and "--spec-type ngram-simple" in text
-    assert for_pair(models.load_pair(models.DEFAULT_TARGET, draft=False), FIXED, GREEDY) == ""
+    assert for_pair(models.load_pair(models.TINY_TARGET, draft=False), FIXED, GREEDY) == ""

@@ -10,10 +10,11 @@ from safetensors.torch import save_file
 from test_sampling import N, exact_distribution, tv, tv_bound
 from transformers import DynamicCache
 
-from app import models, train
-from app.config import SamplingConfig, SpecError
-from app.feature_head import FeatureHead, is_head_dir, load_head
-from app.proposers import FeatureProposer
+from app import models
+from app.core.config import SamplingConfig, UserError
+from app.drafts.feature import FeatureProposer
+from app.drafts.feature_head import FeatureHead, is_head_dir, load_head
+from app.training import train
 
 PROMPTS = ["def add(a, b):\n  return a", "the cat sat on the mat. the cat"]
 
@@ -36,8 +37,9 @@ def head(target, tokenizer):
 def test_greedy_equals_generate(target, tokenizer, head, no_eos, k, policy):
     accepted = rejected = 0
     for prompt in PROMPTS:
-        spec, steps = run(target, tokenizer, prompt, FeatureProposer(target, head), k=k, k_policy=policy,
-                          max_new_tokens=40)
+        spec, steps = run(
+            target, tokenizer, prompt, FeatureProposer(target, head), k=k, k_policy=policy, max_new_tokens=40
+        )
         assert spec == hf_greedy(target, tokenizer, prompt, 40)
         accepted += sum(s.accepted for s in steps)
         rejected += sum(len(s.rejected) > 0 for s in steps)
@@ -46,12 +48,20 @@ def test_greedy_equals_generate(target, tokenizer, head, no_eos, k, policy):
 
 def test_greedy_on_the_static_cache_equals_generate(target, tokenizer, head, no_eos):
     """The GPU fast path's target cache also hands the head its features (run eagerly here)."""
-    from app.static_cache import StaticCaches, cache_length
+    from app.kv.static_cache import StaticCaches, cache_length
 
     for prompt in PROMPTS:
         cache = StaticCaches(cache_length(len(tokenizer(prompt)["input_ids"]), 40))
-        spec, steps = run(target, tokenizer, prompt, FeatureProposer(target, head), k=4, k_policy="fixed",
-                          max_new_tokens=40, target_cache=cache)
+        spec, steps = run(
+            target,
+            tokenizer,
+            prompt,
+            FeatureProposer(target, head),
+            k=4,
+            k_policy="fixed",
+            max_new_tokens=40,
+            target_cache=cache,
+        )
         assert spec == hf_greedy(target, tokenizer, prompt, 40)
         assert sum(s.accepted for s in steps) > 0
 
@@ -93,8 +103,17 @@ def test_sampling_with_the_head_as_q_matches_the_target_distribution():
     exact = exact_distribution(p_model, prompt, SamplingConfig(temperature=cfg_t))
     counts, rejections = {}, 0
     for seed in range(N):
-        ids, steps = run(p_model, tok, prompt, FeatureProposer(p_model, h), temperature=cfg_t, seed=seed, k=2,
-                         k_policy="fixed", max_new_tokens=3)
+        ids, steps = run(
+            p_model,
+            tok,
+            prompt,
+            FeatureProposer(p_model, h),
+            temperature=cfg_t,
+            seed=seed,
+            k=2,
+            k_policy="fixed",
+            max_new_tokens=3,
+        )
         counts[tuple(ids)] = counts.get(tuple(ids), 0) + 1
         rejections += sum(len(s.drafted) > s.accepted for s in steps)
     got = {s: c / N for s, c in counts.items()}
@@ -110,16 +129,29 @@ def eagle_layout(head: FeatureHead, target, out, extra_embed=True, dtype=torch.f
         tensors["embed_tokens.weight"] = target.get_input_embeddings().weight.detach().to(dtype).clone()
     save_file(tensors, str(out / "model.safetensors"))
     c = target.config
-    (out / "config.json").write_text(json.dumps({
-        "architectures": ["LlamaForCausalLM"], "bias": True, "hidden_act": "silu", "hidden_size": c.hidden_size,
-        "intermediate_size": c.intermediate_size, "max_position_embeddings": c.max_position_embeddings,
-        "model_type": "llama", "num_attention_heads": c.num_attention_heads, "num_hidden_layers": 1,
-        "num_key_value_heads": c.num_key_value_heads, "rms_norm_eps": c.rms_norm_eps,
-        "torch_dtype": "float16", "vocab_size": c.vocab_size}))
+    (out / "config.json").write_text(
+        json.dumps(
+            {
+                "architectures": ["LlamaForCausalLM"],
+                "bias": True,
+                "hidden_act": "silu",
+                "hidden_size": c.hidden_size,
+                "intermediate_size": c.intermediate_size,
+                "max_position_embeddings": c.max_position_embeddings,
+                "model_type": "llama",
+                "num_attention_heads": c.num_attention_heads,
+                "num_hidden_layers": 1,
+                "num_key_value_heads": c.num_key_value_heads,
+                "rms_norm_eps": c.rms_norm_eps,
+                "torch_dtype": "float16",
+                "vocab_size": c.vocab_size,
+            }
+        )
+    )
 
 
 def test_a_published_eagle1_head_loads_from_its_layout(tmp_path):
-    pair = models.load_pair(models.DEFAULT_TARGET, "prompt-lookup")
+    pair = models.load_pair(models.TINY_TARGET, "prompt-lookup")
     torch.manual_seed(0)
     head = FeatureHead(pair.target.config)
     eagle_layout(head, pair.target, tmp_path / "EAGLE-bundled")
@@ -128,7 +160,7 @@ def test_a_published_eagle1_head_loads_from_its_layout(tmp_path):
     for name, t in head.state_for_disk().items():
         assert torch.equal(loaded.state_for_disk()[name], t.to(torch.float16).float()), name
     for draft in (str(tmp_path / "EAGLE-bundled"), "eagle:" + str(tmp_path / "EAGLE-bundled")):
-        fpair = models.load_pair(models.DEFAULT_TARGET, draft)
+        fpair = models.load_pair(models.TINY_TARGET, draft)
         assert fpair.head is not None
         ids = fpair.encode("def main(argv=None):\n")
         ar, _ = run(fpair.target, fpair.tokenizer, ids, max_new_tokens=24)
@@ -141,9 +173,19 @@ def test_cached_passes_equal_the_body_models_own_forward(tokenizer):
     positions, none for one) give the wrapped body's bits, cache and all."""
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    for target in (models.load_pair(models.DEFAULT_TARGET, "prompt-lookup").target,
-                   Qwen2ForCausalLM(Qwen2Config(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64,
-                                                num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2))):
+    for target in (
+        models.load_pair(models.TINY_TARGET, "prompt-lookup").target,
+        Qwen2ForCausalLM(
+            Qwen2Config(
+                vocab_size=len(tokenizer),
+                hidden_size=32,
+                intermediate_size=64,
+                num_hidden_layers=2,
+                num_attention_heads=4,
+                num_key_value_heads=2,
+            )
+        ),
+    ):
         torch.manual_seed(0)
         head = FeatureHead(target.config).eval()
         h = target.config.hidden_size
@@ -157,15 +199,16 @@ def test_cached_passes_equal_the_body_models_own_forward(tokenizer):
                 assert torch.equal(got, want), (a, b, (got - want).abs().max())
             fast.crop(-3), slow.crop(-3)  # a rollback, then a pass over the cropped cache
             got = head(e[:, 9:12], f[:, 9:12], fast)
-            want = head.body(inputs_embeds=head.fc(torch.cat([e[:, 9:12], f[:, 9:12]], -1)), cache=slow,
-                             use_cache=True).last_hidden_state
+            want = head.body(
+                inputs_embeds=head.fc(torch.cat([e[:, 9:12], f[:, 9:12]], -1)), cache=slow, use_cache=True
+            ).last_hidden_state
             assert torch.equal(got, want)
         assert fast.get_seq_length() == slow.get_seq_length() == 12
 
 
 def test_a_missing_head_directory_is_named_as_a_path_not_a_hub_id(tmp_path):
-    with pytest.raises(SpecError) as e:
-        models.load_pair(models.DEFAULT_TARGET, "eagle:" + str(tmp_path / "no-such-head"))
+    with pytest.raises(UserError) as e:
+        models.load_pair(models.TINY_TARGET, "eagle:" + str(tmp_path / "no-such-head"))
     assert "does not exist" in str(e.value) and "Hub" not in str(e.value) and "offline" not in str(e.value)
 
 
@@ -173,8 +216,16 @@ def test_qwen2_heads_keep_their_qkv_biases(tmp_path, tokenizer):
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     torch.manual_seed(0)
-    target = Qwen2ForCausalLM(Qwen2Config(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64,
-                                          num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2)).eval()
+    target = Qwen2ForCausalLM(
+        Qwen2Config(
+            vocab_size=len(tokenizer),
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+        )
+    ).eval()
     head = FeatureHead(target.config)
     names = set(head.state_for_disk())
     assert "layers.0.self_attn.q_proj.bias" in names and "layers.0.self_attn.o_proj.bias" not in names
@@ -191,16 +242,16 @@ def test_qwen2_heads_keep_their_qkv_biases(tmp_path, tokenizer):
 def test_bad_heads_are_refused_clearly(tmp_path, target, tokenizer):
     (tmp_path / "bin-only").mkdir()
     (tmp_path / "bin-only" / "pytorch_model.bin").write_bytes(b"not loaded")
-    with pytest.raises(SpecError, match="safetensors"):
+    with pytest.raises(UserError, match="safetensors"):
         load_head(tmp_path / "bin-only", target)
     wide = FeatureHead(__import__("conftest").tiny_llama(len(tokenizer), hidden=32).config)
     eagle_layout(wide, __import__("conftest").tiny_llama(len(tokenizer), hidden=32), tmp_path / "wide")
-    with pytest.raises(SpecError, match="width"):
+    with pytest.raises(UserError, match="width"):
         load_head(tmp_path / "wide", target)
     from transformers import GPT2Config, GPT2LMHeadModel
 
     gpt2 = GPT2LMHeadModel(GPT2Config(vocab_size=len(tokenizer), n_embd=32, n_layer=2, n_head=4))
-    with pytest.raises(SpecError, match="Llama or Qwen2"):
+    with pytest.raises(UserError, match="Llama or Qwen2"):
         FeatureHead(gpt2.config)
 
 
@@ -208,9 +259,17 @@ def test_a_head_for_a_sliding_window_target_is_one_full_attention_layer(tokenize
     """EAGLE's head attends to everything drafted so far, whatever the target's first layer is."""
     from transformers import Qwen2Config
 
-    config = Qwen2Config(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, use_sliding_window=True, sliding_window=4,
-                         max_window_layers=0)
+    config = Qwen2Config(
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        use_sliding_window=True,
+        sliding_window=4,
+        max_window_layers=0,
+    )
     assert DynamicCache(config=config).layers[0].__class__.__name__ == "DynamicSlidingWindowLayer"
     head = FeatureHead(config).eval()
     cache = head.new_cache()

@@ -8,8 +8,26 @@ from app import cli
 
 
 def test_gpucheck_reports_every_figure_on_cpu(capsys):
-    assert cli.main(["gpucheck", "--shapes", "tiny", "--device", "cpu", "--steps", "2", "--context", "48",
-                     "--new-tokens", "20", "--k", "1,4"]) == 0
+    assert (
+        cli.main(
+            [
+                "gpucheck",
+                "--shapes",
+                "tiny",
+                "--device",
+                "cpu",
+                "--steps",
+                "2",
+                "--context",
+                "48",
+                "--new-tokens",
+                "20",
+                "--k",
+                "1,4",
+            ]
+        )
+        == 0
+    )
     doc = json.loads(capsys.readouterr().out)
     assert doc["compiled"].startswith("skipped")  # CUDA only unless forced
     for kind in ("eager", "static_eager"):
@@ -27,8 +45,10 @@ def test_gpucheck_reports_every_figure_on_cpu(capsys):
 
 @pytest.mark.slow
 def test_gpucheck_checks_the_bundled_family_against_generate(capsys):
-    assert cli.main(["gpucheck", "--no-timing", "--device", "cpu", "--equality-prompts", "1",
-                     "--equality-tokens", "16"]) == 0
+    assert (
+        cli.main(["gpucheck", "--no-timing", "--device", "cpu", "--equality-prompts", "1", "--equality-tokens", "16"])
+        == 0
+    )
     doc = json.loads(capsys.readouterr().out)["equality"]
     assert doc["dtype"] == "fp32"
     for draft in ("draft-feature", "draft-distilled", "prompt-lookup"):

@@ -3,7 +3,8 @@
 import pytest
 from conftest import run, tiny_llama
 
-from app.proposers import ModelProposer, PromptLookup, early_exit
+from app.drafts.lookup import PromptLookup
+from app.drafts.model import ModelProposer, early_exit
 
 PROMPTS = ["def add(a, b):\n  return a", "the cat sat on the mat. the cat"]
 
@@ -11,7 +12,7 @@ PROMPTS = ["def add(a, b):\n  return a", "the cat sat on the mat. the cat"]
 def hf_greedy(model, tokenizer, prompt, n):
     ids = tokenizer(prompt, return_tensors="pt")["input_ids"]
     out = model.generate(ids, max_new_tokens=n, do_sample=False, eos_token_id=None, pad_token_id=2)
-    return out[0, ids.shape[1]:].tolist()
+    return out[0, ids.shape[1] :].tolist()
 
 
 def sources(target, near_draft):
@@ -30,8 +31,9 @@ def test_greedy_equals_autoregressive_and_generate(target, near_draft, tokenizer
         ref = hf_greedy(target, tokenizer, prompt, 40)
         ref = ref[: ref.index(1) + 1] if 1 in ref else ref  # the engine stops at the tokenizer's EOS
         assert ar == ref
-        spec, steps = run(target, tokenizer, prompt, sources(target, near_draft)[source](),
-                          k=k, k_policy="fixed", max_new_tokens=40)
+        spec, steps = run(
+            target, tokenizer, prompt, sources(target, near_draft)[source](), k=k, k_policy="fixed", max_new_tokens=40
+        )
         assert spec == ar
         assert all(s.k <= k for s in steps)
 
@@ -40,8 +42,16 @@ def test_greedy_equals_autoregressive_and_generate(target, near_draft, tokenizer
 @pytest.mark.parametrize("source", ["draft-model", "prompt-lookup", "early-exit"])
 def test_greedy_equality_for_every_k_policy(target, near_draft, tokenizer, policy, source):
     ar, _ = run(target, tokenizer, PROMPTS[0], max_new_tokens=60)
-    spec, steps = run(target, tokenizer, PROMPTS[0], sources(target, near_draft)[source](),
-                      k=3, k_policy=policy, k_max=8, max_new_tokens=60)
+    spec, steps = run(
+        target,
+        tokenizer,
+        PROMPTS[0],
+        sources(target, near_draft)[source](),
+        k=3,
+        k_policy=policy,
+        k_max=8,
+        max_new_tokens=60,
+    )
     assert spec == ar
     if policy != "fixed" and source != "prompt-lookup":
         assert len({s.k for s in steps[:-1]}) > 1, "an adaptive policy should move k"
@@ -49,8 +59,9 @@ def test_greedy_equality_for_every_k_policy(target, near_draft, tokenizer, polic
 
 def test_drafts_are_both_accepted_and_rejected(target, near_draft, tokenizer):
     # The equality tests above only mean something if the draft is sometimes right, sometimes wrong.
-    _, steps = run(target, tokenizer, PROMPTS[0], ModelProposer(near_draft, "near"), k=4, k_policy="fixed",
-                   max_new_tokens=60)
+    _, steps = run(
+        target, tokenizer, PROMPTS[0], ModelProposer(near_draft, "near"), k=4, k_policy="fixed", max_new_tokens=60
+    )
     accepted = sum(s.accepted for s in steps)
     drafted = sum(len(s.drafted) for s in steps)
     assert 0.2 < accepted / drafted < 0.95
@@ -63,8 +74,9 @@ def test_padded_vocabulary_draft_works(target, tokenizer):
     # Same tokenizer, embedding matrix padded by 16 rows: must still be lossless.
     padded = tiny_llama(len(tokenizer) + 16, layers=1, hidden=32, seed=5, scale=30.0)
     ar, _ = run(target, tokenizer, PROMPTS[1], max_new_tokens=30)
-    spec, _ = run(target, tokenizer, PROMPTS[1], ModelProposer(padded, "padded"), k=4, k_policy="fixed",
-                  max_new_tokens=30)
+    spec, _ = run(
+        target, tokenizer, PROMPTS[1], ModelProposer(padded, "padded"), k=4, k_policy="fixed", max_new_tokens=30
+    )
     assert spec == ar
 
 
@@ -74,11 +86,13 @@ def test_stops_at_eos_like_generate(target, near_draft, tokenizer):
     saved = target.generation_config.eos_token_id
     target.generation_config.eos_token_id = eos
     try:
-        spec, steps = run(target, tokenizer, PROMPTS[0], ModelProposer(near_draft, "near"), k=8,
-                          k_policy="fixed", max_new_tokens=40)
+        spec, steps = run(
+            target, tokenizer, PROMPTS[0], ModelProposer(near_draft, "near"), k=8, k_policy="fixed", max_new_tokens=40
+        )
         ids = tokenizer(PROMPTS[0], return_tensors="pt")["input_ids"]
-        ref = target.generate(ids, max_new_tokens=40, do_sample=False, pad_token_id=2,
-                              eos_token_id=[eos, 1])[0, ids.shape[1]:].tolist()
+        ref = target.generate(ids, max_new_tokens=40, do_sample=False, pad_token_id=2, eos_token_id=[eos, 1])[
+            0, ids.shape[1] :
+        ].tolist()
     finally:
         target.generation_config.eos_token_id = saved
     assert spec == ref[: ref.index(eos) + 1] == ar[: ar.index(eos) + 1]
@@ -88,8 +102,9 @@ def test_stops_at_eos_like_generate(target, near_draft, tokenizer):
 @pytest.mark.parametrize("n", [1, 2, 5, 9])
 def test_never_more_than_max_new_tokens(target, tokenizer, n, no_eos):
     same = target  # the target as its own draft accepts everything, the hardest case
-    spec, steps = run(target, tokenizer, PROMPTS[0], ModelProposer(same, "self"), k=8, k_policy="fixed",
-                      max_new_tokens=n)
+    spec, steps = run(
+        target, tokenizer, PROMPTS[0], ModelProposer(same, "self"), k=8, k_policy="fixed", max_new_tokens=n
+    )
     assert len(spec) == n
     assert steps[-1].stop_reason == "max_new_tokens"
 
@@ -98,8 +113,16 @@ def test_stop_string_ends_the_text(target, near_draft, tokenizer, no_eos):
     ar, steps = run(target, tokenizer, PROMPTS[0], max_new_tokens=40)
     text = "".join(s.text for s in steps)
     stop = text[10:12]
-    _, spec_steps = run(target, tokenizer, PROMPTS[0], ModelProposer(near_draft, "near"), k=4,
-                        k_policy="fixed", max_new_tokens=40, stop=(stop,))
+    _, spec_steps = run(
+        target,
+        tokenizer,
+        PROMPTS[0],
+        ModelProposer(near_draft, "near"),
+        k=4,
+        k_policy="fixed",
+        max_new_tokens=40,
+        stop=(stop,),
+    )
     out = "".join(s.text for s in spec_steps)
     assert out == text[: text.index(stop) + len(stop)]
     assert spec_steps[-1].stop_reason == "stop_string"
@@ -107,8 +130,8 @@ def test_stop_string_ends_the_text(target, near_draft, tokenizer, no_eos):
 
 def test_streamed_text_matches_full_decode():
     # Byte-level BPE splits multi-byte characters across tokens; streaming must not.
-    from app.corpus import train_tokenizer
-    from app.text import Detokenizer
+    from app.core.text import Detokenizer
+    from app.data.corpus import train_tokenizer
 
     tok = train_tokenizer(["def f(x):\n    return 'héllo wörld ✓ 日本'\n"] * 20, 300)
     text = "    s = 'naïve café ✓ 日本語'  # ok\n\tx = 1\n"
@@ -119,8 +142,8 @@ def test_streamed_text_matches_full_decode():
 
 
 def test_peek_spells_each_draft_and_the_targets_token_without_committing():
-    from app.corpus import train_tokenizer
-    from app.text import Detokenizer
+    from app.core.text import Detokenizer
+    from app.data.corpus import train_tokenizer
 
     tok = train_tokenizer(["def f(x):\n    return 'héllo wörld ✓ 日本'\n"] * 20, 300)
     ids = tok("x = 'café ✓'\ny = '日本語' + x\n", add_special_tokens=False)["input_ids"]

@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from app import hosting, models
-from app.config import SpecError
+from app import models
+from app.core.config import UserError
+from app.models import hosting
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -30,14 +31,14 @@ def test_private_machine_is_open_and_public_hosting_is_presets_only(monkeypatch)
     hosting.configure("0.0.0.0")
     try:
         assert hosting.public()
-        with pytest.raises(SpecError, match="not on this server's model list"):
+        with pytest.raises(UserError, match="not on this server's model list"):
             models.resolve("someone/custom-model")
     finally:
         hosting.configure(None)
 
 
 def test_on_a_space_a_custom_id_is_refused_and_presets_load(on_space):
-    with pytest.raises(SpecError, match="pick one of the presets"):
+    with pytest.raises(UserError, match="pick one of the presets"):
         models.load_pair("someone/custom-model", "prompt-lookup")
     pair = models.load_pair("stdlib-code target (bundled)", "prompt lookup (n-grams)")
     assert pair.draft_name == models.PROMPT_LOOKUP
@@ -46,7 +47,7 @@ def test_on_a_space_a_custom_id_is_refused_and_presets_load(on_space):
 
 @pytest.mark.parametrize("bad", ["prompt-lookup", "early-exit:2"])
 def test_draft_sources_are_never_targets(bad):
-    with pytest.raises(SpecError, match="draft source, not a target"):
+    with pytest.raises(UserError, match="draft source, not a target"):
         models.load_pair(bad, "prompt-lookup")
 
 
@@ -60,7 +61,7 @@ def test_no_message_contains_a_resolved_host_path(monkeypatch, typed, mode):
     else:
         monkeypatch.delenv("SPACE_ID", raising=False)
         monkeypatch.setenv("SPECDEC_ALLOWED_MODELS", "any")
-    with pytest.raises(SpecError) as err:
+    with pytest.raises(UserError) as err:
         models.load_pair(typed, "prompt-lookup")
     message = str(err.value)
     resolved = {os.getcwd(), str(ROOT), os.path.expanduser("~"), sys.executable, os.path.realpath(sys.executable)}
@@ -90,14 +91,23 @@ def test_a_visitors_id_never_reaches_the_hub_with_the_owners_token(tmp_path):
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Recorder)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     _Recorder.seen.clear()
-    env = dict(os.environ, SPACE_ID="someone/specdec", SPECDEC_ALLOWED_MODELS="any", HF_TOKEN="hf_owner_secret",
-               HF_ENDPOINT=f"http://127.0.0.1:{server.server_port}", HF_HOME=str(tmp_path / "hf"),
-               HF_HUB_DISABLE_IMPLICIT_TOKEN="0", OMP_NUM_THREADS="1")
+    env = dict(
+        os.environ,
+        SPACE_ID="someone/specdec",
+        SPECDEC_ALLOWED_MODELS="any",
+        HF_TOKEN="hf_owner_secret",
+        HF_ENDPOINT=f"http://127.0.0.1:{server.server_port}",
+        HF_HOME=str(tmp_path / "hf"),
+        HF_HUB_DISABLE_IMPLICIT_TOKEN="0",
+        OMP_NUM_THREADS="1",
+    )
     env.pop("HF_HUB_OFFLINE", None)
-    code = ("from app import models\n"
-            "from app.config import SpecError\n"
-            "try:\n    models.load_pair('visitor/private-model', 'prompt-lookup')\n"
-            "except SpecError as e:\n    print('refused:', e)\n")
+    code = (
+        "from app import models\n"
+        "from app.core.config import UserError\n"
+        "try:\n    models.load_pair('visitor/private-model', 'prompt-lookup')\n"
+        "except UserError as e:\n    print('refused:', e)\n"
+    )
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=400)
     server.shutdown()
     assert "refused:" in out.stdout, out.stderr[-2000:]
@@ -112,8 +122,9 @@ class _BigModelHub(_Recorder):
     def _answer(self):
         _BigModelHub.paths.append(self.path)
         if self.path.startswith("/api/models/"):
-            body = json.dumps({"id": "visitor/huge", "safetensors": {"parameters": {"BF16": 70_000_000_000},
-                                                                      "total": 70_000_000_000}}).encode()
+            body = json.dumps(
+                {"id": "visitor/huge", "safetensors": {"parameters": {"BF16": 70_000_000_000}, "total": 70_000_000_000}}
+            ).encode()
             self.send_response(200)
             self.send_header("Content-Type", "application/json")
             self.end_headers()
@@ -128,12 +139,20 @@ def test_a_model_over_the_size_cap_is_refused_before_download(tmp_path):
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _BigModelHub)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     _Recorder.seen.clear()
-    env = dict(os.environ, SPACE_ID="someone/specdec", SPECDEC_ALLOWED_MODELS="any", HF_HOME=str(tmp_path / "hf"),
-               HF_ENDPOINT=f"http://127.0.0.1:{server.server_port}", OMP_NUM_THREADS="1")
+    env = dict(
+        os.environ,
+        SPACE_ID="someone/specdec",
+        SPECDEC_ALLOWED_MODELS="any",
+        HF_HOME=str(tmp_path / "hf"),
+        HF_ENDPOINT=f"http://127.0.0.1:{server.server_port}",
+        OMP_NUM_THREADS="1",
+    )
     env.pop("HF_HUB_OFFLINE", None)
-    code = ("from app import models\nfrom app.config import SpecError\n"
-            "try:\n    models.load_pair('visitor/huge', 'prompt-lookup')\n"
-            "except SpecError as e:\n    print('refused:', e)\n")
+    code = (
+        "from app import models\nfrom app.core.config import UserError\n"
+        "try:\n    models.load_pair('visitor/huge', 'prompt-lookup')\n"
+        "except UserError as e:\n    print('refused:', e)\n"
+    )
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=400)
     server.shutdown()
     assert "70.0B parameters" in out.stdout and "at most 8.0B" in out.stdout, out.stdout + out.stderr[-2000:]

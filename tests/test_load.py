@@ -13,8 +13,24 @@ from app import models
 pytestmark = pytest.mark.slow  # a server and 40 requests
 
 CLIENTS, REQUESTS = 8, 5
-BASE = ["def f(a):\n    return a", "stdlib-code target (bundled)", "", "distilled draft (bundled)", "", False,
-        "greedy", 0.8, 0, 1.0, 0, 12, "adaptive", 4, 1.0, 0]
+BASE = [
+    "def f(a):\n    return a",
+    "stdlib-code target (bundled)",
+    "",
+    "distilled draft (bundled)",
+    "",
+    False,
+    "greedy",
+    0.8,
+    0,
+    1.0,
+    0,
+    12,
+    "adaptive",
+    4,
+    1.0,
+    0,
+]
 
 
 def _request(i: int) -> list:
@@ -71,8 +87,9 @@ def _raw_call(url: str, api: str, values: list[str]) -> tuple[str, dict | None]:
     import httpx
 
     body = '{"data": [' + ", ".join(values) + "]}"
-    r = httpx.post(f"{url}gradio_api/call/{api}", content=body, headers={"content-type": "application/json"},
-                   timeout=60)
+    r = httpx.post(
+        f"{url}gradio_api/call/{api}", content=body, headers={"content-type": "application/json"}, timeout=60
+    )
     r.raise_for_status()
     with httpx.stream("GET", f"{url}gradio_api/call/{api}/{r.json()['event_id']}", timeout=120) as stream:
         lines = list(stream.iter_lines())

@@ -7,17 +7,24 @@ import random
 import pytest
 from conftest import run
 
-from app import calibrate, engine, metrics
-from app.config import RunConfig, SamplingConfig, SpecConfig
-from app.costs import Costs
+from app import calibrate
+from app.core import engine, metrics
+from app.core.config import RunConfig, SamplingConfig, SpecConfig
+from app.core.costs import Costs
+from app.core.policy import AdaptiveK
+from app.drafts.model import ModelProposer
+from app.kv.cache import CachedModel
 from app.models import PROMPT_LOOKUP, Pair
-from app.policy import AdaptiveK
-from app.proposers import ModelProposer
 
 PROMPT = "def add(a, b):\n  return a"
 # A machine where a verify pass over n tokens costs 1 + 0.25 (n - 1) steps, drafting 0.05 a token.
-STEEP = Costs(verify_s=tuple(1 + 0.25 * i for i in range(9)), draft_round_s=0.0, draft_token_s=0.05,
-              overhead_s=0.0, plain_round_s=1.0)
+STEEP = Costs(
+    verify_s=tuple(1 + 0.25 * i for i in range(9)),
+    draft_round_s=0.0,
+    draft_token_s=0.05,
+    overhead_s=0.0,
+    plain_round_s=1.0,
+)
 # The same machine measured after 100 tokens, where a pass over n tokens costs n ms more per context token.
 GROWING = dataclasses.replace(STEEP, verify_per_context_s=tuple(1e-3 * n for n in range(1, 10)), context=100)
 
@@ -30,7 +37,7 @@ def test_k_depends_on_the_records_only():
         seq = []
         for drafted, accepted in records:
             # Wildly different times each pass: the policy must not read them.
-            policy.update(drafted, accepted, random.random(), random.random())
+            policy.update(drafted, accepted)
             seq.append(policy.next_k())
         ks.append(seq)
     assert ks[0] == ks[1]
@@ -38,8 +45,20 @@ def test_k_depends_on_the_records_only():
 
 
 def test_same_seed_gives_the_same_sampled_text_with_adaptive_k(target, near_draft, tokenizer):
-    outs = [run(target, tokenizer, PROMPT, ModelProposer(near_draft, "near"), temperature=0.9, seed=3,
-                k_policy="adaptive", k_max=8, max_new_tokens=60) for _ in range(2)]
+    outs = [
+        run(
+            target,
+            tokenizer,
+            PROMPT,
+            ModelProposer(near_draft, "near"),
+            temperature=0.9,
+            seed=3,
+            k_policy="adaptive",
+            k_max=8,
+            max_new_tokens=60,
+        )
+        for _ in range(2)
+    ]
     assert outs[0][0] == outs[1][0]
     assert [s.k for s in outs[0][1]] == [s.k for s in outs[1][1]]
     assert len({s.k for s in outs[0][1][:-1]}) > 1, "k must move for this to test anything"
@@ -58,13 +77,15 @@ def test_measured_curve_moves_k_where_leviathans_formula_would_not():
 
 
 def test_predicted_speedup_is_reported_beside_leviathans(target, near_draft, tokenizer):
-    _, steps = run(target, tokenizer, PROMPT, ModelProposer(near_draft, "near"), k=4, k_policy="fixed",
-                   max_new_tokens=40)
+    _, steps = run(
+        target, tokenizer, PROMPT, ModelProposer(near_draft, "near"), k=4, k_policy="fixed", max_new_tokens=40
+    )
     doc = metrics.report(steps, "t", "d", {}, STEEP)
     st = doc["stats"]
     lengths = [len(s.drafted) for s in steps[1:]]  # round 1, the prefills, counts as measured on both sides
     assert st["predicted_speedup"] == pytest.approx(
-        STEEP.predicted_speedup(st["alpha"], lengths, first_round_s=steps[0].elapsed))
+        STEEP.predicted_speedup(st["alpha"], lengths, first_round_s=steps[0].elapsed)
+    )
     assert 1 < st["predicted_speedup"] < STEEP.predicted_speedup(st["alpha"], lengths)
     assert st["theoretical_speedup"] is not None
     assert {"predicted_speedup", "theoretical_speedup"} <= set(doc["labels"])
@@ -93,9 +114,9 @@ def test_calibration_runs_under_the_requests_sampling_once_per_cost_class(target
     real_generate = calibrate.engine.generate
     monkeypatch.setattr(calibrate, "_cache", {})
 
-    def spy(target, tokenizer, ids, proposer, sampling_cfg, *args, **kwargs):
+    def spy(*args, sampling_cfg=SamplingConfig(), **kwargs):
         seen.append(sampling_cfg)
-        return real_generate(target, tokenizer, ids, proposer, sampling_cfg, *args, **kwargs)
+        return real_generate(*args, sampling_cfg=sampling_cfg, **kwargs)
 
     monkeypatch.setattr(calibrate.engine, "generate", spy)
     greedy = calibrate.costs_for(pair, spec)
@@ -113,9 +134,13 @@ def test_calibration_runs_under_the_requests_sampling_once_per_cost_class(target
     # Greedy rounds take the argmax: the UI's top-k and top-p sliders cost them nothing.
     assert calibrate.costs_for(pair, spec, sampling=SamplingConfig(top_k=50, top_p=0.9)) is greedy
     # Each of sampling itself, top-k, top-p and either repetition control is a cost of its own.
-    others = [SamplingConfig(temperature=0.7), SamplingConfig(temperature=0.7, top_k=50),
-              SamplingConfig(temperature=0.7, top_p=0.9), SamplingConfig(no_repeat_ngram_size=3),
-              SamplingConfig(repetition_penalty=1.2)]
+    others = [
+        SamplingConfig(temperature=0.7),
+        SamplingConfig(temperature=0.7, top_k=50),
+        SamplingConfig(temperature=0.7, top_p=0.9),
+        SamplingConfig(no_repeat_ngram_size=3),
+        SamplingConfig(repetition_penalty=1.2),
+    ]
     measured = [calibrate.costs_for(pair, spec, sampling=cfg) for cfg in others]
     assert len({id(c) for c in [greedy, sampled, *measured]}) == 2 + len(others)
 
@@ -174,8 +199,13 @@ def test_calibration_takes_round_times_as_rounds_spend_them(target, near_draft, 
     def verify_s(width, cached=reference):  # inside rounds: 2 ms, plus 0.25 ms a token, after `reference` cached
         return 0.002 + 0.00025 * (width - 1) + per_context(width) * (cached - reference)
 
-    monkeypatch.setattr(calibrate, "verify_curve", lambda target, context, widths, *args, **kwargs: [
-        t + per_context(n) * (len(context) - reference) for n, t in enumerate(curve, start=1)])
+    monkeypatch.setattr(
+        calibrate,
+        "verify_curve",
+        lambda target, context, widths, *args, **kwargs: [
+            t + per_context(n) * (len(context) - reference) for n, t in enumerate(curve, start=1)
+        ],
+    )
 
     def fixed(steps):
         out = []
@@ -210,7 +240,8 @@ def test_calibration_takes_round_times_as_rounds_spend_them(target, near_draft, 
 
 def test_interpolation_is_level_beyond_its_points_and_zero_without_any():
     assert calibrate._interpolate({1: 1.0, 4: 2.2, 8: 3.0}, 9) == pytest.approx(
-        [1.0, 1.0, 1.4, 1.8, 2.2, 2.4, 2.6, 2.8, 3.0])
+        [1.0, 1.0, 1.4, 1.8, 2.2, 2.4, 2.6, 2.8, 3.0]
+    )
     assert calibrate._interpolate({}, 3) == [0.0, 0.0, 0.0]
 
 
@@ -230,38 +261,56 @@ def test_a_longer_context_makes_rounds_dearer_and_k_shorter():
     # Plain decoding of the same tokens pays the same context: both sides of the prediction move.
     e = metrics.expected_tokens_per_pass(0.8, 4)
     assert GROWING.predicted_speedup(0.8, [4], contexts=[400]) == pytest.approx(
-        e * (1 + 300 * 1e-3) / (STEEP.round_s(4) + 300 * 5e-3))
+        e * (1 + 300 * 1e-3) / (STEEP.round_s(4) + 300 * 5e-3)
+    )
     assert GROWING.predicted_speedup(0.8, [4] * 10, contexts=[100] * 10) == pytest.approx(
-        STEEP.predicted_speedup(0.8, [4] * 10))
+        STEEP.predicted_speedup(0.8, [4] * 10)
+    )
     assert GROWING.best_k(0.9, 8, 1000) < GROWING.best_k(0.9, 8, 100)
     ks = {}
     for context in (100, 1000):
         policy = AdaptiveK(SpecConfig(k_max=8), GROWING)
         for _ in range(5):
-            policy.update(4, 4, 0.0, 0.0, context=context)
+            policy.update(4, 4, context=context)
         ks[context] = policy.next_k()
     assert ks[1000] < ks[100]
 
 
 def test_each_round_records_the_context_its_passes_read(target, near_draft, tokenizer):
-    _, steps = run(target, tokenizer, PROMPT, ModelProposer(near_draft, "near"), k_policy="adaptive", k_max=6,
-                   max_new_tokens=40)
+    _, steps = run(
+        target, tokenizer, PROMPT, ModelProposer(near_draft, "near"), k_policy="adaptive", k_max=6, max_new_tokens=40
+    )
     assert steps[0].context == len(tokenizer(PROMPT)["input_ids"])
     for before, after in itertools.pairwise(steps):
         assert after.context == before.context + len(before.emitted)
     st = metrics.summarize(steps, GROWING)
-    assert st["predicted_speedup"] == pytest.approx(GROWING.predicted_speedup(
-        st["alpha"], [len(s.drafted) for s in steps[1:]], first_round_s=steps[0].elapsed,
-        contexts=[s.context for s in steps[1:]]))
+    assert st["predicted_speedup"] == pytest.approx(
+        GROWING.predicted_speedup(
+            st["alpha"],
+            [len(s.drafted) for s in steps[1:]],
+            first_round_s=steps[0].elapsed,
+            contexts=[s.context for s in steps[1:]],
+        )
+    )
     assert st["predicted_speedup"] != pytest.approx(metrics.summarize(steps, STEEP)["predicted_speedup"])
 
     class Recording(AdaptiveK):
-        def update(self, drafted, accepted, draft_time, verify_time, context=None):
+        def update(self, drafted, accepted, context=None):
             seen.append(context)
-            super().update(drafted, accepted, draft_time, verify_time, context)
+            super().update(drafted, accepted, context)
 
     seen, spec = [], SpecConfig(k_policy="adaptive", k_max=6)
-    steps = list(engine.generate(target, tokenizer, tokenizer(PROMPT)["input_ids"], ModelProposer(near_draft, "near"),
-                                 SamplingConfig(), spec, RunConfig(max_new_tokens=40), Recording(spec, GROWING)))
+    steps = list(
+        engine.generate(
+            target,
+            tokenizer,
+            tokenizer(PROMPT)["input_ids"],
+            ModelProposer(near_draft, "near"),
+            sampling_cfg=SamplingConfig(),
+            spec=spec,
+            run=RunConfig(max_new_tokens=40),
+            policy=Recording(spec, GROWING),
+            target_cache=CachedModel,
+        )
+    )
     assert seen[:-1] == [s.context for s in steps[1:]]  # each choice of k knows the context it is for
-

@@ -9,13 +9,29 @@ from types import SimpleNamespace
 import pytest
 from app_server import serve
 
-from app import queue_limits
-from app.config import SpecError
+from app.core.config import UserError
+from app.serve import queue_limits
 
 pytestmark = pytest.mark.slow  # servers
 
-ARGS = ["def f(a):\n    return a", "stdlib-code target (bundled)", "", "distilled draft (bundled)", "", False,
-        "greedy", 0.8, 0, 1.0, 0, 40, "adaptive", 4, 1.0, 0]
+ARGS = [
+    "def f(a):\n    return a",
+    "stdlib-code target (bundled)",
+    "",
+    "distilled draft (bundled)",
+    "",
+    False,
+    "greedy",
+    0.8,
+    0,
+    1.0,
+    0,
+    40,
+    "adaptive",
+    4,
+    1.0,
+    0,
+]
 
 
 def _event(session: str, ip: str):
@@ -25,8 +41,12 @@ def _event(session: str, ip: str):
 
 def test_caps_count_waiting_and_running_jobs_per_session_and_address(monkeypatch):
     monkeypatch.setenv("SPECDEC_TRUST_PROXY", "1")
-    queue = SimpleNamespace(event_queue_per_concurrency_id={"device": SimpleNamespace(queue=[
-        _event("a", "1.1.1.1"), _event("b", "1.1.1.1")])}, active_jobs=[[_event("a", "1.1.1.1")], None])
+    queue = SimpleNamespace(
+        event_queue_per_concurrency_id={
+            "device": SimpleNamespace(queue=[_event("a", "1.1.1.1"), _event("b", "1.1.1.1")])
+        },
+        active_jobs=[[_event("a", "1.1.1.1")], None],
+    )
     assert "each visitor may have 2" in queue_limits.refusal(queue, "a", "1.1.1.1", 2, 10)
     assert queue_limits.refusal(queue, "b", "1.1.1.1", 2, 10) is None
     assert "Your network" in queue_limits.refusal(queue, "c", "1.1.1.1", 2, 3)
@@ -39,18 +59,18 @@ def test_caps_count_waiting_and_running_jobs_per_session_and_address(monkeypatch
 
 def test_concurrency_is_wired_and_bounded(monkeypatch):
     monkeypatch.setenv("SPECDEC_CONCURRENCY", "2")
-    from app.ui import build_ui
+    from app.serve.ui import build_ui
 
     limits = {fn.concurrency_limit for fn in build_ui().fns.values() if fn.concurrency_id == "device"}
     assert limits == {2}, "every device event takes its limit from SPECDEC_CONCURRENCY"
     for bad in ("0", "99", "two"):
         monkeypatch.setenv("SPECDEC_CONCURRENCY", bad)
-        with pytest.raises(SpecError, match="SPECDEC_CONCURRENCY"):
+        with pytest.raises(UserError, match="SPECDEC_CONCURRENCY"):
             queue_limits.concurrency()
 
 
 def test_a_run_past_its_deadline_ends_as_if_stopped(monkeypatch):
-    from app import ui
+    from app.serve import ui
 
     monkeypatch.setattr(queue_limits, "run_seconds", lambda: 0.0)
     args = list(ARGS)
@@ -62,17 +82,27 @@ def test_a_run_past_its_deadline_ends_as_if_stopped(monkeypatch):
 def _join(url: str, fn_index: int, session: str, ip: str):
     import httpx
 
-    return httpx.post(url + "gradio_api/queue/join", headers={"x-forwarded-for": ip}, timeout=30,
-                      json={"data": [*ARGS, None], "fn_index": fn_index, "session_hash": session,
-                            "event_data": None, "trigger_id": None})
+    return httpx.post(
+        url + "gradio_api/queue/join",
+        headers={"x-forwarded-for": ip},
+        timeout=30,
+        json={
+            "data": [*ARGS, None],
+            "fn_index": fn_index,
+            "session_hash": session,
+            "event_data": None,
+            "trigger_id": None,
+        },
+    )
 
 
 def test_one_visitor_cannot_fill_the_queue_and_another_is_still_served(tmp_path):
     import httpx
     from gradio_client import Client
 
-    with serve(tmp_path / "server.log", SPECDEC_TRUST_PROXY="1", SPECDEC_QUEUE_PER_SESSION="2",
-               SPECDEC_QUEUE_PER_IP="3") as url:
+    with serve(
+        tmp_path / "server.log", SPECDEC_TRUST_PROXY="1", SPECDEC_QUEUE_PER_SESSION="2", SPECDEC_QUEUE_PER_IP="3"
+    ) as url:
         config = httpx.get(url + "config", timeout=30).json()
         fn_index = next(d["id"] for d in config["dependencies"] if d.get("api_name") == "generate")
         # Raw joins, as a script would send them: 10 from one session, then 10 from one address.

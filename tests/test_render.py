@@ -4,9 +4,10 @@ import dataclasses
 
 from conftest import ADD_PROMPT, run
 
-from app import metrics, plots, render
-from app.events import BONUS, CORRECTED, KIND_LABELS, TARGET, Decision, Step
-from app.proposers import ModelProposer
+from app.core import metrics
+from app.core.events import BONUS, CORRECTED, KIND_LABELS, TARGET, Decision, Step
+from app.drafts.model import ModelProposer
+from app.views import plots, render
 
 PROMPT = ADD_PROMPT
 EMOJI = "✅⏳❌"
@@ -14,12 +15,24 @@ EMOJI = "✅⏳❌"
 
 def _step(**kw) -> Step:
     """A hand-made round: two drafts, the second rejected, then the target's correction."""
-    base = dict(round=3, k=2, drafted=[5, 6], draft_text=["        ", "\n"], accepted=1, token=7,
-                token_kind=CORRECTED, token_text="else", rejected=[6], emitted=[5, 7], text="        else",
-                draft_time=0.0, verify_time=0.0, elapsed=0.0,
-                decisions=[Decision(5, "        ", 0.49, 1.0, 1.0, None, True),
-                           Decision(6, "\n", 0.2, 1.0, 0.0, None, False)],
-                top=[(5, "        ", 0.49, 1.0, 0.0), (7, "else", 0.3, 0.0, 1.0)])
+    base = dict(
+        round=3,
+        k=2,
+        drafted=[5, 6],
+        draft_text=["        ", "\n"],
+        accepted=1,
+        token=7,
+        token_kind=CORRECTED,
+        token_text="else",
+        rejected=[6],
+        emitted=[5, 7],
+        text="        else",
+        draft_time=0.0,
+        verify_time=0.0,
+        elapsed=0.0,
+        decisions=[Decision(5, "        ", 0.49, 1.0, 1.0, None, True), Decision(6, "\n", 0.2, 1.0, 0.0, None, False)],
+        top=[(5, "        ", 0.49, 1.0, 0.0), (7, "else", 0.3, 0.0, 1.0)],
+    )
     return Step(**(base | kw))
 
 
@@ -44,10 +57,14 @@ def test_rejected_drafts_render_inline_with_visible_whitespace():
 def test_draftless_rounds_are_target_tokens_in_pane_legend_stats_and_plots(target, tokenizer, near_draft):
     # Fixed k = 4 with 6 new tokens: after a fully accepted first round, one token is left and
     # the last round drafts nothing. Try a few lengths so one of them ends that way.
-    steps = next(s for n in range(5, 12)
-                 for _, s in [run(target, tokenizer, PROMPT, ModelProposer(near_draft, "near"), k=4,
-                                  k_policy="fixed", max_new_tokens=n)]
-                 if any(x.token_kind == TARGET for x in s))
+    steps = next(
+        s
+        for n in range(5, 12)
+        for _, s in [
+            run(target, tokenizer, PROMPT, ModelProposer(near_draft, "near"), k=4, k_policy="fixed", max_new_tokens=n)
+        ]
+        if any(x.token_kind == TARGET for x in s)
+    )
     last = next(s for s in steps if s.token_kind == TARGET)
     assert last.drafted == [] and last.accepted == 0
     assert "target token (no drafts)" in render.LEGEND and "bonus (all drafts kept)" in render.LEGEND

@@ -6,13 +6,17 @@ from conftest import hf_greedy_until_eos as hf_greedy
 from conftest import run
 from test_sampling import N, empirical, exact_distribution, tv, tv_bound
 
-from app import sampling
-from app.config import SamplingConfig, SpecError
-from app.proposers import ModelProposer, PromptLookup, early_exit
+from app.core import sampling
+from app.core.config import SamplingConfig, UserError
+from app.drafts.lookup import PromptLookup
+from app.drafts.model import ModelProposer, early_exit
 
 PROMPT = "the cat sat on the mat. the cat"
-PENALTIES = [dict(repetition_penalty=1.5), dict(no_repeat_ngram_size=3),
-             dict(repetition_penalty=1.3, no_repeat_ngram_size=2)]
+PENALTIES = [
+    dict(repetition_penalty=1.5),
+    dict(no_repeat_ngram_size=3),
+    dict(repetition_penalty=1.3, no_repeat_ngram_size=2),
+]
 
 
 @pytest.mark.parametrize("penalty", PENALTIES, ids=lambda d: ",".join(f"{k}={v}" for k, v in d.items()))
@@ -20,8 +24,11 @@ PENALTIES = [dict(repetition_penalty=1.5), dict(no_repeat_ngram_size=3),
 def test_greedy_with_penalties_equals_generate(target, near_draft, tokenizer, no_eos, penalty, source):
     ref = hf_greedy(target, tokenizer, PROMPT, 40, **penalty)
     assert ref != hf_greedy(target, tokenizer, PROMPT, 40), "the penalty must change the output to bite"
-    proposer = {"draft-model": lambda: ModelProposer(near_draft, "near"), "prompt-lookup": lambda: PromptLookup(3, 1),
-                "early-exit": lambda: early_exit(target, 2)}[source]()
+    proposer = {
+        "draft-model": lambda: ModelProposer(near_draft, "near"),
+        "prompt-lookup": lambda: PromptLookup(3, 1),
+        "early-exit": lambda: early_exit(target, 2),
+    }[source]()
     spec, steps = run(target, tokenizer, PROMPT, proposer, k=4, k_policy="fixed", max_new_tokens=40, **penalty)
     assert spec == ref
     if source != "prompt-lookup":  # lookup proposes repeats, which an n-gram ban may forbid
@@ -29,8 +36,16 @@ def test_greedy_with_penalties_equals_generate(target, near_draft, tokenizer, no
 
 
 def test_no_repeat_ngram_is_respected(target, near_draft, tokenizer, no_eos):
-    ids, _ = run(target, tokenizer, PROMPT, ModelProposer(near_draft, "near"), k=4, k_policy="fixed",
-                 max_new_tokens=60, no_repeat_ngram_size=3)
+    ids, _ = run(
+        target,
+        tokenizer,
+        PROMPT,
+        ModelProposer(near_draft, "near"),
+        k=4,
+        k_policy="fixed",
+        max_new_tokens=60,
+        no_repeat_ngram_size=3,
+    )
     prompt = tokenizer(PROMPT)["input_ids"]
     full = prompt + ids
     grams = [tuple(full[i : i + 3]) for i in range(len(full) - 2)]
@@ -69,16 +84,33 @@ def test_sampling_with_a_penalty_matches_the_processed_target(monkeypatch):
     assert tv(exact, plain) > 1.5 * tv_bound(exact), "the penalty must change the distribution to bite"
     counts = {}
     for seed in range(N):
-        ids, _ = run(p_model, tok, prompt, ModelProposer(q_model, "q"), temperature=0.8, repetition_penalty=4.0,
-                     seed=seed, k=2, k_policy="fixed", max_new_tokens=3)
+        ids, _ = run(
+            p_model,
+            tok,
+            prompt,
+            ModelProposer(q_model, "q"),
+            temperature=0.8,
+            repetition_penalty=4.0,
+            seed=seed,
+            k=2,
+            k_policy="fixed",
+            max_new_tokens=3,
+        )
         counts[tuple(ids)] = counts.get(tuple(ids), 0) + 1
     got = {s: c / N for s, c in counts.items()}
     assert tv(got, exact) < tv_bound(exact)
     assert empirical  # the unpenalised helper stays importable for the shared bound
 
 
-@pytest.mark.parametrize("bad", [dict(repetition_penalty=0.0), dict(repetition_penalty=float("nan")),
-                                 dict(no_repeat_ngram_size=-1), dict(temperature=float("nan"))])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        dict(repetition_penalty=0.0),
+        dict(repetition_penalty=float("nan")),
+        dict(no_repeat_ngram_size=-1),
+        dict(temperature=float("nan")),
+    ],
+)
 def test_bad_repetition_settings_are_refused(bad):
-    with pytest.raises(SpecError):
+    with pytest.raises(UserError):
         SamplingConfig(**bad).validate()

@@ -4,8 +4,8 @@ import torch
 from conftest import run
 from test_architectures import count_target_tokens
 
-from app.cache import CachedModel, early_exit_view
-from app.proposers import ModelProposer, early_exit
+from app.drafts.model import ModelProposer, early_exit, early_exit_view
+from app.kv.cache import CachedModel
 
 PROMPT = "def add(a, b):\n  return a"
 
@@ -42,8 +42,9 @@ def test_early_exit_view_is_the_first_layers_plus_head(target):
 def test_target_processes_each_token_once(target, near_draft, tokenizer):
     seen, handle = count_target_tokens(target)
     try:
-        _, steps = run(target, tokenizer, PROMPT, ModelProposer(near_draft, "near"), k=4, k_policy="fixed",
-                       max_new_tokens=50)
+        _, steps = run(
+            target, tokenizer, PROMPT, ModelProposer(near_draft, "near"), k=4, k_policy="fixed", max_new_tokens=50
+        )
     finally:
         handle.remove()
     prompt_len = len(tokenizer(PROMPT)["input_ids"])

@@ -1,12 +1,14 @@
 """Speculative sampling has exactly the target's distribution."""
+
 import pytest
 import torch
 from conftest import char_tokenizer, run, tiny_llama
 
-from app import verify
-from app.config import SamplingConfig
-from app.proposers import ModelProposer, PromptLookup
-from app.sampling import probs
+from app.core import verify
+from app.core.config import SamplingConfig
+from app.core.sampling import probs
+from app.drafts.lookup import PromptLookup
+from app.drafts.model import ModelProposer
 
 SETTINGS = {
     "temperature": SamplingConfig(temperature=0.6),
@@ -55,8 +57,19 @@ def exact_distribution(model, prompt_ids, cfg, n=3, eos=1):
 def empirical(model, tok, prompt_ids, cfg, proposer_fn, k=2):
     counts = {}
     for seed in range(N):
-        ids, _ = run(model, tok, prompt_ids, proposer_fn(), temperature=cfg.temperature, top_k=cfg.top_k,
-                     top_p=cfg.top_p, seed=seed, k=k, k_policy="fixed", max_new_tokens=3)
+        ids, _ = run(
+            model,
+            tok,
+            prompt_ids,
+            proposer_fn(),
+            temperature=cfg.temperature,
+            top_k=cfg.top_k,
+            top_p=cfg.top_p,
+            seed=seed,
+            k=k,
+            k_policy="fixed",
+            max_new_tokens=3,
+        )
         counts[tuple(ids)] = counts.get(tuple(ids), 0) + 1
     return {s: c / N for s, c in counts.items()}
 
@@ -121,8 +134,20 @@ def test_one_round_rule_is_exact_for_fixed_p_and_q():
 def test_same_seed_repeats_exactly_and_other_seeds_differ(small):
     tok, p_model, q_model = small
     prompt = tok("abba")["input_ids"]
-    runs = [run(p_model, tok, prompt, ModelProposer(q_model, "q"), temperature=1.0, seed=s, k=3,
-                k_policy="fixed", max_new_tokens=30) for s in (7, 7, 8)]
+    runs = [
+        run(
+            p_model,
+            tok,
+            prompt,
+            ModelProposer(q_model, "q"),
+            temperature=1.0,
+            seed=s,
+            k=3,
+            k_policy="fixed",
+            max_new_tokens=30,
+        )
+        for s in (7, 7, 8)
+    ]
     assert runs[0][0] == runs[1][0]
     assert [d.u for s in runs[0][1] for d in s.decisions] == [d.u for s in runs[1][1] for d in s.decisions]
     assert runs[0][0] != runs[2][0]
@@ -145,7 +170,7 @@ def test_top_p_from_the_likeliest_candidates_drops_exactly_what_a_full_sort_drop
     and sorts the whole row otherwise: the dropped set must be the full sort's either way, and a row
     must get the same set alone as beside other rows (p's rows are filtered together, q's one by
     one), also where bf16-rounded logits tie at the cut."""
-    from app import sampling
+    from app.core import sampling
 
     def full_sort(logits, top_p):
         p = logits.softmax(-1)

@@ -8,25 +8,39 @@ import pickle
 
 import pytest
 
-from app import engine, sessions
-from app.config import RunConfig, SamplingConfig, SpecConfig
-from app.policy import make_policy
-from app.proposers import ModelProposer
+from app.core import engine
+from app.core.config import RunConfig, SamplingConfig, SpecConfig
+from app.core.policy import make_policy
+from app.core.teaching import top_table
+from app.drafts.model import ModelProposer
+from app.kv.cache import CachedModel
+from app.serve import sessions
 
 PROMPT = "def add(a, b):\n  return a"
 
 
 def _start(target, draft, tokenizer, s, sp, r):
     ids = tokenizer(PROMPT)["input_ids"]
-    return lambda policy: engine.generate(target, tokenizer, ids, ModelProposer(draft, "draft"), s, sp, r,
-                                          policy=policy, teach=True)
+    return lambda policy: engine.generate(
+        target,
+        tokenizer,
+        ids,
+        ModelProposer(draft, "draft"),
+        sampling_cfg=s,
+        spec=sp,
+        run=r,
+        policy=policy,
+        teach=top_table,
+        target_cache=CachedModel,
+    )
 
 
 def _step_through(live, target, draft, tokenizer, s, sp, r, rounds):
     session, shown = None, []
     for _ in range(rounds):
-        session, steps, step = sessions.advance(session, ("k",), _start(target, draft, tokenizer, s, sp, r),
-                                                lambda: make_policy(sp), live)
+        session, steps, step = sessions.advance(
+            session, ("k",), _start(target, draft, tokenizer, s, sp, r), lambda: make_policy(sp), live
+        )
         assert steps[-1] is step and len(steps) == session.rounds
         shown.append((step.k, step.drafted, step.accepted, step.token, [d.u for d in step.decisions]))
         session = pickle.loads(pickle.dumps(session))  # what crosses a ZeroGPU worker boundary
@@ -46,8 +60,9 @@ def test_a_session_is_small_picklable_data_and_a_new_key_starts_over(target, nea
     live = sessions.LiveRuns()
     session, _ = _step_through(live, target, near_draft, tokenizer, s, sp, r, 3)
     assert len(pickle.dumps(session)) < 1000 and session.ks and not session.done
-    fresh, steps, _ = sessions.advance(session, ("other",), _start(target, near_draft, tokenizer, s, sp, r),
-                                       lambda: make_policy(sp), live)
+    fresh, steps, _ = sessions.advance(
+        session, ("other",), _start(target, near_draft, tokenizer, s, sp, r), lambda: make_policy(sp), live
+    )
     assert fresh.id != session.id and len(steps) == 1 and len(live) == 1, "the old run was dropped"
     sessions.LIVE.put(fresh.id, sessions._Live(iter(()), [], 0.0))
     sessions.forget(fresh)  # gr.State's delete_callback, on the app's own store
@@ -68,7 +83,7 @@ def test_live_runs_are_bounded_by_count_and_time():
 def test_the_ui_state_expires_and_drops_its_live_run():
     import gradio as gr
 
-    from app.ui import build_ui
+    from app.serve.ui import build_ui
 
     states = [b for b in build_ui().blocks.values() if isinstance(b, gr.State) and b.delete_callback is sessions.forget]
     assert len(states) == 1 and states[0].time_to_live == sessions.STATE_TTL
@@ -83,11 +98,26 @@ RSS_BOUND_MIB = 20  # measured: about 6 MiB with the bound, 45 MiB with every ru
 
 
 def test_thirty_abandoned_teaching_sessions_stay_under_the_memory_bound():
-    from app import models, ui
+    from app import models
+    from app.serve import ui
 
-    prompt = json.loads((models.ROOT / "assets" / "prompts.json").read_text())[0]["prompt"] * 3
-    args = (prompt, "stdlib-code target (bundled)", "", "distilled draft (bundled)", "", False, "greedy", 0.8, 0,
-            1.0, 0, 64, "adaptive", 4)
+    prompt = json.loads((models.ROOT / "assets" / "prompts-tiny.json").read_text())[0]["prompt"] * 3
+    args = (
+        prompt,
+        "stdlib-code target (bundled)",
+        "",
+        "distilled draft (bundled)",
+        "",
+        False,
+        "greedy",
+        0.8,
+        0,
+        1.0,
+        0,
+        64,
+        "adaptive",
+        4,
+    )
     for _ in range(sessions.MAX_LIVE + 1):  # load the pair and fill the store once
         ui.step_round(None, *args)
     gc.collect()

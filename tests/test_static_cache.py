@@ -3,18 +3,29 @@
 import pytest
 from conftest import run, tiny_llama
 
-from app import engine
-from app.config import RunConfig, SamplingConfig, SpecConfig
-from app.proposers import PromptLookup
-from app.static_cache import BUCKETS, StaticCachedModel, StaticCaches, StaticModelProposer, available, cache_length
+from app.core import engine
+from app.core.config import RunConfig, SamplingConfig, SpecConfig
+from app.drafts.lookup import PromptLookup
+from app.drafts.model import ModelProposer
+from app.kv.static_cache import BUCKETS, StaticCachedModel, StaticCaches, available, cache_length
 
 PROMPT = "def add(a, b):\n  return a"
 
 
 def static_run(target, tokenizer, proposer, k_policy="fixed", k=4, n=40):
     ids = tokenizer(PROMPT)["input_ids"]
-    steps = list(engine.generate(target, tokenizer, ids, proposer, SamplingConfig(), SpecConfig(k=k, k_policy=k_policy),
-                                 RunConfig(n), target_cache=StaticCaches(cache_length(len(ids), n))))
+    steps = list(
+        engine.generate(
+            target,
+            tokenizer,
+            ids,
+            proposer,
+            sampling_cfg=SamplingConfig(),
+            spec=SpecConfig(k=k, k_policy=k_policy),
+            run=RunConfig(n),
+            target_cache=StaticCaches(cache_length(len(ids), n)),
+        )
+    )
     return [t for s in steps for t in s.emitted], steps
 
 
@@ -23,7 +34,7 @@ def test_static_cache_greedy_equals_dynamic(target, near_draft, tokenizer, k_pol
     ar, _ = run(target, tokenizer, PROMPT, max_new_tokens=40)
     max_len = cache_length(len(tokenizer(PROMPT)["input_ids"]), 40)
     plain, _ = static_run(target, tokenizer, None)
-    spec, steps = static_run(target, tokenizer, StaticModelProposer(near_draft, "near", max_len), k_policy, k)
+    spec, steps = static_run(target, tokenizer, ModelProposer(near_draft, "near", StaticCaches(max_len)), k_policy, k)
     lookup, _ = static_run(target, tokenizer, PromptLookup(3, 1), k_policy, k)
     assert plain == spec == lookup == ar
     assert 0 < sum(s.accepted for s in steps) < sum(len(s.drafted) for s in steps), "needs accepts and rejections"

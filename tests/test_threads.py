@@ -11,10 +11,10 @@ import pytest
 import torch
 from conftest import hf_greedy_until_eos, run
 
-from app import calibrate, threads
-from app.config import SpecConfig, SpecError
-from app.models import Pair
-from app.proposers import ModelProposer
+from app import calibrate
+from app.core.config import SpecConfig, UserError
+from app.drafts.model import ModelProposer
+from app.models import Pair, threads
 
 
 @pytest.fixture
@@ -36,7 +36,7 @@ def test_setting_default_and_overrides(monkeypatch):
     assert threads.choose() == "auto"
     for bad in ("0", "two", "-1"):
         monkeypatch.setenv(threads.ENV, bad)
-        with pytest.raises(SpecError, match=threads.ENV):
+        with pytest.raises(UserError, match=threads.ENV):
             threads.choose()
         with pytest.raises(argparse.ArgumentTypeError, match="--threads"):
             threads.cli_value(bad)
@@ -114,8 +114,9 @@ def test_auto_uses_the_cores_others_leave_free(monkeypatch):
 
 
 @pytest.mark.parametrize("temperature", [0.0, 0.9])
-def test_flipping_threads_every_round_keeps_the_output(target, near_draft, tokenizer, no_eos, monkeypatch,
-                                                 restore_threads, temperature):
+def test_flipping_threads_every_round_keeps_the_output(
+    target, near_draft, tokenizer, no_eos, monkeypatch, restore_threads, temperature
+):
     prompt = "def add(a, b):\n  return a"
     kw = dict(k=4, k_policy="fixed", max_new_tokens=40, temperature=temperature, seed=3)
     threads.apply(1)
@@ -144,7 +145,7 @@ def test_the_bundled_target_rounds_alike_at_one_and_two_threads(restore_threads)
     from app import models
 
     assert os.environ.get("MKL_CBWR") == "AUTO,STRICT"
-    target = models.load_pair(None, None, "cpu", None, draft=False).target
+    target = models.load_pair(models.TINY_TARGET, None, "cpu", None, draft=False).target
     torch.manual_seed(0)
     ids = torch.randint(0, 4000, (1, 300))
     logits = []
@@ -152,8 +153,9 @@ def test_the_bundled_target_rounds_alike_at_one_and_two_threads(restore_threads)
         threads.apply(n)
         with torch.inference_mode():
             cache = target(ids[:, :280], use_cache=True).past_key_values
-            logits.append(torch.cat([target(ids[:, 280 : 280 + w], cache=copy.deepcopy(cache)).logits[0]
-                                     for w in range(1, 10)]))
+            logits.append(
+                torch.cat([target(ids[:, 280 : 280 + w], cache=copy.deepcopy(cache)).logits[0] for w in range(1, 10)])
+            )
     assert torch.equal(logits[0], logits[1])
 
 

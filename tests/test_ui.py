@@ -13,9 +13,10 @@ from pathlib import Path
 import pytest
 from conftest import ADD_PROMPT
 
-from app import models, plots, render
-from app.config import MAX_NEW_TOKENS_CAP
-from app.events import ACCEPTED, BONUS, CORRECTED, REJECTED, TARGET
+from app import models
+from app.core.config import MAX_NEW_TOKENS_CAP
+from app.core.events import ACCEPTED, BONUS, CORRECTED, REJECTED, TARGET
+from app.views import plots, render
 
 ROOT = Path(__file__).resolve().parent.parent
 PROMPT = ADD_PROMPT
@@ -24,7 +25,7 @@ PROMPT = ADD_PROMPT
 def test_blocks_build_without_launching():
     import gradio as gr
 
-    from app.ui import build_ui
+    from app.serve.ui import build_ui
 
     demo = build_ui()
     assert isinstance(demo, gr.Blocks)
@@ -91,7 +92,7 @@ def _slider(demo, elem_id):
 
 def test_first_screen_uses_the_first_examples_settings():
     """Bare greedy decoding loops on the bundled target: the page opens on example 1 as it is meant to run."""
-    from app import ui
+    from app.serve import ui
 
     demo = ui.build_ui()
     by_label = {c["props"].get("label"): c["props"] for c in demo.config["components"]}
@@ -103,17 +104,18 @@ def test_first_screen_uses_the_first_examples_settings():
 
 
 def test_max_new_tokens_is_capped_to_the_targets_context():
-    from app import ui
+    from app.serve import ui
 
-    bundled = next(iter(models.TARGET_PRESETS))
-    assert _slider(ui.build_ui(), "max-new")["maximum"] == 512 < MAX_NEW_TOKENS_CAP
+    # The default target (SmolLM2, an 8,192-token context) gets the app's cap; the tiny one its own 512.
+    assert _slider(ui.build_ui(), "max-new")["maximum"] == MAX_NEW_TOKENS_CAP
+    bundled = "stdlib-code target (bundled)"
     capped = ui.cap_for_target(bundled, "", 2048)
     assert capped.maximum == 512 and capped.value == 512 and "512" in capped.label
     assert ui.cap_for_target("someone/unknown-model", "", 300).maximum == MAX_NEW_TOKENS_CAP
 
 
 def test_blank_seed_is_filled_and_adaptive_ignores_k():
-    from app import ui
+    from app.serve import ui
 
     assert ui.fill_seed(None, "greedy") == 0 and ui.fill_seed(7, "sampling") == 7
     seeds = {ui.fill_seed(None, "sampling") for _ in range(5)}
@@ -124,10 +126,24 @@ def test_blank_seed_is_filled_and_adaptive_ignores_k():
 
 
 def test_blank_seed_keeps_stepping_the_same_sampled_run():
-    from app import ui
+    from app.serve import ui
 
-    args = (PROMPT, "stdlib-code target (bundled)", "", "distilled draft (bundled)", "", False, "sampling", 0.9,
-            0, 1.0, None, 24, "fixed", 3)
+    args = (
+        PROMPT,
+        "stdlib-code target (bundled)",
+        "",
+        "distilled draft (bundled)",
+        "",
+        False,
+        "sampling",
+        0.9,
+        0,
+        1.0,
+        None,
+        24,
+        "fixed",
+        3,
+    )
     session, notes = None, []
     for _ in range(3):
         session, _pane, _table, note, _fig = ui.step_round(session, *args)
@@ -138,12 +154,26 @@ def test_blank_seed_keeps_stepping_the_same_sampled_run():
 def test_user_error_is_one_log_line_and_keeps_results(caplog):
     import gradio as gr
 
-    from app import ui
+    from app.serve import ui
 
     caplog.set_level(logging.WARNING)
     with pytest.raises(gr.Error) as e:
-        ui.check_request("", next(iter(models.TARGET_PRESETS)), "", next(iter(models.DRAFT_PRESETS)), "", False,
-                         "greedy", 0.8, 0, 1.0, None, 32, "adaptive", 4)
+        ui.check_request(
+            "",
+            next(iter(models.TARGET_PRESETS)),
+            "",
+            next(iter(models.DRAFT_PRESETS)),
+            "",
+            False,
+            "greedy",
+            0.8,
+            0,
+            1.0,
+            None,
+            32,
+            "adaptive",
+            4,
+        )
     assert "prompt is empty" in str(e.value) and e.value.print_exception is False
     assert [r.getMessage() for r in caplog.records] == ["user error: prompt is empty: type some text to continue"]
     # The request is checked by an event with no outputs, before the run that replaces the results.
@@ -155,11 +185,28 @@ def test_user_error_is_one_log_line_and_keeps_results(caplog):
 
 
 def test_stop_ends_the_run_with_a_partial_update():
-    from app import ui
+    from app.serve import ui
 
     control = {"stop": True}  # what the Stop button sets while a run streams
-    outs = list(ui.generate_both(PROMPT, next(iter(models.TARGET_PRESETS)), "", next(iter(models.DRAFT_PRESETS)),
-                                 "", False, "greedy", 0.8, 0, 1.0, 0, 200, "adaptive", 4, control=control))
+    outs = list(
+        ui.generate_both(
+            PROMPT,
+            next(iter(models.TARGET_PRESETS)),
+            "",
+            next(iter(models.DRAFT_PRESETS)),
+            "",
+            False,
+            "greedy",
+            0.8,
+            0,
+            1.0,
+            0,
+            200,
+            "adaptive",
+            4,
+            control=control,
+        )
+    )
     assert len(outs) == 1, "it stops after the first round"
     spec_html, ar_html, check, summary, *_, doc = outs[0]
     assert "Stopped</span> after" in check and "partial" in summary and doc["stopped"] is True
@@ -167,7 +214,7 @@ def test_stop_ends_the_run_with_a_partial_update():
 
 
 def test_dropdowns_mark_presets_that_need_a_download_and_status_names_presets():
-    from app import ui
+    from app.serve import ui
 
     shown = dict(ui._choices(models.TARGET_PRESETS))
     bundled = next(iter(models.TARGET_PRESETS))
@@ -178,7 +225,6 @@ def test_dropdowns_mark_presets_that_need_a_download_and_status_names_presets():
             assert label.endswith("needs a download")
     status = ui.load_pair(bundled, "", "weak draft (bundled)", "", progress=lambda *a, **k: None)
     assert bundled in status and "weak draft (bundled)" in status and str(models.BUNDLED) not in status
-
 
 
 def _free_port() -> int:
@@ -194,8 +240,14 @@ def served(tmp_path_factory):
     env = dict(os.environ, GRADIO_ANALYTICS_ENABLED="False", HF_HUB_OFFLINE="1")
     log = tmp_path_factory.mktemp("server") / "server.log"
     out = log.open("w")
-    proc = subprocess.Popen([sys.executable, "app.py", "--port", str(port)], cwd=ROOT, env=env,
-                            stdout=out, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "app.py", "--port", str(port)],
+        cwd=ROOT,
+        env=env,
+        stdout=out,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     url = f"http://127.0.0.1:{port}/"
     deadline = time.time() + 180
     while time.time() < deadline:
@@ -225,9 +277,23 @@ def test_gradio_client_greedy_generation(served):
     client = Client(server, verbose=False)
     presets = client.predict(api_name="/presets")
     assert "stdlib-code target (bundled)" in presets["targets"]
-    out = client.predict(PROMPT.replace("  ", "    "), "stdlib-code target (bundled)", "",
-                         "distilled draft (bundled)", "", False, "greedy", 0.8, 0, 1.0, 0, 64, "adaptive", 4,
-                         api_name="/generate")
+    out = client.predict(
+        PROMPT.replace("  ", "    "),
+        "stdlib-code target (bundled)",
+        "",
+        "distilled draft (bundled)",
+        "",
+        False,
+        "greedy",
+        0.8,
+        0,
+        1.0,
+        0,
+        64,
+        "adaptive",
+        4,
+        api_name="/generate",
+    )
     spec_html, ar_html, check, summary, *figs, doc = out
     spec, ar = doc["speculative"], doc["autoregressive"]
     assert spec["text"] == ar["text"] and spec["token_ids"] == ar["token_ids"] and len(spec["token_ids"]) > 0
@@ -236,24 +302,69 @@ def test_gradio_client_greedy_generation(served):
     assert "accepted" in spec_html and kinds <= {"corrected", "bonus", "target"} and kinds
     assert spec["stats"]["accepted"] > 0 and 'class="tok acc"' in spec_html
     assert "Speedup" in summary
+
     for fig in figs:
         assert '"x"' in str(fig) and '"y"' in str(fig), "each figure carries data"
     status = client.predict("stdlib-code target (bundled)", "", "weak draft (bundled)", "", api_name="/load_pair")
     assert "Loaded target" in status
     with pytest.raises(Exception, match="could not load"):
-        client.predict("stdlib-code target (bundled)", "/no/such/model", "distilled draft (bundled)", "",
-                       api_name="/load_pair")
+        client.predict(
+            "stdlib-code target (bundled)", "/no/such/model", "distilled draft (bundled)", "", api_name="/load_pair"
+        )
     time.sleep(0.5)
     logged = log.read_text()
     assert "user error: could not load '/no/such/model'" in logged and "Traceback" not in logged, logged[-3000:]
     assert "Loading weights" not in logged, "no progress bars in the server log"
     # A blank seed under sampling gets a fresh seed, reported in the settings (no raw Python error).
-    sampled = client.predict(PROMPT, "stdlib-code target (bundled)", "", "distilled draft (bundled)", "", False,
-                             "sampling", 0.8, 0, 1.0, None, 8, "adaptive", 4, api_name="/generate")
+    sampled = client.predict(
+        PROMPT,
+        "stdlib-code target (bundled)",
+        "",
+        "distilled draft (bundled)",
+        "",
+        False,
+        "sampling",
+        0.8,
+        0,
+        1.0,
+        None,
+        8,
+        "adaptive",
+        4,
+        api_name="/generate",
+    )
     assert isinstance(sampled[-1]["speculative"]["settings"]["sampling"]["seed"], int)
-    again = client.predict(PROMPT, "stdlib-code target (bundled)", "", "prompt lookup (n-grams)", "", False,
-                           "greedy", 0.8, 0, 1.0, 0, 16, "fixed", 3, api_name="/generate")
+    again = client.predict(
+        PROMPT,
+        "stdlib-code target (bundled)",
+        "",
+        "prompt lookup (n-grams)",
+        "",
+        False,
+        "greedy",
+        0.8,
+        0,
+        1.0,
+        0,
+        16,
+        "fixed",
+        3,
+        api_name="/generate",
+    )
     assert again[-1]["speculative"]["token_ids"] == again[-1]["autoregressive"]["token_ids"]
+
+
+@pytest.mark.slow
+def test_gradio_client_named_parameters(served):
+    """The README's client call: named parameters, every other one at its default."""
+    from gradio_client import Client
+
+    client = Client(served[0], verbose=False)
+    *_, doc = client.predict(prompt=PROMPT, draft="prompt lookup (n-grams)", max_new_tokens=16, api_name="/generate")
+    assert doc["speculative"]["draft"] == "prompt lookup (n-grams)"
+    assert doc["speculative"]["token_ids"] == doc["autoregressive"]["token_ids"] and doc["speculative"]["token_ids"]
+    status = client.predict(draft="weak draft (bundled)", api_name="/load_pair")
+    assert "weak draft (bundled)" in status
 
 
 @pytest.mark.slow
@@ -261,8 +372,22 @@ def test_gradio_client_steps_one_round_at_a_time(server):
     from gradio_client import Client
 
     client = Client(server, verbose=False)
-    args = (PROMPT, "stdlib-code target (bundled)", "", "distilled draft (bundled)", "", False, "sampling", 0.9,
-            0, 1.0, 3, 32, "fixed", 4)
+    args = (
+        PROMPT,
+        "stdlib-code target (bundled)",
+        "",
+        "distilled draft (bundled)",
+        "",
+        False,
+        "sampling",
+        0.9,
+        0,
+        1.0,
+        3,
+        32,
+        "fixed",
+        4,
+    )
     notes = []
     for _ in range(3):
         pane, table, note, fig = client.predict(*args, api_name="/step")
@@ -282,8 +407,10 @@ def test_gradio_client_steps_one_round_at_a_time(server):
 
 
 CHROMIUM = "/usr/bin/chromium"
-needs_browser = pytest.mark.skipif(not Path(CHROMIUM).exists() and not os.environ.get("REQUIRE_BROWSER"),
-                                   reason="Debian's chromium is not installed (.ci/run installs it)")
+needs_browser = pytest.mark.skipif(
+    not Path(CHROMIUM).exists() and not os.environ.get("REQUIRE_BROWSER"),
+    reason="Debian's chromium is not installed (.ci/run installs it)",
+)
 
 
 @pytest.fixture
@@ -292,9 +419,19 @@ def page(server):
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=CHROMIUM, args=[
-            "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-            "--disable-background-networking", "--disable-component-update", "--disable-sync"])
+        browser = pw.chromium.launch(
+            executable_path=CHROMIUM,
+            args=[
+                "--headless",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--disable-quic",
+                "--no-first-run",
+                "--disable-background-networking",
+                "--disable-component-update",
+                "--disable-sync",
+            ],
+        )
         page = browser.new_page(viewport={"width": 1400, "height": 1700})
         page.goto(server, wait_until="domcontentloaded")
         yield page

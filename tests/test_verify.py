@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from app import sampling, verify
+from app.core import sampling, verify
 
 
 def reference_sampling(drafts, p, q, gen):

@@ -8,11 +8,28 @@ import re
 import pytest
 import torch
 
-from app import models, sessions, zerogpu
-from app.config import MAX_NEW_TOKENS_CAP
+from app import models
+from app.core.config import MAX_NEW_TOKENS_CAP
+from app.serve import sessions, zerogpu
 
-ARGS = ["def f(a):\n    return a", "stdlib-code target (bundled)", "", "distilled draft (bundled)", "", False,
-        "sampling", 0.9, 0, 1.0, 5, 24, "heuristic", 3, 1.0, 0]
+ARGS = [
+    "def f(a):\n    return a",
+    "stdlib-code target (bundled)",
+    "",
+    "distilled draft (bundled)",
+    "",
+    False,
+    "sampling",
+    0.9,
+    0,
+    1.0,
+    5,
+    24,
+    "heuristic",
+    3,
+    1.0,
+    0,
+]
 
 
 def across(value):
@@ -21,13 +38,13 @@ def across(value):
 
 
 def test_every_gpu_function_is_known():
-    from app import ui
+    from app.serve import ui
 
     assert {ui.generate_both, ui.step_round} <= set(zerogpu.GPU_FUNCTIONS)
 
 
 def test_generate_crosses_the_worker_boundary():
-    from app import ui
+    from app.serve import ui
 
     outputs = [across(out) for out in ui.generate_both(*across(ARGS), control=across({"stop": False}))]
     doc = outputs[-1][-1]
@@ -36,7 +53,7 @@ def test_generate_crosses_the_worker_boundary():
 
 def test_stepping_works_when_every_call_is_a_fresh_worker(monkeypatch):
     """Each call pickles the session in and out, and no live run survives between calls (as on ZeroGPU)."""
-    from app import ui
+    from app.serve import ui
 
     def rounds(store: sessions.LiveRuns) -> list[str]:
         monkeypatch.setattr(sessions, "LIVE", store)

@@ -1,0 +1,311 @@
+"""Benchmarks: our engine (autoregressive, adaptive k, fixed k 1..8, prompt lookup) against
+transformers' own generate (plain; assisted and prompt lookup, each with its defaults and
+with a truly constant k), repeated and interleaved. `--card` (card.py) and `--threads-check`
+(threads_check.py) are its two other modes.
+
+Every contender is warmed up, then each prompt takes its own calibration (calibrate.py, which
+"predicted for this machine" and adaptive k read) and runs every contender `--reps` times in
+rotating order, so drift on a shared machine falls on all alike; medians and spreads are
+reported, the calibrations' too, and every greedy output is checked against plain decoding token
+for token.
+
+    python -m app bench [--suite code|prose|all] [--draft ...] [--k 4] [--reps 3] [--out runs/bench]
+    python -m app bench --card       # acceptance and cost of every bundled draft (card.py)
+    python -m app bench --threads-check   # 1 thread, every core and auto, idle and busy (threads_check.py)
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import sys
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+import torch
+
+from app import calibrate, models
+from app.args import add_generation_args, settings, with_chat
+from app.bench.contenders import CONSTANT, SWEEP, Contender, adaptive_k, fixed_k, hf, ours
+from app.bench.report import _f, _x, html_report, prompt_row, summarize_rows  # noqa: F401
+from app.core import engine, metrics
+from app.core.config import settings_dict
+from app.data.prompts import suite
+from app.drafts import draft_spec
+from app.kv import direct_pass
+from app.models import threads
+
+
+def contenders(args, pair, lookup_pair, s, sp, r, costs, lookup_costs) -> list[Contender]:
+    """Everything timed: ours first, then transformers' generate with the same models."""
+    out = _ours_field(args, pair, lookup_pair, s, sp, r, costs, lookup_costs)
+    if not (args.hf and s.greedy):  # transformers' outputs are only comparable under greedy decoding
+        return out
+    return out + _hf_field(pair, lookup_pair, sp)
+
+
+def _ours_field(args, pair, lookup_pair, s, sp, r, costs, lookup_costs) -> list[Contender]:
+    k = sp.k
+    out = [
+        Contender("autoregressive", "ours: plain autoregressive", ours(pair, s, sp, r, False, None)),
+        Contender("adaptive", f"ours: {pair.draft_name}, adaptive k", ours(pair, s, adaptive_k(sp), r, True, costs)),
+    ]
+    # Ours at --k is always run where it is transformers' like-for-like partner, swept or not.
+    fixed = set(SWEEP) if args.sweep else set()
+    if args.hf and s.greedy and pair.draft_model is not None:
+        fixed.add(k)
+    out += [
+        Contender(f"k={j}", f"ours: {pair.draft_name}, fixed k = {j}", ours(pair, s, fixed_k(sp, j), r, True, costs))
+        for j in sorted(fixed)
+    ]
+    if lookup_pair is not None:
+        out += [
+            Contender(
+                "lookup_adaptive",
+                "ours: prompt lookup, adaptive k",
+                ours(lookup_pair, s, adaptive_k(sp), r, True, lookup_costs),
+            ),
+            Contender(
+                f"lookup_k={k}",
+                f"ours: prompt lookup, fixed k = {k}",
+                ours(lookup_pair, s, fixed_k(sp, k), r, True, lookup_costs),
+            ),
+        ]
+    return out
+
+
+def _hf_field(pair, lookup_pair, sp) -> list[Contender]:
+    k = sp.k
+    out = [Contender("hf_plain", "transformers: plain generate", hf(pair.target), ours=False)]
+    if pair.draft_model is not None:
+        out += [
+            Contender(
+                "hf_assisted_default",
+                "transformers: assisted generation, its defaults (up to 20 "
+                "drafts, stops drafting below 0.4 confidence)",
+                hf(pair.target, pair.draft_model, {}),
+                ours=False,
+            ),
+            Contender(
+                f"hf_assisted_k={k}",
+                f"transformers: assisted, constant k = {k}, no confidence stop",
+                hf(pair.target, pair.draft_model, CONSTANT | dict(num_assistant_tokens=k)),
+                ours=False,
+            ),
+        ]
+    if lookup_pair is not None:
+        out += [
+            Contender(
+                "hf_lookup_default",
+                "transformers: prompt lookup, 10 tokens (its usual setting)",
+                hf(pair.target, lookup=dict(prompt_lookup_num_tokens=10)),
+                ours=False,
+            ),
+            Contender(
+                f"hf_lookup_k={k}",
+                f"transformers: prompt lookup, k = {k}, n-grams up to {sp.ngram_max}",
+                hf(pair.target, lookup=dict(prompt_lookup_num_tokens=k, max_matching_ngram_size=sp.ngram_max)),
+                ours=False,
+            ),
+        ]
+    return out
+
+
+@contextmanager
+def forward_clock(*modules):
+    """Seconds spent inside the modules' forward calls and in direct passes (direct_pass.py, which
+    run a model's modules without its forward), device-synchronised, as a one-item list.
+
+    A call inside another timed call is not counted twice: the target's embedding and LM head are
+    timed too, because a feature head's drafting runs them on their own. Each module's `forward`
+    is wrapped for the run rather than hooked: a hook sends every call of the module down torch's
+    slow call path, and that extra work would land in the time outside the passes that the clock
+    splits off. Direct passes are timed as whole calls, not per layer, for the same reason.
+    """
+    total, start, depth = [0.0], [0.0], [0]
+
+    @contextmanager
+    def clock():
+        if depth[0] == 0:
+            engine.sync(device)
+            start[0] = time.perf_counter()
+        depth[0] += 1
+        try:
+            yield
+        finally:
+            depth[0] -= 1
+            if depth[0] == 0:
+                engine.sync(device)
+                total[0] += time.perf_counter() - start[0]
+
+    def timed(fn):
+        @functools.wraps(fn)  # transformers reads forward's signature (logits_to_keep, position_ids)
+        def run(*args, **kwargs):
+            with clock():
+                return fn(*args, **kwargs)
+
+        return run
+
+    device = modules[0].get_input_embeddings().weight.device
+    wrapped = {id(m): m for m in modules if m is not None}.values()
+    # An instance may carry its own forward already (accelerate's hooks put one there): keep it.
+    own = {id(m): m.__dict__["forward"] for m in wrapped if "forward" in m.__dict__}
+    for m in wrapped:
+        m.forward = timed(m.forward)
+    try:
+        with direct_pass.clocked(clock):
+            yield total
+    finally:
+        for m in wrapped:
+            if id(m) in own:
+                m.forward = own[id(m)]
+            else:
+                del m.forward
+
+
+def outside_forward(pair, ids: list[int], s, sp, r, costs) -> dict:
+    """One extra adaptive run on the pass clock: the busy time per round outside model passes."""
+    with forward_clock(
+        pair.target,
+        pair.draft_model,
+        pair.head,
+        pair.target.get_input_embeddings(),
+        pair.target.get_output_embeddings(),
+    ) as inside:
+        _, _, steps = ours(pair, s, adaptive_k(sp), r, True, costs)(ids, r.max_new_tokens)
+    busy = steps[-1].elapsed
+    return dict(ms_per_round=1000 * (busy - inside[0]) / len(steps), share=(busy - inside[0]) / busy)
+
+
+def hf_passes_share(pair, assisted: Contender, ids: list[int], n: int) -> dict:
+    """One extra run of transformers' assisted generation at constant k: the share of its
+    time inside model passes. Both engines make the same passes, so total / inside is the most any
+    engine could run faster than it like for like (its `ceiling`)."""
+    with forward_clock(pair.target, pair.draft_model) as inside:
+        _, seconds, _ = assisted.run(ids, n)
+    return dict(share=inside[0] / seconds, ceiling=seconds / inside[0])
+
+
+def bench(args) -> dict:
+    """Warm every contender up, then per prompt run each `reps` times in rotating order."""
+    pair = models.load_pair(args.target, args.draft, args.device, args.dtype)
+    st = with_chat(settings(args), args, pair.tokenizer)
+    s, sp, r = st.sampling, st.spec, st.run
+    lookup_pair = None
+    if args.lookup and pair.draft_spec.kind != draft_spec.Kind.PROMPT_LOOKUP:
+        lookup_pair = models.load_pair(args.target, models.PROMPT_LOOKUP, args.device, args.dtype)
+    # The pair's calibration, as the app and the CLI keep it: here only the warm-up runs on it.
+    costs = calibrate.costs_for(pair, adaptive_k(sp), sampling=s)
+    lookup_costs = calibrate.costs_for(lookup_pair, adaptive_k(sp), sampling=s) if lookup_pair else None
+    prompts = suite(args.suite, st.run.chat)[: args.limit or None]
+    args.prompts = len(prompts)  # for the progress lines
+    field = contenders(args, pair, lookup_pair, s, sp, r, costs, lookup_costs)
+    warm = pair.encode(prompts[0], r.chat)
+    for c in field:  # warm-up, discarded: first calls allocate and pick kernels
+        c.run(warm, 16)
+    rows = [_prompt(args, pair, lookup_pair, st, i, prompt) for i, prompt in enumerate(prompts)]
+    field = contenders(args, pair, lookup_pair, s, sp, r, costs, lookup_costs)
+    return dict(
+        target=pair.target_name,
+        draft=pair.draft_name,
+        suite=args.suite,
+        reps=args.reps,
+        settings=settings_dict("bench", s, sp, r),
+        threads=threads.key(),
+        contenders={c.name: c.label for c in field},
+        labels=metrics.LABELS,
+        costs=costs.to_dict(),
+        lookup_costs=lookup_costs.to_dict() if lookup_costs else None,
+        summary=summarize_rows(rows, [c.name for c in field], sp.k),
+        prompts=rows,
+        device=str(pair.target.device),
+        dtype=str(pair.target.dtype),
+        torch=torch.__version__,
+    )
+
+
+def _prompt(args, pair, lookup_pair, st, i: int, prompt: str) -> dict:
+    """One prompt: its own calibration, then every contender `reps` times in rotating order."""
+    s, sp, r = st.sampling, st.spec, st.run
+    # A calibration is one draw of this host's speed, which drifts over minutes and not evenly across
+    # pass widths, so one taken at the start predicted whole runs fast at large k. Each prompt's runs and
+    # prediction read a draw taken just before them, and every draw is in the JSON, so a run shows how far
+    # its host's speed moved.
+    own = calibrate.measure(pair, adaptive_k(sp).k_max, sampling=s)
+    lookup_own = calibrate.measure(lookup_pair, adaptive_k(sp).k_max, sampling=s) if lookup_pair else None
+    field = contenders(args, pair, lookup_pair, s, sp, r, own, lookup_own)
+    # transformers' assisted run at constant k is timed once more, on the pass clock
+    assisted = next((c for c in field if c.name == f"hf_assisted_k={sp.k}"), None)
+    ids = pair.encode(prompt, r.chat)
+    times = {c.name: [] for c in field}
+    outputs, steps = {}, {}
+    for rep in range(args.reps):
+        shift = rep % len(field)
+        for c in field[shift:] + field[:shift]:
+            out, seconds, got = c.run(ids, r.max_new_tokens)
+            times[c.name].append(seconds)
+            outputs[c.name], steps[c.name] = out, got
+    row = prompt_row(i, ids, field, times, outputs, steps, own, lookup_own, sp.k)
+    row["costs"] = own.to_dict()
+    if lookup_own is not None:
+        row["lookup_costs"] = lookup_own.to_dict()
+    row["outside_forward"] = outside_forward(pair, ids, s, sp, r, own)
+    if assisted is not None:
+        row["hf_passes"] = hf_passes_share(pair, assisted, ids, r.max_new_tokens)
+    print(
+        f"prompt {i + 1}/{args.prompts}: adaptive {_x(row['speedup'])}, "
+        f"alpha {_f(row['adaptive']['alpha'])}, predicted {_x(row['adaptive']['predicted_speedup'])}, "
+        f"ours/HF at k = {sp.k} {_x(row['ours_over_hf'].get('fixed_k'))}",
+        file=sys.stderr,
+    )
+    return row
+
+
+def main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(prog="python -m app bench", description=__doc__.splitlines()[0])
+    ap.add_argument("--suite", choices=["code", "prose", "all"], default="code")
+    ap.add_argument("--limit", type=int, default=0, help="use only the first N prompts")
+    ap.add_argument("--reps", type=int, default=3, help="timed repetitions per prompt and contender (>= 1)")
+    ap.add_argument("--no-hf", dest="hf", action="store_false", help="skip transformers' generate")
+    ap.add_argument(
+        "--no-sweep",
+        dest="sweep",
+        action="store_false",
+        help="skip the fixed-k sweep 1..8 (ours still runs at --k, the partner of transformers' constant-k run)",
+    )
+    ap.add_argument("--no-lookup", dest="lookup", action="store_false", help="skip the prompt lookup contenders")
+    ap.add_argument("--card", action="store_true", help="model card figures for the bundled family")
+    ap.add_argument(
+        "--threads-check",
+        action="store_true",
+        help="tokens/s with 1 thread, every core and auto, idle and beside one busy process",
+    )
+    ap.add_argument("--out", type=Path, default=Path("runs/bench"), help="writes OUT.json and OUT.html")
+    add_generation_args(ap)
+    args = ap.parse_args(argv)
+    threads.apply(args.threads)
+    if args.compile:
+        print(
+            "--compile: the benchmark times the default path; see python -m app gpucheck for the fast path",
+            file=sys.stderr,
+        )
+    if args.threads_check:
+        from app.bench.threads_check import threads_check  # it times this module's contenders
+
+        doc = threads_check(args)
+    else:
+        from app.bench.card import card  # the model card's figures, timed with this module's prompts
+
+        doc = card(args) if args.card else bench(args)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    written = [args.out.with_suffix(".json")]
+    written[0].write_text(json.dumps(doc, indent=1) + "\n")
+    if not (args.card or args.threads_check):
+        written.append(args.out.with_suffix(".html"))
+        written[1].write_text(html_report(doc))
+    json.dump(doc.get("summary", doc), sys.stdout, indent=1)
+    print()
+    print("wrote " + " and ".join(str(w) for w in written), file=sys.stderr)
+    return 0

@@ -1,0 +1,181 @@
+"""`python -m app bench --card`: the model card's figures for every bundled draft.
+
+Greedy acceptance at k = 4 (pooled, with a bootstrap interval over prompts) and with adaptive k on
+the held-out code prompts, and each draft's decode cost per token against the target's.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import statistics
+import sys
+import time
+
+import numpy
+import torch
+
+from app import calibrate, models, runs
+from app.core import engine, metrics
+from app.core.config import RunConfig, SamplingConfig, Settings, SpecConfig
+from app.data.prompts import held_out_prompts
+from app.kv.cache import CachedModel
+
+
+@torch.inference_mode()
+def decode_seconds_per_token(model, prompt_ids: list[int], n: int = 64) -> float:
+    """Batch-1 cached decode time per token, as the engine runs the model (direct passes where it
+    is admitted, direct_pass.py)."""
+    lm = CachedModel(model)
+    logits = lm.extend(prompt_ids)
+    tok = int(logits[-1].argmax())
+    for _ in range(4):  # warm-up
+        tok = int(lm.step(tok).argmax())
+    engine.sync(model.device)
+    start = time.perf_counter()
+    for _ in range(n):
+        tok = int(lm.step(tok).argmax())
+    engine.sync(model.device)
+    return (time.perf_counter() - start) / n
+
+
+@torch.inference_mode()
+def head_seconds_per_token(pair, prompt_ids: list[int], k: int = 8, rounds: int = 8) -> float:
+    """A feature head's drafting time per token: head step, LM head and sampling, as the engine runs it."""
+    proposer = pair.proposer()
+    lm = CachedModel(pair.target)
+    proposer.begin(prompt_ids, pair.target.get_output_embeddings().weight.shape[0])
+    _, features = lm.extend_with_features(prompt_ids, keep=1)
+    proposer.commit(0, int(prompt_ids[-1]), features)  # the prompt's features, as after a first round
+    greedy, gen = SamplingConfig(), torch.Generator()
+    times = []
+    for _ in range(rounds + 2):  # the first two warm up
+        engine.sync(pair.target.device)
+        start = time.perf_counter()
+        proposer.propose(k, greedy, gen)
+        engine.sync(pair.target.device)
+        times.append((time.perf_counter() - start) / k)
+        proposer.commit(0, int(prompt_ids[-1]), features[-1:])
+    return statistics.median(times[2:])
+
+
+def run_one(pair, prompt: str, s: SamplingConfig, sp: SpecConfig, r: RunConfig, mode: str, policy=None):
+    ids = pair.encode(prompt, r.chat)
+    steps = list(runs.Run(pair, ids, Settings(s, sp, r), speculative=mode == "speculative").steps(policy))
+    return ids, steps
+
+
+BOOTSTRAP_DRAWS = 10_000  # the interval's ends then move by about 0.001 from seed to seed
+MIN_PROMPTS = 5  # below this, resampling prompts says little, and one prompt says nothing
+
+
+def alpha_interval(counts: list[tuple[int, int]], draws: int = BOOTSTRAP_DRAWS, seed: int = 0) -> list[float] | None:
+    """95% bootstrap interval of pooled alpha, resampling prompts: counts holds each prompt's
+    (accepted, rejections). Prompts, not rounds, are the unit: rounds of one prompt share its text,
+    and a goal such as alpha >= 0.90 is only met if another draw of prompts would meet it too."""
+    n = numpy.array([a + r for a, r in counts], dtype=float)
+    if len(n) < MIN_PROMPTS or not n.sum():
+        return None
+    accepted = numpy.array([a for a, _ in counts], dtype=float)
+    pick = numpy.random.default_rng(seed).integers(0, len(n), size=(draws, len(n)))
+    totals = n[pick].sum(axis=1)
+    kept = totals > 0  # a resample of prompts without a single decision has no alpha
+    alphas = accepted[pick].sum(axis=1)[kept] / totals[kept]
+    if not alphas.size:
+        return None
+    return [float(x) for x in numpy.quantile(alphas, [0.025, 0.975])]
+
+
+def aggregate(rows: list[dict]) -> dict:
+    """The card's medians over prompts, and pooled acceptance over every round."""
+
+    def med(f):
+        vals = [f(r) for r in rows if f(r) is not None]
+        return statistics.median(vals) if vals else None
+
+    acc = sum(r["speculative"]["accepted"] for r in rows)
+    drafted = sum(r["speculative"]["drafted"] for r in rows)
+    rej = sum(r["speculative"]["rejections"] for r in rows)
+    return dict(
+        prompts=len(rows),
+        median_speedup=med(lambda r: r["speedup"]),
+        alpha=acc / (acc + rej) if acc + rej else None,
+        alpha_ci95=alpha_interval([(r["speculative"]["accepted"], r["speculative"]["rejections"]) for r in rows]),
+        acceptance_rate=acc / drafted if drafted else None,
+        median_tokens_per_pass=med(lambda r: r["speculative"]["tokens_per_pass"]),
+        median_cost_ratio_c=med(lambda r: r["speculative"]["cost_ratio_c"]),
+        median_theoretical_speedup=med(lambda r: r["speculative"]["theoretical_speedup"]),
+    )
+
+
+COST_REPS = 5  # odd, so the median ratio is one real pair of timings
+
+
+def cost_ratio(t_draft, t_target, reps: int = COST_REPS) -> tuple[float, float, float]:
+    """(draft seconds, target seconds, draft / target) per token, each a median over `reps`
+    alternations: the ratio of each draft timing to the target timing right beside it, so a host
+    that drifts between models (this one drifts by a tenth within minutes) moves both alike."""
+    pairs = [(t_draft(), t_target()) for _ in range(reps)]
+    return (
+        statistics.median(d for d, _ in pairs),
+        statistics.median(t for _, t in pairs),
+        statistics.median(d / t for d, t in pairs),
+    )
+
+
+def _prompt_row(pair, prompt: str, s: SamplingConfig, r: RunConfig) -> dict:
+    """One prompt: plain, fixed k = 4 and adaptive runs, and their speedups."""
+    _, ar = run_one(pair, prompt, s, SpecConfig(), r, "autoregressive")
+    _, spec = run_one(pair, prompt, s, SpecConfig(k=4, k_policy="fixed"), r, "speculative")
+    adaptive_spec = SpecConfig(k_policy="adaptive")
+    policy = calibrate.policy_for(pair, adaptive_spec, sampling=s)
+    _, adaptive = run_one(pair, prompt, s, adaptive_spec, r, "speculative", policy)
+    a, b, c = (metrics.summarize(x) for x in (ar, spec, adaptive))
+    return dict(
+        autoregressive=a,
+        speculative=b,
+        speedup=metrics.compare(b, a)["achieved_speedup"],
+        adaptive_speedup=metrics.compare(c, a)["achieved_speedup"],
+    )
+
+
+def card(args) -> dict:
+    """Model card figures: greedy acceptance at k=4 on held-out code, and decode cost ratios."""
+    prompts = held_out_prompts()[: args.limit or None]
+    target, tok = models.load(models.TINY_TARGET, args.device, args.dtype)
+    probe = tok(prompts[0])["input_ids"][-200:]
+    target_times = []
+
+    def t_target() -> float:
+        target_times.append(decode_seconds_per_token(target, probe))
+        return target_times[-1]
+
+    out = {"target": dict(params=target.num_parameters())}
+    s, r = SamplingConfig(), RunConfig(args.max_new_tokens)
+    for name in ("draft-distilled", "draft-feature", "draft-small", "draft-weak"):
+        pair = models.load_pair(models.TINY_TARGET, str(models.BUNDLED / name), args.device, args.dtype)
+        # A head's first draft of a round also feeds the newest true pairs: not counted.
+        timed = (
+            functools.partial(head_seconds_per_token, pair, probe)
+            if pair.head is not None
+            else functools.partial(decode_seconds_per_token, pair.draft_model, probe)
+        )
+        t_draft, t_beside, cost = cost_ratio(timed, t_target)
+        rows = [_prompt_row(pair, prompt, s, r) for prompt in prompts]
+        summary = aggregate(rows)
+        summary["median_adaptive_speedup"] = statistics.median(r["adaptive_speedup"] for r in rows)
+        params = (
+            sum(p.numel() for p in pair.head.parameters())
+            if pair.head is not None
+            else pair.draft_model.num_parameters()
+        )
+        out[name] = dict(
+            params=params,
+            decode_ms=1000 * t_draft,
+            target_decode_ms=1000 * t_beside,
+            cost_per_token_vs_target=cost,
+            **summary,
+        )
+        print(name, json.dumps(out[name]), file=sys.stderr)
+    out["target"]["decode_ms"] = 1000 * statistics.median(target_times)
+    return out

@@ -1,0 +1,99 @@
+"""What the benchmarks time: our engine (through the one request path) and transformers' generate, as
+contenders with one signature: (prompt ids, new tokens) -> (ids, seconds, Steps or None)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from transformers import StoppingCriteria, StoppingCriteriaList
+
+from app import runs
+from app.core import engine
+from app.core.config import RunConfig, SamplingConfig, Settings, SpecConfig
+from app.core.costs import Costs
+from app.core.policy import make_policy
+from app.models import threads
+
+SWEEP = range(1, 9)  # fixed k values timed beside adaptive
+# transformers' assisted generation held to exactly k drafts a round: by default it also stops
+# drafting early when the assistant's confidence drops below a threshold it tunes as it goes.
+CONSTANT = dict(num_assistant_tokens_schedule="constant", assistant_confidence_threshold=0)
+
+
+@dataclass
+class Contender:
+    name: str  # short key in the JSON
+    label: str  # what it is, for the report
+    run: Callable[[list[int], int], tuple[list[int], float, list | None]]  # (prompt ids, n) -> ids, s, Steps
+    ours: bool = True
+
+
+def ours(pair, s: SamplingConfig, sp: SpecConfig, r: RunConfig, speculative: bool, costs: Costs | None):
+    """Our engine as a contender; the wall clock covers everything from prompt ids to the last token."""
+
+    def run(ids: list[int], n: int):
+        job = runs.Run(pair, ids, Settings(s, sp, RunConfig(n, r.stop, r.chat)), speculative, costs=costs)
+        policy = make_policy(sp, costs) if speculative else None
+        start = time.perf_counter()
+        steps = list(job.steps(policy))
+        engine.sync(pair.target.device)
+        return [t for x in steps for t in x.emitted], time.perf_counter() - start, steps
+
+    return run
+
+
+def hf(target, assistant=None, assistant_settings: dict | None = None, lookup: dict | None = None):
+    """transformers' greedy generate: plain, assisted (settings on the assistant's generation
+    config, where transformers reads them, restored afterwards) or prompt lookup."""
+
+    def run(ids: list[int], n: int):
+        x = torch.tensor([ids], device=target.get_input_embeddings().weight.device)
+        kw = dict(
+            max_new_tokens=n,
+            do_sample=False,
+            pad_token_id=target.generation_config.pad_token_id,
+            stopping_criteria=StoppingCriteriaList([_FollowThreads()]),
+        )
+        saved = {}
+        if assistant is not None:
+            cfg = assistant.generation_config
+            saved = {key: getattr(cfg, key, None) for key in assistant_settings or {}}
+            for key, value in (assistant_settings or {}).items():
+                setattr(cfg, key, value)
+            kw["assistant_model"] = assistant
+        kw |= lookup or {}
+        threads.follow()  # its prefill too runs at the threads of now; _FollowThreads covers its rounds
+        try:
+            with torch.inference_mode():
+                engine.sync(target.device)
+                start = time.perf_counter()
+                out = target.generate(x, **kw)
+                engine.sync(target.device)
+                seconds = time.perf_counter() - start
+        finally:
+            for key, value in saved.items():
+                setattr(assistant.generation_config, key, value)
+        return out[0, len(ids) :].tolist(), seconds, None
+
+    return run
+
+
+class _FollowThreads(StoppingCriteria):
+    """Never stops generate(); it gives transformers' rounds the same auto threads as ours (engine.py)."""
+
+    def __call__(self, input_ids, scores, **kwargs):
+        threads.follow()
+        return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
+
+
+def adaptive_k(sp: SpecConfig) -> SpecConfig:
+    return SpecConfig(
+        k=sp.k, k_policy="adaptive", k_max=max(sp.k_max, max(SWEEP)), ngram_max=sp.ngram_max, ngram_min=sp.ngram_min
+    )
+
+
+def fixed_k(sp: SpecConfig, k: int) -> SpecConfig:
+    return SpecConfig(k=k, k_policy="fixed", k_max=max(sp.k_max, k), ngram_max=sp.ngram_max, ngram_min=sp.ngram_min)

@@ -1,0 +1,323 @@
+"""python -m app gpucheck: time the GPU fast path on random-weight models, offline, in minutes.
+
+Builds models with the shapes of Qwen2.5-7B (target) and Qwen2.5-0.5B (draft) in bf16 with
+random weights (no download), then times a plain step, verify over k+1 tokens and a draft
+step, eager (dynamic cache) and compiled (static cache + CUDA graphs), and runs the engine
+with the target as its own draft (alpha = 1) to measure what a round costs outside the
+model's passes. Then, unless --no-equality, it runs the bundled family on the same device and
+dtype through each cache kind and checks every greedy output against the target's own
+generate(), with the tokens/s of each. Prints one JSON report. `--shapes tiny` runs the same
+on CPU in seconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import statistics
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import torch
+from tokenizers import Tokenizer, pre_tokenizers
+from tokenizers.models import WordLevel
+from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast, Qwen2Config
+
+from app import models, request
+from app.core import engine
+from app.core.config import RunConfig, SamplingConfig, Settings, SpecConfig
+from app.drafts.model import ModelProposer
+from app.kv import static_cache
+from app.kv.cache import CachedModel
+from app.models import threads
+
+SHAPES = {  # (hidden, intermediate, layers, heads, kv heads, vocab, tied embeddings)
+    "qwen2.5-7b": (3584, 18944, 28, 28, 4, 152064, False),
+    "qwen2.5-0.5b": (896, 4864, 24, 14, 2, 151936, True),
+    "tiny-target": (64, 128, 4, 4, 2, 512, False),
+    "tiny-draft": (32, 64, 2, 4, 2, 512, True),
+}
+PAIRS = {"qwen": ("qwen2.5-7b", "qwen2.5-0.5b"), "tiny": ("tiny-target", "tiny-draft")}
+
+
+def build(shape: str, device: torch.device, dtype: torch.dtype, seed: int = 0):
+    """A random-weight Qwen2 causal LM with the named shape, built directly on the device."""
+    hidden, inter, layers, heads, kv, vocab, tied = SHAPES[shape]
+    config = Qwen2Config(
+        hidden_size=hidden,
+        intermediate_size=inter,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv,
+        vocab_size=vocab,
+        tie_word_embeddings=tied,
+        max_position_embeddings=32768,
+        rope_theta=1e6,
+        bos_token_id=None,
+        eos_token_id=None,
+        pad_token_id=None,
+    )
+    torch.manual_seed(seed)
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype).eval()
+    model.generation_config.eos_token_id = None
+    return model
+
+
+def id_tokenizer(vocab: int) -> PreTrainedTokenizerFast:
+    """A tokenizer whose every id decodes to a short word, so the engine can stream any id."""
+    tok = Tokenizer(WordLevel({f"t{i}": i for i in range(vocab)}, unk_token="t0"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    return PreTrainedTokenizerFast(tokenizer_object=tok)
+
+
+def _median_ms(fn, n: int, device) -> float:
+    """Median milliseconds of fn() over n calls, after two warm-up calls, device-synchronised."""
+    times = []
+    for i in range(n + 2):
+        engine.sync(device)
+        start = time.perf_counter()
+        fn()
+        engine.sync(device)
+        if i >= 2:
+            times.append(1000 * (time.perf_counter() - start))
+    return statistics.median(times)
+
+
+@torch.inference_mode()
+def step_times(model, context: list[int], ks: list[int], n: int, cache) -> dict:
+    """Plain step and verify(k+1) times of `model` after `context`, with the given cache kind."""
+    lm = cache(model)
+    lm.extend(context, keep=1)
+    base = lm.length
+
+    def width(m: int):
+        def go():
+            lm.extend(context[:m], keep=m)
+            lm.rollback(base)
+
+        return go
+
+    out = {"step_ms": _median_ms(width(1), n, lm.device)}
+    out["verify_ms"] = {str(k): _median_ms(width(k + 1), n, lm.device) for k in ks}
+    return out
+
+
+def engine_run(target, tok, prompt: list[int], proposer, k: int, new_tokens: int, cache) -> dict:
+    """One engine run (greedy, fixed k): tokens/s, alpha and the median round's busy time."""
+    spec = SpecConfig(k=k, k_policy="fixed")
+    for _ in range(2):  # the first run warms up (and captures graphs); the second is timed
+        steps = list(
+            engine.generate(
+                target,
+                tok,
+                prompt,
+                proposer,
+                target_cache=cache,
+                spec=spec,
+                run=RunConfig(new_tokens),
+                before_round=threads.follow,
+            )
+        )
+    tokens = sum(len(s.emitted) for s in steps)
+    rounds = [b.elapsed - a.elapsed for a, b in itertools.pairwise(steps)]
+    accepted = sum(s.accepted for s in steps)
+    rejections = sum(s.accepted < len(s.drafted) for s in steps)
+    return dict(
+        tokens_per_s=tokens / steps[-1].elapsed,
+        tokens_per_round=tokens / len(steps),
+        alpha=accepted / (accepted + rejections) if accepted + rejections else None,
+        round_ms=1000 * statistics.median(rounds),
+    )
+
+
+def _reported(fn, *args) -> dict:
+    """fn(*args)'s figures, or its error: one part failing (a compile error, say) leaves the others'."""
+    try:
+        return fn(*args)
+    except Exception as e:  # noqa: BLE001 - reported in the JSON, and the check goes on
+        traceback.print_exc()
+        return {"error": f"{type(e).__name__}: {e}"[:2000]}
+
+
+def _kind_times(target, draft, tok, prompt, ks, n, new_tokens, max_len, compiled) -> dict:
+    """Step times and engine runs with one cache kind: None is the dynamic cache every run uses;
+    False/True the static cache, eager or compiled."""
+    t0 = time.perf_counter()
+    cache = CachedModel if compiled is None else static_cache.StaticCaches(max_len, compiled)
+    times = dict(
+        target=step_times(target, prompt, ks, n, cache),
+        draft_step_ms=step_times(draft, prompt, [], n, cache)["step_ms"],
+    )
+    ar = engine_run(target, tok, prompt, None, 1, new_tokens, cache)
+    times["engine_autoregressive"] = ar | dict(overhead_ms=ar["round_ms"] - times["target"]["step_ms"])
+    times["engine_self_draft"] = {}
+    for k in ks:
+        proposer = ModelProposer(target, "self", cache)
+        run = engine_run(target, tok, prompt, proposer, k, new_tokens, cache)
+        # A round drafts k tokens (k target steps) and verifies k + 1: the rest is the engine's own.
+        model_ms = k * times["target"]["step_ms"] + times["target"]["verify_ms"][str(k)]
+        run |= dict(
+            model_ms=model_ms,
+            overhead_ms=run["round_ms"] - model_ms,
+            overhead_share=(run["round_ms"] - model_ms) / run["round_ms"],
+        )
+        times["engine_self_draft"][str(k)] = run
+    times["seconds"] = time.perf_counter() - t0
+    return times
+
+
+def check(
+    shapes: str,
+    device: torch.device,
+    dtype: torch.dtype,
+    ks: list[int],
+    n: int,
+    context: int,
+    new_tokens: int,
+    compile_mode: str,
+) -> dict:
+    """The whole report: step times and engine runs for each cache kind (eager, static, compiled)."""
+    start = time.perf_counter()
+    target_shape, draft_shape = PAIRS[shapes]
+    target, draft = build(target_shape, device, dtype, 0), build(draft_shape, device, dtype, 1)
+    tok = id_tokenizer(target.config.vocab_size)
+    prompt = torch.randint(0, draft.config.vocab_size, (context,), generator=torch.Generator().manual_seed(0))
+    prompt = prompt.tolist()
+    max_len = static_cache.cache_length(context, new_tokens + max(ks) + 2)
+    compiled_on = compile_mode == "on" or (compile_mode == "auto" and device.type == "cuda")
+    kinds = {"eager": None, "static_eager": False} | ({"compiled": True} if compiled_on else {})
+    report = dict(
+        device=str(device),
+        dtype=str(dtype),
+        torch=torch.__version__,
+        shapes=[target_shape, draft_shape],
+        params=dict(target=target.num_parameters(), draft=draft.num_parameters()),
+        context=context,
+        ks=ks,
+        compiled="timed" if compiled_on else "skipped: CUDA only (--compile on forces it)",
+    )
+    for name, compiled in kinds.items():
+        report[name] = _reported(_kind_times, target, draft, tok, prompt, ks, n, new_tokens, max_len, compiled)
+        if "error" not in report[name]:  # the JSON so far goes to stderr too: a run cut short keeps it
+            print(
+                f"gpucheck: {name} done in {report[name]['seconds']:.1f}s {json.dumps(report[name])}", file=sys.stderr
+            )
+    report["seconds"] = time.perf_counter() - start
+    return report
+
+
+EQUALITY_DRAFTS = (models.FEATURE_DRAFT, models.DISTILLED_DRAFT, models.PROMPT_LOOKUP)
+EQUALITY_SPECS = (
+    ("k=1", SpecConfig(k=1, k_policy="fixed")),
+    ("k=4", SpecConfig(k=4, k_policy="fixed")),
+    ("k=8", SpecConfig(k=8, k_policy="fixed")),
+    ("adaptive", SpecConfig(k_policy="adaptive")),
+)
+
+
+def equality(device: torch.device, dtype: str, n_prompts: int, new_tokens: int, compiled_on: bool) -> dict:
+    """The bundled family's greedy outputs on this device, each cache kind against generate().
+
+    Each prompt runs bare greedy and with its example's repetition settings. A mismatch is
+    reported with the first position that differs; under bf16 a verify pass over k+1 tokens
+    and a one-token step may round differently, so a rare flip there is numerics, not logic.
+    """
+    examples = [
+        e for e in json.loads((models.ROOT / "assets" / "prompts-tiny.json").read_text()) if e["kind"] == "code"
+    ]
+    out = {}
+    for draft in EQUALITY_DRAFTS:
+        pair = models.load_pair(models.TINY_TARGET, draft, str(device), dtype)
+        name = Path(draft).name if draft != models.PROMPT_LOOKUP else draft
+        rows = out[name] = {}
+        for kind in ("eager", "compiled") if compiled_on else ("eager",):
+            row = rows[kind] = _reported(_equal_runs, pair, examples[:n_prompts], new_tokens, kind == "compiled")
+            print(
+                f"gpucheck: equality {name} {kind}: "
+                + (row.get("error") or f"{row['identical']}/{row['checked']} identical, {row['speedup']:.2f}x"),
+                file=sys.stderr,
+            )
+        del pair
+    return out
+
+
+def _equal_runs(pair, examples: list[dict], new_tokens: int, compiled: bool) -> dict:
+    """Every run of one draft and cache kind, against generate(): counts, first mismatches, speeds."""
+    checked = matched = 0
+    mismatches, speeds = [], {"autoregressive": [], "speculative": []}
+    for example in examples:
+        ids = pair.encode(example["prompt"])
+        penalty = {key: example["settings"][key] for key in ("repetition_penalty", "no_repeat_ngram_size")}
+        for extra in ({}, penalty):
+            ref = pair.target.generate(
+                torch.tensor([ids], device=pair.target.device), do_sample=False, max_new_tokens=new_tokens, **extra
+            )[0, len(ids) :].tolist()
+            s = SamplingConfig(**extra)  # greedy, with or without the example's repetition controls
+            for label, sp in (("autoregressive", None),) + EQUALITY_SPECS:
+                settings = Settings(s, sp or SpecConfig(), RunConfig(new_tokens))
+                run = request.start(pair, ids, settings, speculative=sp is not None, compile=compiled)
+                t0 = time.perf_counter()
+                steps = list(run.steps())
+                seconds = time.perf_counter() - t0
+                got = [t for step in steps for t in step.emitted]
+                checked += 1
+                matched += got == ref
+                if got != ref:
+                    same = [a == b for a, b in zip(got, ref, strict=False)] + [False]
+                    mismatches.append(
+                        dict(prompt=example["prompt"][:30], run=label, settings=extra, position=same.index(False))
+                    )
+                if label in ("autoregressive", "adaptive"):
+                    speeds["autoregressive" if sp is None else "speculative"].append(len(got) / seconds)
+    # The first runs include warm-up (and graph capture when compiled): the median discounts them.
+    ar, spec = (statistics.median(v) for v in speeds.values())
+    return dict(
+        checked=checked,
+        identical=matched,
+        mismatches=mismatches[:8],
+        tokens_per_s=dict(autoregressive=ar, speculative_adaptive=spec),
+        speedup=spec / ar,
+    )
+
+
+def main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(prog="python -m app gpucheck", description=__doc__.splitlines()[0])
+    ap.add_argument(
+        "--shapes", choices=list(PAIRS), default="qwen", help="qwen: 7B and 0.5B shapes; tiny: seconds on CPU"
+    )
+    ap.add_argument("--device", help="default: cuda if available, else cpu")
+    ap.add_argument("--dtype", default=None, help="default: bf16 on CUDA, fp32 on CPU")
+    ap.add_argument("--k", default="1,2,4,8", help="draft lengths to time, comma-separated")
+    ap.add_argument("--steps", type=int, default=20, help="timed calls per measurement (median kept)")
+    ap.add_argument("--context", type=int, default=512, help="tokens already in the cache")
+    ap.add_argument("--new-tokens", type=int, default=128, help="tokens per engine run")
+    ap.add_argument("--compile", choices=["auto", "on", "off"], default="auto", help="auto: on CUDA only")
+    ap.add_argument("--threads", type=threads.cli_value, help="torch threads on CPU: N or auto (default: see README)")
+    ap.add_argument("--no-timing", action="store_true", help="skip the random-weight timings")
+    ap.add_argument("--no-equality", action="store_true", help="skip the bundled family's equality check")
+    ap.add_argument("--equality-prompts", type=int, default=3, help="code examples per draft (each run twice)")
+    ap.add_argument("--equality-tokens", type=int, default=96, help="new tokens per equality run")
+    args = ap.parse_args(argv)
+    threads.apply(args.threads)
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32, None: None}[args.dtype]
+    dtype = dtype or (torch.bfloat16 if device.type == "cuda" else torch.float32)
+    ks = sorted({int(k) for k in args.k.split(",")})
+    doc = (
+        {}
+        if args.no_timing
+        else check(args.shapes, device, dtype, ks, args.steps, args.context, args.new_tokens, args.compile)
+    )
+    if not args.no_equality:
+        compiled_on = args.compile == "on" or (args.compile == "auto" and device.type == "cuda")
+        name = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}[dtype]
+        doc["equality"] = dict(
+            dtype=name, **equality(device, name, args.equality_prompts, args.equality_tokens, compiled_on)
+        )
+    json.dump(doc, sys.stdout, indent=1)
+    print()
+    return 0

@@ -1,0 +1,100 @@
+"""Frozen settings for sampling, speculation and one generation request."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+# The longest run any request may ask for. The engine enforces it so that no front end can exceed
+# it; the app's own sliders stop lower (serve/).
+MAX_NEW_TOKENS_CAP = 2048
+K_MAX = 16  # largest draft length any policy may choose
+
+
+class UserError(ValueError):
+    """Bad input or an impossible setting; the message says what to change."""
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    temperature: float = 0.0  # 0 means greedy (argmax); > 0 samples from softmax(logits / T)
+    top_k: int = 0  # keep only the k most likely tokens; 0 keeps all
+    top_p: float = 1.0  # keep the smallest set whose mass reaches top_p; 1 keeps all
+    seed: int = 0  # seeds the one torch.Generator that all randomness of a run comes from
+    repetition_penalty: float = 1.0  # > 1 discourages tokens already in the context (CTRL), as in generate()
+    no_repeat_ngram_size: int = 0  # > 0 forbids repeating any n-gram of this size, as in generate()
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+    @property
+    def penalised(self) -> bool:
+        """Whether logits depend on the context, so p and q need each position's history."""
+        return self.repetition_penalty != 1.0 or self.no_repeat_ngram_size > 0
+
+    def validate(self) -> None:
+        if not self.temperature >= 0:  # also refuses NaN
+            raise UserError(f"temperature must be >= 0 (0 means greedy), got {self.temperature}")
+        if not self.repetition_penalty > 0 or self.repetition_penalty == float("inf"):
+            raise UserError(
+                f"repetition penalty must be a positive number (1 disables it), got {self.repetition_penalty}"
+            )
+        if self.no_repeat_ngram_size < 0:
+            raise UserError(f"no-repeat n-gram size must be >= 0 (0 disables it), got {self.no_repeat_ngram_size}")
+        if self.top_k < 0:
+            raise UserError(f"top-k must be >= 0 (0 disables it), got {self.top_k}")
+        if not 0 < self.top_p <= 1:  # NaN fails too
+            raise UserError(f"top-p must be in (0, 1], got {self.top_p}")
+
+
+@dataclass(frozen=True)
+class SpecConfig:
+    k: int = 4  # draft length: fixed k, the start value for heuristic, ignored by adaptive
+    k_policy: str = "adaptive"  # fixed | heuristic | adaptive
+    k_max: int = 8  # upper bound for heuristic and adaptive
+    ngram_max: int = 3  # prompt lookup: longest n-gram tried first
+    ngram_min: int = 1  # prompt lookup: shortest n-gram tried
+
+    def validate(self) -> None:
+        if self.k_policy not in ("fixed", "heuristic", "adaptive"):
+            raise UserError(f"k policy must be fixed, heuristic or adaptive, got {self.k_policy!r}")
+        if self.k < 1:
+            raise UserError(f"k must be at least 1, got {self.k}")
+        if not 1 <= self.k_max <= K_MAX:
+            raise UserError(f"k max must be between 1 and {K_MAX}, got {self.k_max}")
+        if self.k_policy == "fixed" and self.k > K_MAX:
+            raise UserError(f"k must be at most {K_MAX}, got {self.k}")
+        if not 1 <= self.ngram_min <= self.ngram_max:
+            raise UserError("n-gram sizes need 1 <= min <= max")
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    max_new_tokens: int = 128  # never emit more than this
+    stop: tuple[str, ...] = field(default_factory=tuple)  # stop strings; output ends after the first
+    chat: bool = False  # format the prompt with the tokenizer's chat template
+
+    def validate(self) -> None:
+        if not 1 <= self.max_new_tokens <= MAX_NEW_TOKENS_CAP:
+            raise UserError(f"max new tokens must be between 1 and {MAX_NEW_TOKENS_CAP}, got {self.max_new_tokens}")
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Everything a request sets: sampling, speculation and the run's limits, validated when built."""
+
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    spec: SpecConfig = field(default_factory=SpecConfig)
+    run: RunConfig = field(default_factory=RunConfig)
+
+    def __post_init__(self):
+        for cfg in (self.sampling, self.spec, self.run):
+            cfg.validate()
+
+    def as_dict(self, mode: str) -> dict:
+        return settings_dict(mode, self.sampling, self.spec, self.run)
+
+
+def settings_dict(mode: str, s: SamplingConfig, sp: SpecConfig, r: RunConfig) -> dict:
+    """The settings of a run as they appear in every JSON document."""
+    return dict(mode=mode, sampling=asdict(s), speculation=asdict(sp), run=asdict(r))

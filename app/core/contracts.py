@@ -1,0 +1,65 @@
+"""What the round loop needs from its collaborators: a draft source and a KV cache that rolls back.
+
+The engine is written against these Protocols only; `drafts/` and `kv/` implement them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+from app.core.config import SamplingConfig
+
+
+@dataclass
+class Proposal:
+    tokens: list[int]  # the drafts x_1..x_n, n <= k
+    q: torch.Tensor | None  # (n, V) draft distributions after processing; None means one-hot (greedy too)
+    feature_position: int | None = None  # feature drafts: which target feature (a position) they started from
+
+
+class Proposer(Protocol):
+    name: str
+    wants_features: bool  # True: commit also receives the target's features of the kept positions
+    context_limit: int | None  # tokens the draft can attend to (None: no limit of its own)
+
+    def begin(self, prompt_ids: list[int], vocab_size: int) -> None:
+        """Start a request from the prompt's ids; only ids below vocab_size may be drafted."""
+
+    def propose(self, k: int, cfg: SamplingConfig, gen: torch.Generator) -> Proposal:
+        """Draft up to k tokens after the committed ones."""
+
+    def commit(self, accepted: int, token: int, features: torch.Tensor | None = None) -> None:
+        """The target kept the first `accepted` drafts, then chose `token`.
+
+        features (only when wants_features): (m, H) the target's last-layer hidden states of the
+        positions it processed this round and kept; the last one is where `token` was chosen.
+        """
+
+    def end(self) -> None:
+        """The request is over: give back what begin() took (pooled caches)."""
+
+
+class KVCache(Protocol):
+    """One request's view of a shared causal LM: feed tokens, read logits, roll back to a length."""
+
+    length: int  # tokens the cache holds
+    tokens_processed: int  # every token ever fed, so tests can prove rollback never re-prefills
+    device: torch.device
+
+    def extend(self, ids: list[int], keep: int = 0) -> torch.Tensor:
+        """Feed ids after the cached ones; (keep, V) logits of the last `keep` (0: all)."""
+
+    def extend_with_features(self, ids: list[int], keep: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+        """As extend, plus the (len(ids), H) last-layer hidden states."""
+
+    def step(self, token: int) -> torch.Tensor:
+        """(V,) logits of one more token."""
+
+    def rollback(self, length: int) -> None:
+        """Forget every cached position at or after `length`."""
+
+    def close(self) -> None:
+        """The request is over: a pooled cache goes back to its pool."""

@@ -1,0 +1,127 @@
+"""Every summary figure, computed once from the Step records (no torch, no gradio)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from app.core.costs import Costs, expected_tokens_per_pass
+from app.core.events import BONUS, CORRECTED, TARGET, Step
+
+# What each speedup figure means; the JSON report carries these beside the numbers.
+LABELS = {
+    "theoretical_speedup": "Leviathan et al.'s idealised speedup at the measured alpha and c: "
+    "assumes one verify pass costs one plain step",
+    "predicted_speedup": "predicted for this machine: the same expected tokens per round over this "
+    "machine's measured round time (verify time per width and context length, "
+    "draft cost, overhead), "
+    "plus the run's first round (the prompt's prefill) as measured, on both sides",
+    "achieved_speedup": "measured: speculative tokens/s over autoregressive tokens/s",
+}
+
+
+def expected_speedup(alpha: float, c: float, k: float) -> float:
+    """S = (1 - a^(k+1)) / ((1 - a)(k c + 1)): walltime gain over the target alone."""
+    return expected_tokens_per_pass(alpha, k) / (k * c + 1)
+
+
+def summarize(steps: Sequence[Step], costs: Costs | None = None) -> dict:
+    """Summary of one run (speculative or autoregressive) from its records.
+
+    acceptance_rate is accepted / drafted; alpha is accepted / (accepted + rejections),
+    the per-token rate in Leviathan's formula. They differ because a round stops
+    judging at its first rejection. With `costs` (calibrate.py), predicted_speedup is
+    what this machine's cost model expects at the measured alpha for these rounds, with the first
+    round (the prefills) as measured.
+    """
+    tokens = sum(len(s.emitted) for s in steps)
+    drafted = sum(len(s.drafted) for s in steps)
+    accepted = sum(s.accepted for s in steps)
+    rejections = sum(1 for s in steps if s.accepted < len(s.drafted))
+    elapsed = steps[-1].elapsed if steps else 0.0
+    # Round 1 carries both prefills; c is about steady-state steps, so it is left out.
+    later = [s for s in steps[1:] if s.drafted]
+    draft_per_token = sum(s.draft_time for s in later) / max(sum(len(s.drafted) for s in later), 1)
+    verify_per_pass = sum(s.verify_time for s in later) / max(len(later), 1)
+    c = draft_per_token / verify_per_pass if later and verify_per_pass > 0 else None
+    alpha = accepted / (accepted + rejections) if accepted + rejections else None
+    mean_k = drafted / max(sum(1 for s in steps if s.drafted), 1)
+    stats = dict(
+        new_tokens=tokens,
+        rounds=len(steps),
+        # How each round's own token came about: corrected, bonus, or target (nothing drafted).
+        rounds_by_kind={kind: sum(s.token_kind == kind for s in steps) for kind in (CORRECTED, BONUS, TARGET)},
+        target_passes=len(steps),
+        drafted=drafted,
+        accepted=accepted,
+        rejections=rejections,
+        acceptance_rate=accepted / drafted if drafted else None,
+        alpha=alpha,
+        tokens_per_pass=tokens / len(steps) if steps else None,
+        mean_k=mean_k if drafted else None,
+        elapsed_s=elapsed,
+        tokens_per_s=tokens / elapsed if elapsed > 0 else None,
+        time_to_first_token_s=steps[0].elapsed if steps else None,
+        draft_time_s=sum(s.draft_time for s in steps),
+        verify_time_s=sum(s.verify_time for s in steps),
+        cost_ratio_c=c,
+        expected_tokens_per_pass=None,
+        theoretical_speedup=None,
+        predicted_speedup=None,
+        stop_reason=steps[-1].stop_reason if steps else None,
+    )
+    if alpha is not None and drafted:
+        stats["expected_tokens_per_pass"] = expected_tokens_per_pass(min(alpha, 1.0), mean_k)
+        if c is not None:
+            stats["theoretical_speedup"] = expected_speedup(min(alpha, 1.0), c, mean_k)
+        if costs is not None:
+            # Round 1 holds the prompt's prefill, which plain decoding pays too: it counts as measured.
+            stats["predicted_speedup"] = costs.predicted_speedup(
+                min(alpha, 1.0),
+                [len(s.drafted) for s in steps[1:]],
+                first_round_s=steps[0].elapsed,
+                contexts=[s.context for s in steps[1:]],
+            )
+    return stats
+
+
+def compare(spec: dict, ar: dict) -> dict:
+    """Achieved speedup of a speculative run over an autoregressive one, by throughput."""
+    achieved = None
+    if spec.get("tokens_per_s") and ar.get("tokens_per_s"):
+        achieved = spec["tokens_per_s"] / ar["tokens_per_s"]
+    return dict(
+        achieved_speedup=achieved,
+        theoretical_speedup=spec.get("theoretical_speedup"),
+        predicted_speedup=spec.get("predicted_speedup"),
+    )
+
+
+def acceptance_by_position(steps: Sequence[Step]) -> list[float]:
+    """Share of rounds in which draft i (1..k) was accepted, among rounds that drafted it."""
+    offered: list[int] = []
+    kept: list[int] = []
+    for s in steps:
+        for i in range(len(s.drafted)):
+            if i == len(offered):
+                offered.append(0), kept.append(0)
+            offered[i] += 1
+            kept[i] += i < s.accepted
+    return [k / o for k, o in zip(kept, offered, strict=True)]
+
+
+def report(steps: Sequence[Step], target: str, draft: str | None, settings: dict, costs: Costs | None = None) -> dict:
+    """The JSON document of one run: text, generated ids, records and summary.
+
+    `costs` (this machine's, from calibrate.py) adds predicted_speedup and the measured costs.
+    """
+    return dict(
+        text="".join(s.text for s in steps),
+        token_ids=[t for s in steps for t in s.emitted],
+        target=target,
+        draft=draft,
+        settings=settings,
+        stats=summarize(steps, costs),
+        labels=LABELS,
+        costs=costs.to_dict() if costs is not None else None,
+        steps=[s.to_dict() for s in steps],
+    )

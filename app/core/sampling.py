@@ -1,0 +1,89 @@
+"""Logits to probabilities (repetition controls, temperature, top-k, top-p) and seeded sampling."""
+
+from __future__ import annotations
+
+import torch
+from transformers import NoRepeatNGramLogitsProcessor, RepetitionPenaltyLogitsProcessor
+
+from app.core.config import SamplingConfig
+
+
+def penalise(logits: torch.Tensor, context: list[int], drafts: list[int], cfg: SamplingConfig) -> torch.Tensor:
+    """(n, V) logits, row i scored after context + drafts[:i], through generate()'s own processors.
+
+    Speculation stays lossless because the target's rows and the draft's rows at the same
+    position see the same history, so p and q get identical processing.
+    """
+    if not cfg.penalised:
+        return logits
+    processors = []
+    if cfg.repetition_penalty != 1.0:
+        processors.append(RepetitionPenaltyLogitsProcessor(cfg.repetition_penalty))
+    if cfg.no_repeat_ngram_size > 0:
+        processors.append(NoRepeatNGramLogitsProcessor(cfg.no_repeat_ngram_size))
+    rows = []
+    for i in range(logits.shape[0]):
+        history = torch.tensor([context + drafts[:i]], device=logits.device)
+        row = logits[i : i + 1].float().clone()  # processors may write in place
+        for proc in processors:
+            row = proc(history, row)
+        rows.append(row)
+    return torch.cat(rows)
+
+
+def probs(logits: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor:
+    """(..., V) logits -> (..., V) float32 probabilities after the same processing for p and q.
+
+    Greedy gives a one-hot on the argmax, so greedy verification is the sampling rule's limit.
+    """
+    logits = logits.float()
+    if cfg.greedy:
+        return torch.zeros_like(logits).scatter_(-1, logits.argmax(-1, keepdim=True), 1.0)
+    logits = logits / cfg.temperature
+    if cfg.top_k and cfg.top_k < logits.shape[-1]:
+        kth = torch.topk(logits, cfg.top_k, dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if cfg.top_p < 1.0:
+        logits = logits.masked_fill(top_p_drop(logits, cfg.top_p), float("-inf"))
+    return logits.softmax(-1)
+
+
+# A sampled round filters a row per draft and per verified position, and a full sort of each row is
+# a visible share of a CPU round. The top-p set is almost always among a row's few hundred likeliest
+# tokens, and topk finds those far faster than a sort.
+TOP_P_CANDIDATES = 256
+
+
+def top_p_drop(logits: torch.Tensor, top_p: float) -> torch.Tensor:
+    """(..., V) bool: the tokens top-p sampling drops, those less likely than the last token needed
+    for the likelier tokens' mass to reach top_p (the likeliest always stays).
+
+    The cut is a probability, not a rank, so tokens tied at it all stay, and the set depends only on
+    the row's sorted values, never on how a sort orders ties: a row gets the same set alone or
+    beside others, as p's rows and q's do. Those values come from a full sort, or on CPU from the
+    TOP_P_CANDIDATES likeliest when their mass reaches top_p in every row, since no token outside
+    them is then needed. On a GPU the sort is cheap, and checking that mass would wait for the device.
+    """
+    p = logits.softmax(-1)
+    ranked = None
+    if p.device.type == "cpu":
+        ranked = torch.topk(p, min(TOP_P_CANDIDATES, p.shape[-1]), dim=-1).values
+        mass = ranked.cumsum(-1)  # summed in rank order, exactly as the full sort's first ones are
+        if not bool((mass[..., -1] >= top_p).all()):
+            ranked = None
+    if ranked is None:
+        ranked = torch.sort(p, dim=-1, descending=True).values
+        mass = ranked.cumsum(-1)
+    before = torch.cat([torch.zeros_like(mass[..., :1]), mass[..., :-1]], dim=-1)  # never falls, unlike mass - ranked
+    needed = (before < top_p).sum(-1, keepdim=True).clamp_min(1)
+    return p < ranked.gather(-1, needed - 1)
+
+
+def sample(p: torch.Tensor, gen: torch.Generator) -> int:
+    """One token id from a (V,) distribution, using the run's generator."""
+    return int(torch.multinomial(p.to(gen.device), 1, generator=gen).item())
+
+
+def uniform(gen: torch.Generator) -> float:
+    """The draw u in [0, 1) that decides one acceptance."""
+    return float(torch.rand((), generator=gen, device=gen.device).item())

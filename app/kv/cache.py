@@ -1,0 +1,134 @@
+"""A causal LM plus its KV cache: extend by tokens, roll back to a length."""
+
+from __future__ import annotations
+
+import torch
+import transformers
+from packaging.version import Version
+from transformers import DynamicCache, PreTrainedModel
+from transformers.cache_utils import DummyLayer, DynamicLayer
+
+from app.core.config import UserError
+from app.kv import direct_pass, growing_cache
+
+# Before 5.24 a model's forward took past_key_values and silently ignored cache=, so every pass
+# would run without its context: refuse to start rather than decode garbage.
+if Version(transformers.__version__) < Version("5.24"):
+    raise ImportError(
+        f"transformers {transformers.__version__} is installed; this app needs >= 5.24 "
+        "(pip install -r requirements.txt)"
+    )
+
+# Layer caches whose crop is exact (DynamicSlidingWindowLayer is a DynamicLayer); DummyLayer holds nothing.
+CROPPABLE = (DynamicLayer, DummyLayer)
+
+
+class ModelCache:
+    """What every KV cache of a model shares: the embedding guard, the counters, and close().
+
+    `length` is how many tokens the cache holds; `tokens_processed` counts every token
+    fed through the model, so tests can prove that rollback never re-prefills.
+    """
+
+    def __init__(self, model: PreTrainedModel):
+        self.model = model
+        self.length = 0
+        self.tokens_processed = 0
+        self.device = model.get_input_embeddings().weight.device
+        # A draft with a smaller embedding table than the target's vocabulary cannot embed the
+        # target's top ids: it sees a stand-in instead (its guesses get worse, the output stays exact).
+        self.rows = model.get_input_embeddings().weight.shape[0]
+        self.stand_in = _stand_in(model.config, self.rows)
+
+    def _embeddable(self, ids: list[int]) -> list[int]:
+        return ids if max(ids, default=0) < self.rows else [i if i < self.rows else self.stand_in for i in ids]
+
+    def close(self) -> None:
+        """Nothing is pooled here; a static cache goes back to its pool."""
+
+
+class CachedModel(ModelCache):
+    """One request's view of a shared model on a dynamic cache: the cache is private, the weights are not."""
+
+    def __init__(self, model: PreTrainedModel):
+        super().__init__(model)
+        # Passes without the wrapper where they give the wrapper's own bits (direct_pass.py).
+        self.direct = direct_pass.parts(model)
+        # Direct passes append in place (growing_cache.py); the probe that admitted them ran on one too.
+        self.cache = growing_cache.new_cache(model.config) if self.direct else DynamicCache(config=model.config)
+        # Sliding-window layers drop keys older than the window as they go; recording the past
+        # keeps them until the next crop, so a rejected draft can be removed past the window too.
+        self.cache.activate_past_recording()
+        self.windowed = any(getattr(layer, "is_sliding", False) for layer in self.cache.layers)
+
+    @torch.inference_mode()
+    def extend(self, ids: list[int], keep: int = 0) -> torch.Tensor:
+        """Feed ids after the cached ones; return the (keep, V) logits of the last `keep` (0: all).
+
+        Only the kept rows are computed, so a long prefill never holds a (len, V) tensor.
+        """
+        return self._forward(ids, keep, features=False)[0]
+
+    @torch.inference_mode()
+    def extend_with_features(self, ids: list[int], keep: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+        """As extend, plus the (len(ids), H) last-layer hidden states of every fed position."""
+        return self._forward(ids, keep, features=True)
+
+    def step(self, token: int) -> torch.Tensor:
+        """(V,) logits of one more token."""
+        if self.direct is None:
+            return self.extend([token], keep=1)[-1]
+        self.length += 1
+        self.tokens_processed += 1
+        return direct_pass.step(self.direct, self.cache, self._embeddable([token])[0])
+
+    def _forward(self, ids: list[int], keep: int, features: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+        if self.direct is not None:
+            logits, hidden = direct_pass.forward(self.direct, self.cache, self._embeddable(ids), keep, features)
+        else:
+            x = torch.tensor([self._embeddable(ids)], dtype=torch.long, device=self.device)
+            out = self.model(
+                input_ids=x, cache=self.cache, use_cache=True, logits_to_keep=keep, output_hidden_states=features
+            )
+            logits, hidden = out.logits[0], out.hidden_states[-1][0] if features else None
+        self.length += len(ids)
+        self.tokens_processed += len(ids)
+        return logits, hidden
+
+    def rollback(self, length: int) -> None:
+        """Forget every cached position at or after `length`: a crop, never a recompute.
+
+        A windowed cache is cropped even by 0: that trims its sliding layers back to the window.
+        """
+        if self.length and (length < self.length or self.windowed):
+            self.cache.crop(min(0, length - self.length))
+            self.length = min(length, self.length)
+
+
+def _stand_in(config, rows: int) -> int:
+    """The id fed in place of one the model cannot embed: its pad token, else its EOS, else 0."""
+    eos = getattr(config, "eos_token_id", None)
+    eos = (eos or [None])[0] if isinstance(eos, (list, tuple)) else eos
+    return next((i for i in (getattr(config, "pad_token_id", None), eos) if i is not None and 0 <= i < rows), 0)
+
+
+def refuse_uncroppable(model: PreTrainedModel, cache: DynamicCache | None = None) -> None:
+    """Raise UserError, naming the architecture, if a rejected draft could not be removed from its cache.
+
+    Attention layers (full, sliding, chunked) crop exactly. Recurrent state (linear attention, SSMs)
+    cannot be rewound, and re-running the whole prefix every round would defeat the point.
+    """
+    cache = cache if cache is not None else DynamicCache(config=model.config)
+    bad = sorted(
+        {
+            type(layer).__name__
+            for layer in cache.layers
+            if not isinstance(layer, CROPPABLE) or hasattr(layer, "is_recurrent_states_initialized")
+        }
+    )
+    if bad:
+        raise UserError(
+            f"{type(model).__name__} ({model.config.model_type}) is not supported: its cache layers "
+            f"({', '.join(bad)}) cannot be cropped back after a rejected draft (recurrent or convolution "
+            "state, or a layer type this app does not know)"
+        )

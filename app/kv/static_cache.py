@@ -1,0 +1,156 @@
+"""The GPU fast path: a static KV cache with a position pointer, and CUDA graphs for its shapes.
+
+A static cache is allocated once at its full length; rolling back a rejected draft only
+moves the pointer back (the next pass overwrites the stale keys, and the causal mask hides
+any beyond it). Fixed shapes let torch.compile(mode="reduce-overhead") capture each pass
+as a CUDA graph: passes over few tokens (draft steps, verify over k+1) are padded up to a
+bucket width, so a handful of graphs serve every k. Longer passes (the prompt) run eagerly.
+
+CUDA only and behind --compile: on CPU the static cache is correct (the greedy tests run
+it) but was not faster than the dynamic one (README), and ZeroGPU does not support it.
+A feature-level draft's head keeps its own small dynamic cache; the target's passes, which
+also hand it their hidden states, run on the static cache like any other.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import threading
+from dataclasses import dataclass
+
+import torch
+from transformers import PreTrainedModel, StaticCache
+
+from app.core.config import K_MAX, UserError
+from app.kv.cache import ModelCache
+
+BUCKETS = (1, 2, 3, 5, 9, 17)  # pass widths with a graph: a draft step, and verify over k+1 for k = 1, 2, 4, 8, 16
+LENGTH_STEP = 256  # cache lengths are rounded up to this, so requests of similar length share graphs
+
+
+def available(requested: bool, device: torch.device) -> tuple[bool, str]:
+    """Whether the fast path runs for this request, and why not when it does not."""
+    if not requested:
+        return False, "not requested (--compile)"
+    if os.environ.get("SPACES_ZERO_GPU"):
+        return False, "off on ZeroGPU, which does not support CUDA graphs"
+    if device.type != "cuda":
+        return False, "CUDA only: on CPU the static cache was not faster"
+    return True, "static cache and CUDA graphs"
+
+
+def cache_length(prompt_len: int, max_new_tokens: int) -> int:
+    """Static length for a request: prompt, new tokens, the widest padded pass; rounded up."""
+    need = prompt_len + max_new_tokens + K_MAX + BUCKETS[-1] + 1
+    return -(-need // LENGTH_STEP) * LENGTH_STEP
+
+
+@functools.cache
+def compiled(model: PreTrainedModel):
+    """The model's forward under torch.compile with CUDA graphs, shared by every request."""
+    # One graph per bucket width, per output kind (logits, or logits and features) and per pooled
+    # cache: more than dynamo's default of 8, past which it would quietly fall back to eager.
+    torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
+    return torch.compile(model, mode="reduce-overhead", dynamic=False)
+
+
+_pool: dict[tuple[int, int], list[StaticCache]] = {}
+_pool_lock = threading.Lock()
+
+
+class StaticCachedModel(ModelCache):
+    """The KV cache contract (extend, rollback, length) over a static cache with a pointer.
+
+    Caches are pooled per model and length and reused by later requests, so a compiled
+    graph sees the same cache tensors again instead of being recaptured; close() gives one back.
+    """
+
+    def __init__(self, model: PreTrainedModel, max_len: int, compile: bool = False):
+        if any(getattr(t, "is_sliding", False) for t in StaticCache(config=model.config, max_cache_len=1).layers):
+            raise UserError("the static cache path supports full-attention models only: run without --compile")
+        super().__init__(model)
+        self.max_len = max_len
+        self.forward = compiled(model) if compile else model
+        self.compile = compile
+        self._key = (id(model), max_len)
+        with _pool_lock:
+            free = _pool.get(self._key, [])
+            self.cache = free.pop() if free else StaticCache(config=model.config, max_cache_len=max_len)
+        used = int(self.cache.get_seq_length())
+        if used:  # a reused cache: move its pointer back to 0
+            with torch.inference_mode():  # the cache's tensors were made under it
+                self.cache.crop(-used)
+
+    def close(self) -> None:
+        """Give the cache back for the next request (once; the cache is unusable here afterwards)."""
+        cache, self.cache = self.cache, None
+        if cache is not None:
+            with _pool_lock:
+                _pool.setdefault(self._key, []).append(cache)
+
+    @torch.inference_mode()
+    def extend(self, ids: list[int], keep: int = 0) -> torch.Tensor:
+        """Feed ids after the cached ones; return the (keep, V) logits of the last `keep` (0: all)."""
+        return self._forward(ids, keep, features=False)[0]
+
+    def step(self, token: int) -> torch.Tensor:
+        """(V,) logits of one more token (a draft step: one graph when compiled)."""
+        return self.extend([token], keep=1)[-1]
+
+    @torch.inference_mode()
+    def extend_with_features(self, ids: list[int], keep: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+        """As extend, plus the (len(ids), H) last-layer hidden states, for a feature-level draft."""
+        return self._forward(ids, keep, features=True)
+
+    def _forward(self, ids: list[int], keep: int, features: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+        ids = self._embeddable(ids)
+        n = len(ids)
+        if self.length + n > room(self.max_len):
+            raise UserError(f"static cache of {self.max_len} tokens is full: raise its length")
+        width = next((b for b in BUCKETS if b >= n), None)
+        if self.compile and width is not None:
+            # Pad to the bucket: the padding sits after the real tokens, so causal attention
+            # keeps it out of their logits, and the pointer is moved back over it below.
+            # Graph outputs are overwritten by the next replay: clone what is kept.
+            x = torch.tensor([ids + ids[-1:] * (width - n)], dtype=torch.long, device=self.device)
+            torch.compiler.cudagraph_mark_step_begin()
+            out = self.forward(input_ids=x, cache=self.cache, use_cache=True, output_hidden_states=features)
+            logits = out.logits[0, :n].clone()
+            hidden = out.hidden_states[-1][0, :n].clone() if features else None
+            if width > n:
+                self.cache.crop(n - width)
+        else:
+            x = torch.tensor([ids], dtype=torch.long, device=self.device)
+            out = self.model(
+                input_ids=x, cache=self.cache, use_cache=True, logits_to_keep=keep, output_hidden_states=features
+            )
+            logits, hidden = out.logits[0], out.hidden_states[-1][0] if features else None
+        self.length += n
+        self.tokens_processed += n
+        return (logits[-keep:] if keep else logits), hidden
+
+    @torch.inference_mode()
+    def rollback(self, length: int) -> None:
+        """Forget every cached position at or after `length`: the pointer moves back, nothing is copied."""
+        if length < self.length:
+            self.cache.crop(length - self.length)
+            self.length = length
+
+
+def room(max_len: int) -> int:
+    """The most tokens a pass may end at in a static cache of max_len: the widest graph's padding
+    must still fit after it."""
+    return max_len - BUCKETS[-1]
+
+
+@dataclass(frozen=True)
+class StaticCaches:
+    """A target_cache for engine.generate: static caches of max_len tokens. Its length is known to
+    whoever plans passes ahead of a request (calibrate.py), since a pass past the end is an error."""
+
+    max_len: int
+    compile: bool = False
+
+    def __call__(self, model: PreTrainedModel) -> StaticCachedModel:
+        return StaticCachedModel(model, self.max_len, self.compile)

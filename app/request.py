@@ -1,0 +1,54 @@
+"""One request, typed and validated once, turned into a calibrated Run. The UI, the CLI and the
+benchmarks all start here."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+from app import calibrate, models, runs
+from app.core.config import Settings, UserError
+
+
+@dataclass(frozen=True)
+class Request:
+    """What a caller asks for: the prompt, the pair by id (None: the defaults) and the settings."""
+
+    prompt: str
+    target: str | None = None
+    draft: str | None = None
+    settings: Settings = field(default_factory=Settings)
+    speculative: bool = True
+    device: str | None = None
+    dtype: str | None = None
+    compile: bool = False
+    auto_chat: bool = False  # chat formatting on when the target has a chat template
+
+    def __post_init__(self):
+        if not self.prompt or not self.prompt.strip():
+            raise UserError("prompt is empty: type some text to continue")
+
+
+def start(
+    pair: loading.Pair,
+    ids: list[int],
+    settings: Settings,
+    *,
+    speculative: bool = True,
+    compile: bool = False,
+    calibrated: bool = True,
+) -> runs.Run:
+    """A Run whose policy is guided by this machine's measured costs (measured once per kind of request)."""
+    run = runs.prepare(pair, ids, settings, speculative=speculative, compile=compile)
+    if speculative and calibrated:
+        run.costs = calibrate.costs_for(pair, settings.spec, run.target_cache, sampling=settings.sampling)
+    return run
+
+
+def open_request(req: Request) -> runs.Run:
+    """Load the pair (cached), encode the prompt and start the Run."""
+    pair = models.load_pair(req.target, req.draft, req.device, req.dtype, draft=req.speculative)
+    settings = req.settings
+    if req.auto_chat and getattr(pair.tokenizer, "chat_template", None):
+        settings = replace(settings, run=replace(settings.run, chat=True))
+    ids = pair.encode(req.prompt, settings.run.chat)
+    return start(pair, ids, settings, speculative=req.speculative, compile=req.compile)

@@ -1,0 +1,71 @@
+"""A pair, prompt ids and settings turned into a Step stream: the proposer, the KV caches (the static
+fast path where it runs), the k policy and the engine's hooks. Every front end runs through here."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+from app.core import engine
+from app.core.config import Settings
+from app.core.contracts import Proposer
+from app.core.costs import Costs
+from app.core.events import Step
+from app.core.policy import KPolicy, make_policy
+from app.core.teaching import top_table
+from app.kv import static_cache
+from app.kv.cache import CachedModel
+from app.models import threads
+from app.models.loading import Pair
+
+
+@dataclass
+class Run:
+    """One request, ready to stream. steps() may be called again for a fresh run of the same request."""
+
+    pair: Pair
+    ids: list[int]
+    settings: Settings
+    speculative: bool = True
+    target_cache: Callable = CachedModel
+    draft_cache: Callable | None = None  # for drafts that run a model's cache; None: their own default
+    costs: Costs | None = None  # this machine's, when calibrated (calibrate.py)
+    note: str = ""  # why the fast path does or does not run
+
+    def proposer(self) -> Proposer | None:
+        """A fresh draft source for one stream (its caches and ids are that stream's own)."""
+        if not self.speculative:
+            return None
+        proposer = self.pair.proposer(self.settings.spec)
+        if self.draft_cache is not None and proposer.cache_factory is not None:
+            proposer.cache_factory = self.draft_cache
+        return proposer
+
+    def policy(self) -> KPolicy:
+        return make_policy(self.settings.spec, self.costs)
+
+    def steps(self, policy: KPolicy | None = None, teach: bool = False) -> Iterator[Step]:
+        """The engine's Step stream; teach fills the teaching table of every round."""
+        s = self.settings
+        return engine.generate(
+            self.pair.target,
+            self.pair.tokenizer,
+            self.ids,
+            self.proposer(),
+            target_cache=self.target_cache,
+            sampling_cfg=s.sampling,
+            spec=s.spec,
+            run=s.run,
+            policy=policy or self.policy(),
+            teach=top_table if teach else None,
+            before_round=threads.follow,
+        )
+
+
+def prepare(pair: Pair, ids: list[int], settings: Settings, *, speculative: bool = True, compile: bool = False) -> Run:
+    """A Run on the usual caches, or on static caches and CUDA graphs where --compile asks and they run."""
+    ok, note = static_cache.available(compile, pair.target.device)
+    if not ok:
+        return Run(pair, list(ids), settings, speculative, note=note)
+    caches = static_cache.StaticCaches(static_cache.cache_length(len(ids), settings.run.max_new_tokens), compile=True)
+    return Run(pair, list(ids), settings, speculative, caches, caches, note=note)

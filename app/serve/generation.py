@@ -1,0 +1,157 @@
+"""Generate: both runs streamed side by side, and Stop."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator
+
+import gradio as gr
+import torch
+
+from app import request, runs
+from app.core import metrics
+from app.core.config import Settings, UserError
+from app.models import threads
+from app.serve import queue_limits
+from app.serve.handlers import _configs, _model_ids, _pair, _user_error, fill_seed, guarded
+from app.serve.texts import EXAMPLES, example_row  # noqa: F401 - the API's examples
+from app.serve.zerogpu import gpu
+from app.views import plots, render
+
+log = logging.getLogger(__name__)
+UPDATE_EVERY = 0.25  # seconds between streamed text updates; rendering shares the CPU
+PLOT_EVERY = 1.5  # seconds between plot updates: figures are heavier than text
+
+
+def _interleave(spec_it: Iterator, ar_it: Iterator) -> Iterator[tuple[str, object]]:
+    """Advance whichever run is behind on its own clock; yield ("spec"|"ar", step)."""
+    clocks, its = {"spec": 0.0, "ar": 0.0}, {"spec": spec_it, "ar": ar_it}
+    while its:
+        side = min(its, key=clocks.get)
+        step = next(its[side], None)
+        if step is None:
+            del its[side]
+            continue
+        clocks[side] = step.elapsed
+        yield side, step
+
+
+def _figures(spec, ar):
+    return (
+        plots.tokens_vs_time(spec, ar),
+        plots.k_per_round(spec),
+        plots.acceptance_per_round(spec),
+        plots.acceptance_by_position(spec),
+        plots.tokens_per_round(spec),
+    )
+
+
+@gpu
+@guarded
+def generate_both(
+    prompt,
+    target,
+    custom_target,
+    draft,
+    custom_draft,
+    chat,
+    decoding,
+    temperature,
+    top_k,
+    top_p,
+    seed,
+    max_new_tokens,
+    k_policy,
+    k,
+    repetition_penalty=1.0,
+    no_repeat_ngram_size=0,
+    control=None,
+):
+    """Stream both panes; the last update carries the full records of both runs.
+
+    `control` is this session's {"stop": bool}: Stop sets it and the run ends after the current
+    round with a final, partial update (cancelling the event instead would flag every output "Error").
+    """
+    target, draft = _model_ids(target, custom_target, draft, custom_draft)
+    try:
+        s, sp, r = _configs(
+            decoding,
+            temperature,
+            top_k,
+            top_p,
+            seed,
+            max_new_tokens,
+            k_policy,
+            k,
+            chat,
+            repetition_penalty,
+            no_repeat_ngram_size,
+        )
+        yield from _stream(prompt, target, draft, Settings(s, sp, r), control)
+    except UserError as e:
+        raise _user_error(e) from None
+    except torch.cuda.OutOfMemoryError:
+        torch.cuda.empty_cache()
+        raise _user_error(
+            UserError("out of memory: try a smaller model, fewer new tokens or a shorter prompt")
+        ) from None
+
+
+def _stream(prompt: str, target: str, draft: str, settings: Settings, control) -> Iterator[tuple]:
+    """Both runs, interleaved, as screen updates; the last carries the full records."""
+    s, r = settings.sampling, settings.run
+    pair = _pair(target, draft)
+    ids = pair.encode(prompt, r.chat)
+    shown = pair.tokenizer.decode(ids, skip_special_tokens=True)
+    speculative = request.start(pair, ids, settings)  # calibrated once per pair and kind of sampling
+    costs = speculative.costs
+    streams = _interleave(speculative.steps(), runs.prepare(pair, ids, settings, speculative=False).steps())
+    spec, ar = [], []
+    last_text = last_plot = 0.0
+    figures = _figures(spec, ar)
+    stopped = False
+    deadline = time.monotonic() + queue_limits.run_seconds()  # a run past it ends as if stopped
+    for side, step in streams:
+        (spec if side == "spec" else ar).append(step)
+        if control and control.get("stop") or time.monotonic() > deadline:
+            stopped = True
+            break
+        now = time.monotonic()
+        if now - last_text >= UPDATE_EVERY:
+            if now - last_plot >= PLOT_EVERY:
+                figures, last_plot = _figures(spec, ar), now
+            last_text = now
+            yield _outputs(shown, spec, ar, s.greedy, figures, None, done=False, costs=costs)
+    # Models named as the visitor picked them: a resolved name can be an install path on this host.
+    doc = {
+        "speculative": metrics.report(spec, target, draft, settings.as_dict("speculative"), costs),
+        "autoregressive": metrics.report(ar, target, None, settings.as_dict("autoregressive")),
+    }
+    doc["comparison"] = metrics.compare(doc["speculative"]["stats"], doc["autoregressive"]["stats"])
+    doc["stopped"] = stopped  # True: Stop ended both runs early, so every figure is partial
+    doc["threads"] = threads.key()  # "auto" or the fixed count (README, "Threads")
+    yield _outputs(shown, spec, ar, s.greedy, _figures(spec, ar), doc, stopped=stopped, costs=costs)
+
+
+def _outputs(prompt, spec, ar, greedy, figures, doc, done=True, stopped=False, costs=None):
+    return (
+        render.pane_html(prompt, spec),
+        render.pane_html(prompt, ar, kind_classes=False),
+        render.greedy_check(spec, ar, greedy, done and not stopped, stopped),
+        render.summary_markdown(spec, ar, done and not stopped, stopped, costs),
+        *figures,
+        doc if doc is not None else gr.skip(),
+    )
+
+
+@guarded
+def start_run(seed, decoding, control) -> int:
+    """A click on Generate or Step: clear an earlier Stop, fill a blank seed (shown back)."""
+    control["stop"] = False
+    return fill_seed(seed, decoding)
+
+
+def request_stop(control) -> None:
+    """Stop: the running generation sees this after its current round and ends with a partial update."""
+    control["stop"] = True

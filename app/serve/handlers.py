@@ -1,0 +1,226 @@
+"""The app's event handlers: every function a click or an API client calls, with inputs checked by name
+(boundary.py) and user errors as one-line messages, never a traceback."""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+from pathlib import Path
+
+import gradio as gr
+
+from app import models
+from app.core.config import MAX_NEW_TOKENS_CAP, RunConfig, SamplingConfig, SpecConfig, UserError
+from app.models import hosting
+from app.serve import boundary
+from app.serve.texts import EXAMPLES, example_row  # noqa: F401 - the API's examples
+
+log = logging.getLogger(__name__)
+
+
+def _model_ids(target: str, custom_target: str, draft: str, custom_draft: str) -> tuple[str, str]:
+    return (custom_target or "").strip() or target, (custom_draft or "").strip() or draft
+
+
+def fill_seed(seed, decoding) -> int:
+    """A blank Seed box: 0 under greedy (nothing is random), else a fresh random seed, shown back."""
+    if seed is None or str(seed).strip() == "":
+        return 0 if decoding == "greedy" else random.randrange(2**31)
+    return int(seed)
+
+
+def _configs(
+    decoding,
+    temperature,
+    top_k,
+    top_p,
+    seed,
+    max_new_tokens,
+    k_policy,
+    k,
+    chat,
+    repetition_penalty=1.0,
+    no_repeat_ngram_size=0,
+):
+    greedy = decoding == "greedy"
+    return (
+        SamplingConfig(
+            0.0 if greedy else float(temperature),
+            int(top_k),
+            float(top_p),
+            fill_seed(seed, decoding),
+            float(repetition_penalty),
+            int(no_repeat_ngram_size),
+        ),
+        # Adaptive chooses k itself up to the default cap: the k slider does not move that cap.
+        SpecConfig(k=int(k), k_policy=k_policy, k_max=SpecConfig.k_max if k_policy == "adaptive" else max(8, int(k))),
+        RunConfig(int(max_new_tokens), (), bool(chat)),
+    )
+
+
+def _user_error(e: Exception) -> gr.Error:
+    """A user error: one line in the server log, the message in the browser, no traceback."""
+    log.warning("user error: %s", e)
+    return gr.Error(str(e), print_exception=False)
+
+
+# Every handler a client can call: inputs checked by name, no raw exception text out (boundary.py).
+guarded = boundary.guarded(_user_error, passthrough=(gr.Error,))
+
+
+def _pair(target: str, draft: str) -> models.Pair:
+    try:
+        return models.load_pair(target, draft)
+    except UserError as e:
+        raise _user_error(e) from None
+
+
+@guarded
+def check_request(
+    prompt,
+    target,
+    custom_target,
+    draft,
+    custom_draft,
+    chat,
+    decoding,
+    temperature,
+    top_k,
+    top_p,
+    seed,
+    max_new_tokens,
+    k_policy,
+    k,
+    repetition_penalty=1.0,
+    no_repeat_ngram_size=0,
+) -> None:
+    """Refuse bad settings, an unloadable pair or a bad prompt before a run starts.
+
+    It has no outputs, so a refusal is a message and the previous run's results stay on screen.
+    """
+    target, draft = _model_ids(target, custom_target, draft, custom_draft)
+    try:
+        for cfg in _configs(
+            decoding,
+            temperature,
+            top_k,
+            top_p,
+            seed,
+            max_new_tokens,
+            k_policy,
+            k,
+            chat,
+            repetition_penalty,
+            no_repeat_ngram_size,
+        ):
+            cfg.validate()
+        _pair(target, draft).encode(prompt, bool(chat))
+    except UserError as e:
+        raise _user_error(e) from None
+
+
+def _context_cap(model_id: str) -> int:
+    """Max new tokens for this target: its context from config.json when it is a local directory."""
+    try:
+        config = Path(models.resolve(model_id)) / "config.json"
+        ctx = json.loads(config.read_text()).get("max_position_embeddings") if config.exists() else None
+    except (UserError, OSError, ValueError):
+        ctx = None
+    return min(MAX_NEW_TOKENS_CAP, ctx or MAX_NEW_TOKENS_CAP)
+
+
+def _cap_label(cap: int) -> str:
+    return f"Max new tokens (the target's context is {cap})" if cap < MAX_NEW_TOKENS_CAP else "Max new tokens"
+
+
+def _cap_slider(cap: int, value) -> gr.Slider:
+    return gr.Slider(maximum=cap, value=min(int(value or cap), cap), label=_cap_label(cap))
+
+
+@guarded
+def cap_for_target(target, custom_target, value) -> gr.Slider:
+    """When the target changes, cap Max new tokens to its context where that is known without loading."""
+    return _cap_slider(_context_cap((custom_target or "").strip() or target), value)
+
+
+def _choices(presets: dict[str, str]) -> list[tuple[str, str]]:
+    """Dropdown entries (shown label, value): presets that are neither bundled nor cached say so."""
+    return [(f"{name} · needs a download" if models.needs_download(name) else name, name) for name in presets]
+
+
+@guarded
+def load_pair(target, custom_target, draft, custom_draft, progress=gr.Progress()):
+    """Load (or fetch from the shared cache) a pair and say what was loaded."""
+    target, draft = _model_ids(target, custom_target, draft, custom_draft)
+    progress(0.1, desc=f"loading {target}")
+    pair = _pair(target, draft)
+    progress(1.0, desc="ready")
+    t = pair.target
+    # Preset names as the user picked them; a custom id or directory as given.
+    shown_target, shown_draft = hosting.shown(target), hosting.shown(draft)  # as typed, never a resolved path
+    return (
+        f"Loaded target **{shown_target}** ({t.num_parameters() / 1e6:.1f}M parameters, "
+        f"{t.config.num_hidden_layers} layers, context {models.context_length(t)} tokens, {t.dtype}, "
+        f"{t.device}) with draft **{shown_draft}**." + (f" Note: {pair.note}." if pair.note else "")
+    )
+
+
+@guarded
+def export_for(
+    target,
+    custom_target,
+    draft,
+    custom_draft,
+    chat,
+    decoding,
+    temperature,
+    top_k,
+    top_p,
+    seed,
+    max_new_tokens,
+    k_policy,
+    k,
+    repetition_penalty=1.0,
+    no_repeat_ngram_size=0,
+) -> str:
+    """The same pair and settings as `vllm serve` and `llama-server` commands (python -m app export)."""
+    from app import export
+
+    try:
+        s, sp, _ = _configs(
+            decoding,
+            temperature,
+            top_k,
+            top_p,
+            seed,
+            max_new_tokens,
+            k_policy,
+            k,
+            chat,
+            repetition_penalty,
+            no_repeat_ngram_size,
+        )
+        return export.for_pair(_pair(*_model_ids(target, custom_target, draft, custom_draft)), sp, s)
+    except UserError as e:
+        return f"# no export: {e}"
+
+
+@guarded
+def cap_for_loaded(target, custom_target, draft, custom_draft, value) -> gr.Slider:
+    """After a load: cap Max new tokens to the loaded target's context (the pair is cached by then)."""
+    pair = _pair(*_model_ids(target, custom_target, draft, custom_draft))
+    return _cap_slider(min(MAX_NEW_TOKENS_CAP, models.context_length(pair.target)), value)
+
+
+def list_presets() -> dict:
+    """The preset targets and draft sources, label to id (a bundled model's id is its label, not its path)."""
+
+    def public(presets: dict[str, str]) -> dict[str, str]:
+        return {label: label if Path(value).is_absolute() else value for label, value in presets.items()}
+
+    return {
+        "targets": public(models.TARGET_PRESETS),
+        "drafts": public(models.DRAFT_PRESETS),
+        "allowlist": sorted(models.allowlist()) if models.allowlist() else None,
+    }

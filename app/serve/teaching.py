@@ -1,0 +1,101 @@
+"""Step one round: the teaching view's handler."""
+
+from __future__ import annotations
+
+import gradio as gr
+
+from app import request
+from app.core.config import Settings, UserError
+from app.core.events import KIND_LABELS
+from app.serve import sessions
+from app.serve.handlers import _configs, _model_ids, _pair, _user_error, guarded
+from app.serve.texts import EXAMPLES, example_row  # noqa: F401 - the API's examples
+from app.serve.zerogpu import gpu
+from app.views import plots, render
+from app.views.render import visible
+
+
+@gpu
+@guarded
+def step_round(
+    session,
+    prompt,
+    target,
+    custom_target,
+    draft,
+    custom_draft,
+    chat,
+    decoding,
+    temperature,
+    top_k,
+    top_p,
+    seed,
+    max_new_tokens,
+    k_policy,
+    k,
+    repetition_penalty=1.0,
+    no_repeat_ngram_size=0,
+):
+    """Teaching mode: run exactly one more speculative round of a stepping session."""
+    target, draft = _model_ids(target, custom_target, draft, custom_draft)
+    if (seed is None or str(seed).strip() == "") and session is not None and not session.done:
+        # An API caller's blank seed continues the run it is stepping through (whose seed was filled
+        # on round 1) instead of drawing a fresh one, which would restart it every round.
+        _prompt, _target, _draft, _chat, previous, *_ = session.key
+        seed = previous.seed
+    try:
+        s, sp, r = _configs(
+            decoding,
+            temperature,
+            top_k,
+            top_p,
+            seed,
+            max_new_tokens,
+            k_policy,
+            k,
+            chat,
+            repetition_penalty,
+            no_repeat_ngram_size,
+        )
+        # The filled seed, not the box: a session resumes only the very run it showed (sessions.py).
+        key = (prompt, target, draft, r.chat, s, sp, r)
+        pair = _pair(target, draft)
+        ids = pair.encode(prompt, r.chat)
+        run = request.start(pair, ids, Settings(s, sp, r))  # the same calibrated policy as Generate's
+        session, steps, step = sessions.advance(session, key, lambda policy: run.steps(policy, teach=True), run.policy)
+    except UserError as e:
+        raise _user_error(e) from None
+    if step is None:
+        return session, gr.skip(), gr.skip(), "Generation finished: press Step to start again.", gr.skip()
+    session_prompt = pair.tokenizer.decode(ids, skip_special_tokens=True)
+    note = _round_note(step) + _feature_note(pair, ids, steps, step)
+    headers = render.GREEDY_HEADERS if s.greedy else render.DECISION_HEADERS
+    return (
+        session,
+        render.pane_html(session_prompt, steps),
+        {"headers": headers, "data": render.decision_rows(step, s.greedy)},
+        note,
+        plots.decision_figure(step),
+    )
+
+
+def _round_note(step) -> str:
+    return (
+        f"**Round {step.round}** · k = {step.k} · drafted {len(step.drafted)} · accepted {step.accepted} · "
+        f"target token: **{KIND_LABELS[step.token_kind]}** `{visible(step.token_text)}`"
+        + (f" · stopped: {step.stop_reason.replace('_', ' ')}" if step.stop_reason else "")
+    )
+
+
+def _feature_note(pair, ids, steps, step) -> str:
+    """For a feature draft: which of the target's features the head read to start this round."""
+    if step.feature_position is None:
+        return ""
+    committed = ids + [t for s in steps[:-1] for t in s.emitted]
+    pos = step.feature_position
+    read = visible(pair.tokenizer.decode(committed[pos : pos + 1]))
+    newest = visible(pair.tokenizer.decode(committed[pos + 1 : pos + 2]))
+    return (
+        f"\n\nThe head read the target's last-layer feature at position {pos} (its state after `{read}`) "
+        f"together with the embedding of the newest token `{newest}`, then drafted on its own predicted features."
+    )

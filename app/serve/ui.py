@@ -1,0 +1,254 @@
+"""The Gradio app: speculative and autoregressive decoding side by side, live. The layout is here and the
+event wiring at its end; the handlers are in handlers.py and the fixed texts in texts.py. Only serve/
+imports gradio, and everything shown comes from the engine's Step records through views/.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from types import SimpleNamespace
+
+import gradio as gr
+
+from app import models
+from app.core.config import SpecConfig
+from app.serve import queue_limits, sessions
+from app.serve.generation import generate_both, request_stop, start_run  # noqa: F401
+from app.serve.handlers import (  # noqa: F401 - the handlers are the app's API, reached through ui too
+    _cap_label,
+    _choices,
+    _configs,
+    _context_cap,
+    cap_for_loaded,
+    cap_for_target,
+    check_request,
+    export_for,
+    fill_seed,
+    list_presets,
+    load_pair,
+)
+from app.serve.teaching import step_round  # noqa: F401
+from app.serve.texts import CSS, EXAMPLES, EXPLANATION, KNOWS, TIMING_NOTE, example_row
+from app.views import render
+
+log = logging.getLogger(__name__)
+
+
+def build_ui() -> gr.Blocks:
+    with gr.Blocks(title="Speculative decoding, live", analytics_enabled=False) as demo:
+        gr.Markdown(
+            "# Speculative decoding, live\nA fast draft proposes k tokens; the target checks them all "
+            "in one pass and keeps what it agrees with. Same output, fewer target passes."
+        )
+        gr.Markdown(KNOWS, elem_id="knows")
+        c = SimpleNamespace()  # every component the wiring reads, by name
+        with gr.Row():
+            with gr.Column(scale=3):
+                _prompt_column(c)
+            with gr.Column(scale=2):
+                _model_controls(c)
+                _decoding_controls(c)
+        with gr.Row():
+            c.run_btn = gr.Button("Generate", variant="primary")
+            c.step_btn = gr.Button("Step one round")
+            c.stop_btn = gr.Button("Stop", variant="stop")
+        gr.Markdown(TIMING_NOTE)
+        gr.HTML(render.LEGEND)
+        _results(c)
+        _teaching(c)
+        with c.examples_slot:
+            # Clicking an example also sets its own decoding settings (greedy for code, sampling for English).
+            gr.Examples(
+                [example_row(e) for e in EXAMPLES],
+                [
+                    c.prompt,
+                    c.decoding,
+                    c.temperature,
+                    c.top_k,
+                    c.top_p,
+                    c.rep_penalty,
+                    c.no_repeat,
+                    c.max_new,
+                    c.seed,
+                    c.chat,
+                ],
+                example_labels=[e["label"] for e in EXAMPLES],
+                cache_examples=False,
+                label="Examples, each with its own settings: code and structured answers (greedy), open-ended "
+                "writing (sampled)",
+            )
+        _wire(c)
+    return demo
+
+
+def _prompt_column(c) -> None:
+    # The first screen is the first example with its own settings, not bare greedy decoding.
+    c.first = example_row(EXAMPLES[0])
+    c.prompt = gr.Textbox(label="Prompt", lines=6, value=c.first[0], elem_id="prompt")
+    c.examples_slot = gr.Column()  # filled later, once the settings an example sets exist
+
+
+def _model_controls(c) -> None:
+    with gr.Accordion("Models", open=True):
+        c.target = gr.Dropdown(
+            _choices(models.TARGET_PRESETS),
+            value=next(iter(models.TARGET_PRESETS)),
+            label="Target",
+            allow_custom_value=True,
+        )
+        c.custom_target = gr.Textbox("", label="…or a custom target (Hub id or local directory)")
+        c.draft = gr.Dropdown(
+            _choices(models.DRAFT_PRESETS),
+            value=next(iter(models.DRAFT_PRESETS)),
+            label="Draft",
+            allow_custom_value=True,
+        )
+        c.custom_draft = gr.Textbox("", label="…or a custom draft (Hub id, local dir, prompt-lookup, early-exit:N)")
+        c.load_btn = gr.Button("Load pair", size="sm")
+        c.status = gr.Markdown()
+
+
+def _decoding_controls(c) -> None:
+    _, decoding, t, top_k, top_p, rep, no_repeat, max_new, seed, chat = c.first
+    with gr.Accordion("Decoding", open=False):
+        c.decoding = gr.Radio(["greedy", "sampling"], value=decoding, label="Decoding")
+        c.temperature = gr.Slider(0.05, 2.0, t, step=0.05, label="Temperature (sampling)")
+        c.top_k = gr.Slider(0, 200, top_k, step=1, label="Top-k (0 = off)")
+        c.top_p = gr.Slider(0.05, 1.0, top_p, step=0.05, label="Top-p (1 = off)")
+        c.seed = gr.Number(seed, precision=0, label="Seed (blank: a fresh random seed)")
+        # Applied to p and q alike at every position, so speculation stays lossless.
+        c.rep_penalty = gr.Slider(1.0, 2.0, rep, step=0.05, label="Repetition penalty (1 = off)")
+        c.no_repeat = gr.Slider(0, 8, no_repeat, step=1, label="No-repeat n-gram size (0 = off)")
+        cap = _context_cap(next(iter(models.TARGET_PRESETS)))
+        c.max_new = gr.Slider(1, cap, min(max_new, cap), step=1, elem_id="max-new", label=_cap_label(cap))
+        c.chat = gr.Checkbox(chat, label="Chat formatting: the prompt is an instruction (models with a chat template)")
+    with gr.Accordion("Speculation", open=False):
+        c.k_policy = gr.Radio(["adaptive", "heuristic", "fixed"], value="adaptive", label="k policy")
+        c.k = gr.Slider(
+            1,
+            16,
+            4,
+            step=1,
+            label=f"k: fixed k, or heuristic's start (adaptive ignores it and picks k ≤ {SpecConfig.k_max})",
+        )
+
+
+def _results(c) -> None:
+    with gr.Row():
+        with gr.Column(min_width=300):
+            gr.Markdown("### Speculative")
+            # autoscroll follows the newest tokens unless the reader has scrolled up.
+            c.spec_pane = gr.HTML(render.SPEC_PLACEHOLDER, elem_id="spec-pane", max_height=520, autoscroll=True)
+        with gr.Column(min_width=300):
+            gr.Markdown("### Autoregressive (target alone)")
+            c.ar_pane = gr.HTML(render.AR_PLACEHOLDER, elem_id="ar-pane", max_height=520, autoscroll=True)
+    c.check = gr.Markdown(elem_id="greedy-check")
+    c.summary = gr.Markdown(elem_id="summary")
+    with gr.Accordion("Run this setup elsewhere: vLLM and llama.cpp commands", open=False):
+        c.export_code = gr.Code(
+            language="shell", label="export (copy button at the top right)", interactive=False, elem_id="export"
+        )
+    # min_width wraps the plots one to a row on a narrow screen instead of squeezing them.
+    with gr.Row():
+        c.fig_time = gr.Plot(label="tokens over time", elem_id="plot-time", min_width=320)
+        c.fig_k = gr.Plot(label="k per round", elem_id="plot-k", min_width=320)
+    with gr.Row():
+        c.fig_acc = gr.Plot(label="acceptance per round", elem_id="plot-acc", min_width=320)
+        c.fig_pos = gr.Plot(label="acceptance by position", elem_id="plot-pos", min_width=320)
+        c.fig_hist = gr.Plot(label="tokens per round", elem_id="plot-hist", min_width=320)
+
+
+def _teaching(c) -> None:
+    with gr.Accordion("Teaching mode: one round at a time", open=False):
+        c.step_note = gr.Markdown("Press **Step one round** to draft, verify and decide one round.")
+        c.step_pane = gr.HTML(render.STEP_PLACEHOLDER, elem_id="step-pane", max_height=360, autoscroll=True)
+        c.decisions = gr.Dataframe(
+            headers=render.DECISION_HEADERS,
+            label="Each drafted token, judged in order",
+            interactive=False,
+            elem_id="decisions",
+        )
+        c.residual = gr.Plot(label="p, q and the distribution the target's token was drawn from")
+    with gr.Accordion("How speculative decoding works", open=False):
+        gr.Markdown(EXPLANATION)
+    with gr.Accordion("Records (JSON)", open=False):
+        c.records = gr.JSON(label="both runs: settings, per-round records and stats")
+    c.presets_json = gr.JSON(visible=False)
+    # Plain data (sessions.Teaching); its live run is dropped when the visitor leaves or idles out.
+    c.session = gr.State(None, time_to_live=sessions.STATE_TTL, delete_callback=sessions.forget)
+    c.control = gr.State({"stop": False}, time_to_live=sessions.STATE_TTL)  # this session's Stop request
+
+
+def _wire(c) -> None:
+    model_inputs = [c.target, c.custom_target, c.draft, c.custom_draft]
+    settings = [
+        c.chat,
+        c.decoding,
+        c.temperature,
+        c.top_k,
+        c.top_p,
+        c.seed,
+        c.max_new,
+        c.k_policy,
+        c.k,
+        c.rep_penalty,
+        c.no_repeat,
+    ]
+    # One queue for the device; SPECDEC_CONCURRENCY runs share it at once (queue_limits.py).
+    device = dict(concurrency_limit=queue_limits.concurrency(), concurrency_id="device")
+    private = dict(api_visibility="private")
+    # Each run first fills a blank seed and checks the request; only a good request replaces what is
+    # on screen, so a failed load leaves the previous results in place.
+    c.run_btn.click(start_run, [c.seed, c.decoding, c.control], c.seed, queue=False, **private).then(
+        check_request, [c.prompt, *model_inputs, *settings], None, **private, **device
+    ).success(
+        generate_both,
+        [c.prompt, *model_inputs, *settings, c.control],
+        [c.spec_pane, c.ar_pane, c.check, c.summary, c.fig_time, c.fig_k, c.fig_acc, c.fig_pos, c.fig_hist, c.records],
+        api_name="generate",
+        **device,
+    ).success(export_for, [*model_inputs, *settings], c.export_code, **private)
+    c.step_btn.click(start_run, [c.seed, c.decoding, c.control], c.seed, queue=False, **private).then(
+        check_request, [c.prompt, *model_inputs, *settings], None, **private, **device
+    ).success(
+        step_round,
+        [c.session, c.prompt, *model_inputs, *settings],
+        [c.session, c.step_pane, c.decisions, c.step_note, c.residual],
+        api_name="step",
+        **device,
+    )
+    # One round of Step is short, so Stop only ends a generation (cooperatively: see generate_both).
+    c.stop_btn.click(request_stop, c.control, None, queue=False, **private)
+    c.load_btn.click(load_pair, model_inputs, c.status, api_name="load_pair", **device).success(
+        cap_for_loaded, [*model_inputs, c.max_new], c.max_new, **private, **device
+    )
+    gr.on(
+        [c.target.change, c.custom_target.blur],
+        cap_for_target,
+        [c.target, c.custom_target, c.max_new],
+        c.max_new,
+        queue=False,
+        **private,
+    )
+    gr.Button(visible=False).click(list_presets, None, c.presets_json, api_name="presets")
+
+
+def launch(host: str | None = None, port: int | None = None, share: bool = False) -> None:
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # the server log is for requests and real errors, not load bars
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    demo = build_ui()
+    demo.queue(max_size=queue_limits.MAX_QUEUED, default_concurrency_limit=queue_limits.concurrency())
+    queue_limits.install(demo)  # no visitor holds more than a few places in it
+    demo.launch(
+        server_name=host or os.environ.get("GRADIO_SERVER_NAME", "127.0.0.1"),
+        server_port=port or int(os.environ.get("GRADIO_SERVER_PORT", "7860")),
+        share=share or os.environ.get("GRADIO_SHARE", "").lower() in ("1", "true"),
+        # show_error=False: only gr.Error messages (written for visitors) reach a client; the app
+        # has no file inputs, so uploads are refused above a few bytes.
+        css=CSS,
+        show_error=False,
+        max_file_size="1kb",
+    )

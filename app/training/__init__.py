@@ -1,0 +1,1 @@
+"""How the bundled drafts and the tiny family are made."""

@@ -1,0 +1,59 @@
+"""The training loop's shared parts: bf16 logits, greedy continuations, held-out loss, AdamW with warm-up
+and cosine decay, and one clipped update."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from transformers import LlamaForCausalLM
+
+
+def next_logits(model, x: torch.Tensor) -> torch.Tensor:
+    """fp32 logits for every next token of x[:, 1:], computed under bf16 autocast as in training."""
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        return model(input_ids=x[:, :-1]).logits.float()
+
+
+def greedy(model, x: torch.Tensor, new: int) -> torch.Tensor:
+    """x followed by exactly `new` greedy tokens of the model (no early stop at EOS)."""
+    return model.generate(
+        x, max_new_tokens=new, min_new_tokens=new, do_sample=False, pad_token_id=model.config.pad_token_id
+    )
+
+
+@torch.no_grad()
+def held_out_loss(model: LlamaForCausalLM, stream: torch.Tensor, ctx: int, max_windows: int = 24) -> float:
+    """Mean next-token cross-entropy (nats) over non-overlapping held-out windows."""
+    model.eval()
+    losses = []
+    for i in range(min(max_windows, (len(stream) - 1) // ctx)):
+        x = stream[i * ctx : (i + 1) * ctx + 1].long().unsqueeze(0)
+        losses.append(F.cross_entropy(next_logits(model, x)[0], x[0, 1:]).item())
+    model.train()
+    return sum(losses) / max(len(losses), 1)
+
+
+def row_batches(rows: torch.Tensor, batch: int, gen: torch.Generator):
+    while True:
+        yield rows[torch.randint(0, len(rows), (batch,), generator=gen)]
+
+
+def optimiser(module, lr: float, steps: int, weight_decay: float):
+    """AdamW with a 5% linear warm-up, then cosine decay to a tenth of lr at `steps`."""
+    warmup = max(1, steps // 20)
+    opt = torch.optim.AdamW(module.parameters(), lr=lr, weight_decay=weight_decay, betas=(0.9, 0.95))
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: min(1.0, (s + 1) / warmup) * (0.1 + 0.45 * (1 + math.cos(math.pi * min(s, steps) / steps)))
+    )
+    return opt, sched
+
+
+def update(module, opt, sched, loss: torch.Tensor) -> None:
+    """One optimiser step with gradients clipped to norm 1."""
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(module.parameters(), 1.0)
+    opt.step()
+    sched.step()

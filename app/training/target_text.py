@@ -1,0 +1,153 @@
+"""The text a pretrained target's drafts learn from, with what the target computed on it: its answers to the
+instructions (data/instructions.py), greedy and sampled, and windows of standard-library code, each with the
+target's last-layer features and its top-k next-token distribution. Built once and kept on disk."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from app.data import instructions
+from app.data.corpus import split_corpus, stdlib_files
+
+TOP_K = 16  # the target's next-token distribution is kept as its 16 likeliest tokens, renormalised
+ANSWER_TOKENS = 224  # new tokens per answer (most answers end sooner, at the end-of-turn token)
+GEN_BATCH = 48
+SAMPLED_ANSWERS = 1  # per instruction, beside the greedy one: the drafts also see sampled text
+SAMPLE_TEMPERATURE = 0.8
+CODE_WINDOWS, CODE_CTX = 320, 256  # standard-library windows, for code outside a chat
+
+
+@dataclass
+class Row:
+    """One training sequence: ids (T,), the target's features (T, H) fp16, and its top-k next tokens."""
+
+    kind: str
+    ids: torch.Tensor
+    features: torch.Tensor
+    top_ids: torch.Tensor  # (T, TOP_K) int32
+    top_logp: torch.Tensor  # (T, TOP_K) fp16, renormalised over the k
+
+
+class FinalNorm:
+    """Collects what the target's LM head reads (the final norm's output) during any forward."""
+
+    def __init__(self, target):
+        self.out: list[torch.Tensor] = []
+        self.handle = target.model.norm.register_forward_hook(lambda m, i, o: self.out.append(o.detach()))
+
+    def take(self) -> torch.Tensor:
+        f = torch.cat(self.out, dim=1)
+        self.out = []
+        return f
+
+    def close(self) -> None:
+        self.handle.remove()
+
+
+def top_k_of(target, features: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(T, K) ids and renormalised log-probs of the target's likeliest next tokens at each position."""
+    out_ids, out_lp = [], []
+    head = target.get_output_embeddings()
+    for chunk in features.split(512):
+        logits = head(chunk.float())
+        lp, ids = logits.log_softmax(-1).topk(TOP_K, dim=-1)
+        out_ids.append(ids.int())
+        out_lp.append((lp - lp.logsumexp(-1, keepdim=True)).half())
+    return torch.cat(out_ids), torch.cat(out_lp)
+
+
+def chat_prompt(tokenizer, instruction: str) -> list[int]:
+    text = tokenizer.apply_chat_template(
+        [{"role": "user", "content": instruction}], tokenize=False, add_generation_prompt=True
+    )
+    return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+@torch.inference_mode()
+def answer_rows(
+    target, tokenizer, todo: list[tuple[str, str]], sample: bool, seed: int, log, new_tokens: int = ANSWER_TOKENS
+) -> list[Row]:
+    """The target's answers to instructions, with the features it computed while writing them."""
+    eos = tokenizer.eos_token_id
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos
+    hook, rows = FinalNorm(target), []
+    torch.manual_seed(seed)
+    desc = "target answers (sampled)" if sample else "target answers (greedy)"
+    for start in tqdm(range(0, len(todo), GEN_BATCH), desc=desc, mininterval=10):
+        batch = todo[start : start + GEN_BATCH]
+        prompts = [chat_prompt(tokenizer, text) for _, text in batch]
+        width = max(map(len, prompts))
+        ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+        out = target.generate(
+            input_ids=ids,
+            attention_mask=mask,
+            max_new_tokens=new_tokens,
+            do_sample=sample,
+            temperature=SAMPLE_TEMPERATURE if sample else None,
+            top_p=None,
+            top_k=None,
+            pad_token_id=pad,
+            eos_token_id=eos,
+        )
+        features = hook.take()  # (B, width + new - 1, H): every fed position
+        for b, (kind, _) in enumerate(batch):
+            new = out[b, width:].tolist()
+            n = new.index(eos) + 1 if eos in new else len(new)
+            n = min(n, features.shape[1] - width)  # the last generated token was never fed
+            lo, hi = width - len(prompts[b]), width + n
+            f = features[b, lo:hi].half()
+            top_ids, top_logp = top_k_of(target, features[b, lo:hi])
+            rows.append(Row(kind, out[b, lo:hi].clone(), f, top_ids, top_logp))
+        log(dict(phase="answers", sampled=sample, done=start + len(batch), of=len(todo)))
+    hook.close()
+    return rows
+
+
+@torch.inference_mode()
+def code_rows(target, tokenizer, n: int, seed: int, ctx: int = CODE_CTX) -> list[Row]:
+    """Windows of the standard library (its held-out files excluded), with the target's features."""
+    train, _ = split_corpus(stdlib_files())
+    rng = random.Random(seed)
+    texts = rng.sample(train, min(len(train), 4 * n))
+    windows = []
+    for text in texts:
+        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+        if len(ids) > ctx:
+            s = rng.randrange(0, len(ids) - ctx)
+            windows.append(ids[s : s + ctx])
+        if len(windows) == n:
+            break
+    hook, rows = FinalNorm(target), []
+    for start in tqdm(range(0, len(windows), 8), desc="target features (code)", mininterval=10):
+        x = torch.tensor(windows[start : start + 8])
+        target.model(input_ids=x)
+        features = hook.take()
+        for b in range(len(x)):
+            top_ids, top_logp = top_k_of(target, features[b])
+            rows.append(Row("stdlib", x[b].clone(), features[b].half(), top_ids, top_logp))
+    hook.close()
+    return rows
+
+
+def build_rows(target, tokenizer, out: Path, seed: int, scale: float, log) -> list[Row]:
+    """Every training row, computed once and kept in out/rows.pt (reused when present)."""
+    cache = out / "rows.pt"
+    if cache.is_file():
+        return [Row(**r) for r in torch.load(cache)]
+    todo = instructions.training_instructions(seed)
+    todo = todo[: max(GEN_BATCH // 4, round(len(todo) * min(scale, 1.0)))]
+    # A tiny slice (the tests' --scale) also writes short answers and windows, so it runs in seconds.
+    new, ctx = (ANSWER_TOKENS, CODE_CTX) if scale >= 0.05 else (24, 64)
+    rows = answer_rows(target, tokenizer, todo, False, seed, log, new)
+    for i in range(SAMPLED_ANSWERS if scale >= 1 else 1):
+        rows += answer_rows(target, tokenizer, todo, True, seed + 1 + i, log, new)
+    rows += code_rows(target, tokenizer, max(8, round(CODE_WINDOWS * min(scale, 1.0))), seed, ctx)
+    out.mkdir(parents=True, exist_ok=True)
+    torch.save([r.__dict__ for r in rows], cache)
+    return rows

@@ -1,0 +1,211 @@
+"""Pure Plotly figure builders from Step records: no gradio, no torch."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import plotly.graph_objects as go
+
+from app.core import metrics
+from app.core.events import BONUS, CORRECTED, KIND_LABELS, TARGET, Step
+from app.views.render import visible
+
+COLOURS = {
+    "accepted": "#2e9d57",
+    "corrected": "#d9534f",
+    "bonus": "#3a74c9",
+    "rejected": "#9aa0a6",
+    "target": "#555555",
+    "speculative": "#2e9d57",
+    "autoregressive": "#888888",
+}
+
+
+def _layout(fig: go.Figure, title: str, x: str, y: str) -> go.Figure:
+    # The legend sits under the plot, left-aligned: above it, it collides with the title on narrow screens.
+    fig.update_layout(
+        title=dict(text=title, x=0.02, font=dict(size=14)),
+        height=300,
+        margin=dict(l=45, r=10, t=40, b=40),
+        xaxis_title=x,
+        yaxis_title=y,
+        template="plotly_white",
+        legend=dict(orientation="h", y=-0.38, x=0, xanchor="left", yanchor="top"),
+    )
+    return fig
+
+
+def capped_last_round(steps: Sequence[Step]) -> Step | None:
+    """The last round when its k was cut to the tokens (or context) left, not chosen by the policy."""
+    if len(steps) < 2 or steps[-1].stop_reason not in ("max_new_tokens", "context_full"):
+        return None
+    return steps[-1] if steps[-1].k < steps[-2].k else None
+
+
+def k_per_round(steps: Sequence[Step]) -> go.Figure:
+    """k asked of the draft each round; draftless rounds and a capped last round are marked."""
+    fig = go.Figure(
+        go.Scatter(
+            x=[s.round for s in steps],
+            y=[s.k for s in steps],
+            mode="lines+markers",
+            line_shape="hv",
+            name="k",
+            marker_color=COLOURS["bonus"],
+        )
+    )
+    empty = [s for s in steps if not s.drafted and s.k > 0]
+    if empty:  # asked for k, got nothing (prompt lookup without a match)
+        fig.add_trace(
+            go.Scatter(
+                x=[s.round for s in empty],
+                y=[s.k for s in empty],
+                mode="markers",
+                name=KIND_LABELS[TARGET],
+                marker=dict(color=COLOURS["target"], symbol="x", size=9),
+            )
+        )
+    last = capped_last_round(steps)
+    if last is not None:
+        fig.add_trace(
+            go.Scatter(
+                x=[last.round],
+                y=[last.k],
+                mode="markers",
+                name="last round: k capped by tokens left",
+                marker=dict(color=COLOURS["corrected"], symbol="diamond-open", size=11),
+            )
+        )
+    return _layout(fig, "k per round", "round", "k")
+
+
+def acceptance_per_round(steps: Sequence[Step]) -> go.Figure:
+    rounds = [s.round for s in steps if s.drafted]
+    per = [s.accepted / len(s.drafted) for s in steps if s.drafted]
+    acc = drafted = 0
+    running = []
+    for s in steps:
+        if s.drafted:
+            acc, drafted = acc + s.accepted, drafted + len(s.drafted)
+            running.append(acc / drafted)
+    fig = go.Figure(
+        [
+            go.Bar(
+                x=rounds, y=per, name="accepted / drafted this round", marker_color=COLOURS["accepted"], opacity=0.5
+            ),
+            go.Scatter(
+                x=rounds,
+                y=running,
+                name="running acceptance rate",
+                mode="lines",
+                line=dict(color=COLOURS["corrected"], width=2),
+            ),
+        ]
+    )
+    fig.update_yaxes(range=[0, 1.05])
+    return _layout(fig, "acceptance per round", "round", "accepted / drafted")
+
+
+def tokens_vs_time(spec: Sequence[Step], ar: Sequence[Step]) -> go.Figure:
+    """Cumulative tokens against each pane's own elapsed time: the gap is the speedup."""
+    fig = go.Figure()
+    for name, steps in (("speculative", spec), ("autoregressive", ar)):
+        total, xs, ys = 0, [0.0], [0]
+        for s in steps:
+            total += len(s.emitted)
+            xs.append(s.elapsed), ys.append(total)
+        fig.add_trace(go.Scatter(x=xs, y=ys, name=name, mode="lines", line=dict(color=COLOURS[name], width=2)))
+    return _layout(fig, "tokens generated over time", "seconds", "tokens")
+
+
+def acceptance_by_position(steps: Sequence[Step]) -> go.Figure:
+    rates = metrics.acceptance_by_position(steps)
+    fig = go.Figure(go.Bar(x=list(range(1, len(rates) + 1)), y=rates, marker_color=COLOURS["accepted"]))
+    fig.update_yaxes(range=[0, 1.05])
+    return _layout(fig, "acceptance by draft position", "position in the draft (1..k)", "share accepted")
+
+
+def tokens_per_round(steps: Sequence[Step]) -> go.Figure:
+    """Histogram of tokens emitted per round, stacked by how the round's own token came about."""
+    top = max((len(s.emitted) for s in steps), default=1)
+    fig = go.Figure()
+    for kind in (CORRECTED, BONUS, TARGET):
+        counts = [len(s.emitted) for s in steps if s.token_kind == kind]
+        if counts or kind != TARGET:
+            fig.add_trace(
+                go.Histogram(
+                    x=counts,
+                    xbins=dict(start=0.5, end=top + 0.5, size=1),
+                    name=f"round ends with: {KIND_LABELS[kind]}",
+                    marker_color=COLOURS[kind],
+                )
+            )
+    fig.update_layout(barmode="stack")
+    return _layout(fig, "tokens per round (per target pass)", "tokens emitted", "rounds")
+
+
+def decision_figure(step: Step) -> go.Figure:
+    """Where the target's own token came from, over the top tokens at that position.
+
+    After a rejection: p, q and the residual norm(max(0, p - q)) it was drawn from. A bonus or
+    draftless token is drawn from p itself, so p is drawn once.
+    """
+    labels = []
+    for t in step.top:  # whitespace made visible, and never two bars under one label
+        label = visible(t[1]) or f"#{t[0]}"
+        labels.append(label if label not in labels else f"{label} #{t[0]}")
+    if step.token_kind == CORRECTED:
+        fig = go.Figure(
+            [
+                go.Bar(x=labels, y=[t[2] for t in step.top], name="p (target)", marker_color=COLOURS["accepted"]),
+                go.Bar(x=labels, y=[t[3] for t in step.top], name="q (draft)", marker_color=COLOURS["rejected"]),
+                go.Bar(
+                    x=labels, y=[t[4] for t in step.top], name="norm(max(0, p - q))", marker_color=COLOURS["corrected"]
+                ),
+            ]
+        )
+    else:
+        fig = go.Figure(
+            go.Bar(
+                x=labels,
+                y=[t[2] for t in step.top],
+                name=f"p: the {step.token_kind} token's source",
+                marker_color=COLOURS[step.token_kind],
+            )
+        )
+    fig.update_layout(barmode="group")
+    missing = step.token not in [t[0] for t in step.top]
+    # A short title: plotly never wraps one, and the plot may be a phone's width.
+    return _layout(
+        fig,
+        f"round {step.round}: where “{visible(step.token_text)}” came from"
+        + (" (not in the top tokens)" if missing else ""),
+        "",
+        "probability",
+    )
+
+
+def bench_figure(doc: dict) -> go.Figure:
+    """Per-prompt speedup of a benchmark document (and HF assisted when measured)."""
+    rows = doc["prompts"]
+    xs = [f"prompt {r['prompt']}" for r in rows]
+    fig = go.Figure(
+        go.Bar(
+            x=xs,
+            y=[r["speedup"] for r in rows],
+            name="ours: speculative / autoregressive",
+            marker_color=COLOURS["speculative"],
+        )
+    )
+    if any("hf" in r for r in rows):
+        fig.add_trace(
+            go.Bar(
+                x=xs,
+                y=[r.get("hf", {}).get("assisted_speedup") for r in rows],
+                name="transformers assisted / plain",
+                marker_color=COLOURS["bonus"],
+            )
+        )
+    fig.add_hline(y=1.0, line_dash="dot")
+    fig.update_layout(barmode="group")
+    return _layout(fig, f"speedup on {doc['suite']} prompts: {doc['target']} + {doc['draft']}", "", "speedup (x)")

