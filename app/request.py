@@ -7,6 +7,7 @@ from dataclasses import dataclass, field, replace
 
 from app import calibrate, models, runs
 from app.core.config import Settings, UserError
+from app.models.loading import Pair
 
 
 @dataclass(frozen=True)
@@ -29,7 +30,7 @@ class Request:
 
 
 def start(
-    pair: loading.Pair,
+    pair: Pair,
     ids: list[int],
     settings: Settings,
     *,

@@ -15,7 +15,8 @@ def test_bench_writes_a_checked_self_contained_report(tmp_path, capsys):
     out = tmp_path / "b"
     # A model draft, so that transformers' assisted generation has a counterpart (it has none for a feature head).
     draft = str(models.BUNDLED / "draft-distilled")
-    argv = ["--limit", "1", "--reps", "3", "--max-new-tokens", "12", "--draft", draft, "--out", str(out)]
+    argv = ["--limit", "1", "--reps", "3", "--max-new-tokens", "12", "--target", models.TINY_TARGET, "--draft", draft]
+    argv += ["--out", str(out)]
     assert bench.main(argv) == 0
     doc = json.loads(out.with_suffix(".json").read_text())
     names = set(doc["summary"]["contenders"])
@@ -51,6 +52,8 @@ def test_bench_writes_a_checked_self_contained_report(tmp_path, capsys):
 def test_without_the_sweep_ours_at_fixed_k_still_meets_transformers_like_for_like(tmp_path):
     out = tmp_path / "b"
     argv = [
+        "--target",
+        models.TINY_TARGET,
         "--limit",
         "1",
         "--reps",
@@ -74,6 +77,8 @@ def test_without_the_sweep_ours_at_fixed_k_still_meets_transformers_like_for_lik
 def test_a_k_outside_the_sweep_still_gets_its_like_for_like_partner(tmp_path):
     out = tmp_path / "b"
     argv = [
+        "--target",
+        models.TINY_TARGET,
         "--limit",
         "1",
         "--reps",
@@ -115,6 +120,8 @@ def test_each_prompt_runs_and_is_predicted_on_its_own_calibration(tmp_path, monk
     monkeypatch.setattr(bench.metrics, "summarize", summarize)
     out = tmp_path / "b"
     argv = [
+        "--target",
+        models.TINY_TARGET,
         "--limit",
         "2",
         "--reps",
@@ -156,7 +163,8 @@ def test_threads_check_measures_both_counts_idle_and_busy(tmp_path):
 
     out = tmp_path / "threads"
     before = {p.pid for p in psutil.Process().children(recursive=True)}
-    argv = ["--threads-check", "--limit", "1", "--reps", "1", "--max-new-tokens", "8", "--out", str(out)]
+    argv = ["--threads-check", "--target", models.TINY_TARGET, "--limit", "1", "--reps", "1", "--max-new-tokens", "8"]
+    argv += ["--out", str(out)]
     assert bench.main(argv) == 0
     doc = json.loads(out.with_suffix(".json").read_text())
     expected = {f"threads={n}, {load}" for n in (1, "auto") for load in ("idle", "busy")}

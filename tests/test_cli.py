@@ -82,7 +82,8 @@ def _offline_env(tmp_path, offline: bool) -> dict:
 @pytest.mark.parametrize("offline", [False, True])
 def test_hub_id_fails_fast_and_says_how_to_get_the_model(tmp_path, offline):
     code = (
-        "import json, time\nfrom app import models\nmodels.load  # the loader's import is not the failure being timed\nfor name in ('someone/some-model', 'Qwen2.5-1.5B-Instruct'):\n"
+        "import json, time\nfrom app import models\nmodels.load  # the loader's import is not what is timed\n"
+        "for name in ('someone/some-model', 'Qwen2.5-1.5B-Instruct'):\n"
         "    t = time.monotonic()\n    try:\n        models.load(name)\n    except models.UserError as e:\n"
         "        print(json.dumps({'s': time.monotonic() - t, 'msg': str(e)}))\n"
     )

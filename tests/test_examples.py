@@ -1,5 +1,5 @@
 """The app's examples tell the truth: code is easier to speculate on than open-ended English,
-and no example loops under its own settings on the bundled pair."""
+and no example loops under its own settings on the default pair (instructions through the chat template)."""
 
 import json
 from collections import Counter
@@ -54,7 +54,7 @@ def results():
     for e in EXAMPLES:
         s = sampling_of(e)
         run = RunConfig(e["settings"]["max_new_tokens"])
-        ids = pair.encode(e["prompt"])
+        ids = pair.encode(e["prompt"], e["settings"].get("chat", False))
         steps = list(
             engine.generate(
                 pair.target,

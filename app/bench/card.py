@@ -11,14 +11,15 @@ import json
 import statistics
 import sys
 import time
+from pathlib import Path
 
 import numpy
 import torch
 
 from app import calibrate, models, runs
-from app.core import engine, metrics
+from app.core import engine, metrics, text
 from app.core.config import RunConfig, SamplingConfig, Settings, SpecConfig
-from app.data.prompts import held_out_prompts
+from app.data.prompts import held_out_prompts, suite
 from app.kv.cache import CachedModel
 
 
@@ -139,11 +140,22 @@ def _prompt_row(pair, prompt: str, s: SamplingConfig, r: RunConfig) -> dict:
     )
 
 
+def _family(args) -> tuple[str, list[str], list[str], bool]:
+    """(target, its drafts, prompts, chat): SmolLM2's drafts on held-out chat requests with --target
+    smollm2 (--suite picks code or prose), else the tiny family on held-out stdlib code."""
+    if models.loading._preset(args.target or "") == models.SMOLLM2:
+        prompts = suite(args.suite, chat=True)
+        return models.SMOLLM2, [models.SMOLLM2_FEATURE, models.SMOLLM2_SMALL], prompts, True
+    names = ("draft-distilled", "draft-feature", "draft-small", "draft-weak")
+    return models.TINY_TARGET, [str(models.BUNDLED / n) for n in names], held_out_prompts(), False
+
+
 def card(args) -> dict:
-    """Model card figures: greedy acceptance at k=4 on held-out code, and decode cost ratios."""
-    prompts = held_out_prompts()[: args.limit or None]
-    target, tok = models.load(models.TINY_TARGET, args.device, args.dtype)
-    probe = tok(prompts[0])["input_ids"][-200:]
+    """Model card figures: greedy acceptance at k=4 on held-out prompts, and decode cost ratios."""
+    target_id, drafts, prompts, chat = _family(args)
+    prompts = prompts[: args.limit or None]
+    target, tok = models.load(target_id, args.device, args.dtype)
+    probe = text.prompt_ids(tok, prompts[0], chat, 1 << 20)[-200:]
     target_times = []
 
     def t_target() -> float:
@@ -151,9 +163,10 @@ def card(args) -> dict:
         return target_times[-1]
 
     out = {"target": dict(params=target.num_parameters())}
-    s, r = SamplingConfig(), RunConfig(args.max_new_tokens)
-    for name in ("draft-distilled", "draft-feature", "draft-small", "draft-weak"):
-        pair = models.load_pair(models.TINY_TARGET, str(models.BUNDLED / name), args.device, args.dtype)
+    s, r = SamplingConfig(), RunConfig(args.max_new_tokens, chat=chat)
+    for path in drafts:
+        name = Path(path).name
+        pair = models.load_pair(target_id, path, args.device, args.dtype)
         # A head's first draft of a round also feeds the newest true pairs: not counted.
         timed = (
             functools.partial(head_seconds_per_token, pair, probe)

@@ -116,11 +116,11 @@ class FeatureHead(nn.Module):
             "feature_head": "eagle-1",
         }
         config |= {k: getattr(self.config, k, None) for k in HEAD_FIELDS}
-        (out / "config.json").write_text(json.dumps(config, indent=1) + "\n")
         tensors = {k: v.to(dtype) for k, v in self.state_for_disk().items()}
         if self.draft_vocab is not None:  # EAGLE-3's convention: target id = i + d2t[i]
             tensors["d2t"] = (self.draft_vocab - torch.arange(len(self.draft_vocab))).long().contiguous()
             config["draft_vocab_size"] = len(self.draft_vocab)
+        (out / "config.json").write_text(json.dumps(config, indent=1) + "\n")
         save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
         if info is not None:
             (out / "training.json").write_text(json.dumps(info, indent=1) + "\n")

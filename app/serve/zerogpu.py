@@ -21,7 +21,7 @@ log = logging.getLogger(__name__)
 BASE_SECONDS = 15.0  # loading the request onto the lent GPU, prefill, the first rounds
 SECONDS_PER_TOKEN = 0.08  # two interleaved runs (speculative and plain) of a 7B target, with margin
 MAX_SECONDS = 120  # the longest GPU loan ZeroGPU grants one call
-DEFAULT_PRELOAD = ("stdlib-code target (bundled)", "feature draft (EAGLE-style, bundled)")
+DEFAULT_PRELOAD = ("SmolLM2-135M-Instruct (offline)", "feature draft for SmolLM2 (EAGLE-style, trained here)")
 GPU_FUNCTIONS: list[Callable] = []  # every function wrapped by `gpu`, for the pickling test
 
 
@@ -58,7 +58,7 @@ def gpu(fn: Callable) -> Callable:
 
 
 def preload_ids() -> list[str]:
-    """Presets to place at start-up: SPECDEC_PRELOAD (comma list of preset labels or ids), else the bundled pair."""
+    """Presets to place at start-up: SPECDEC_PRELOAD (comma list of preset labels or ids), else the default pair."""
     raw = os.environ.get("SPECDEC_PRELOAD", "")
     return [x.strip() for x in raw.split(",") if x.strip()] or list(DEFAULT_PRELOAD)
 
