@@ -99,6 +99,8 @@ def choose_device(device: str | None = None, dtype: str | None = None) -> tuple[
 def _preset(model_id: str) -> str:
     """A preset label's id, else the id itself (stripped)."""
     model_id = (model_id or "").strip()
+    if model_id.lower() == "smollm2":  # the short name `train --target` documents
+        return SMOLLM2
     return TARGET_PRESETS.get(model_id) or DRAFT_PRESETS.get(model_id) or model_id
 
 
