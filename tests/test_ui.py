@@ -467,8 +467,8 @@ def test_browser_shows_tokens_plots_and_speedup(page, tmp_path):
     # Enough tokens to overflow both panes.
     _raise_max_new_tokens(page, 200)
     page.get_by_role("button", name="Generate", exact=True).click()
-    page.wait_for_selector("#spec-pane .tok.acc", timeout=120_000)
-    page.wait_for_selector("#greedy-check :text('token for token')", timeout=180_000)
+    page.wait_for_selector("#spec-pane .tok.acc", timeout=240_000)  # first run: load and calibrate SmolLM2
+    page.wait_for_selector("#greedy-check :text('token for token')", timeout=360_000)
     page.wait_for_selector("#plot-time .js-plotly-plot", timeout=60_000)
     assert page.locator("#spec-pane .tok.acc").count() > 0
     assert page.locator("#spec-pane .tok.bon, #spec-pane .tok.cor").count() > 0
@@ -502,7 +502,7 @@ def test_browser_stop_button_cancels_both_panes(page):
     page.get_by_label("or a custom draft", exact=False).fill(str(models.BUNDLED / "draft-weak"))
     _raise_max_new_tokens(page, 500)
     page.get_by_role("button", name="Generate", exact=True).click()
-    page.wait_for_selector("#spec-pane .tok", timeout=120_000)
+    page.wait_for_selector("#spec-pane .tok", timeout=240_000)
     page.get_by_role("button", name="Stop", exact=True).click()
 
     def panes():
@@ -528,7 +528,7 @@ def test_browser_stop_button_cancels_both_panes(page):
 def test_browser_phone_width_stacks_plots(page):
     page.set_viewport_size({"width": 420, "height": 1700})
     page.get_by_role("button", name="Generate", exact=True).click()
-    page.wait_for_selector("#greedy-check :text('token for token')", timeout=180_000)
+    page.wait_for_selector("#greedy-check :text('token for token')", timeout=360_000)
     page.wait_for_selector("#plot-hist .js-plotly-plot", timeout=60_000)
     page.wait_for_timeout(1000)
     widths = [el.bounding_box()["width"] for el in page.locator(".js-plotly-plot").all()]
