@@ -7,7 +7,6 @@ nothing heavy, so `--help` stays fast.
 from __future__ import annotations
 
 import argparse
-from dataclasses import replace
 
 from app.core.config import RunConfig, SamplingConfig, Settings, SpecConfig
 from app.models import threads
@@ -74,4 +73,4 @@ def with_chat(settings: Settings, args, tokenizer) -> Settings:
     """Settings with chat formatting on where --chat was not given and the target has a chat template."""
     if args.chat is not None or not getattr(tokenizer, "chat_template", None):
         return settings
-    return replace(settings, run=replace(settings.run, chat=True))
+    return settings.with_chat()

@@ -3,7 +3,7 @@ benchmarks all start here."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from app import calibrate, models, runs
 from app.core.config import Settings, UserError
@@ -50,6 +50,6 @@ def open_request(req: Request) -> runs.Run:
     pair = models.load_pair(req.target, req.draft, req.device, req.dtype, draft=req.speculative)
     settings = req.settings
     if req.auto_chat and getattr(pair.tokenizer, "chat_template", None):
-        settings = replace(settings, run=replace(settings.run, chat=True))
+        settings = settings.with_chat()
     ids = pair.encode(req.prompt, settings.run.chat)
     return start(pair, ids, settings, speculative=req.speculative, compile=req.compile)

@@ -200,12 +200,11 @@ def bench(args) -> dict:
     costs = calibrate.costs_for(pair, adaptive_k(sp), sampling=s)
     lookup_costs = calibrate.costs_for(lookup_pair, adaptive_k(sp), sampling=s) if lookup_pair else None
     prompts = suite(args.suite, st.run.chat)[: args.limit or None]
-    args.prompts = len(prompts)  # for the progress lines
     field = contenders(args, pair, lookup_pair, s, sp, r, costs, lookup_costs)
     warm = pair.encode(prompts[0], r.chat)
     for c in field:  # warm-up, discarded: first calls allocate and pick kernels
         c.run(warm, 16)
-    rows = [_prompt(args, pair, lookup_pair, st, i, prompt) for i, prompt in enumerate(prompts)]
+    rows = [_prompt(args, pair, lookup_pair, st, i, prompt, len(prompts)) for i, prompt in enumerate(prompts)]
     field = contenders(args, pair, lookup_pair, s, sp, r, costs, lookup_costs)
     return dict(
         target=pair.target_name,
@@ -226,7 +225,7 @@ def bench(args) -> dict:
     )
 
 
-def _prompt(args, pair, lookup_pair, st, i: int, prompt: str) -> dict:
+def _prompt(args, pair, lookup_pair, st, i: int, prompt: str, of: int) -> dict:
     """One prompt: its own calibration, then every contender `reps` times in rotating order."""
     s, sp, r = st.sampling, st.spec, st.run
     # A calibration is one draw of this host's speed, which drifts over minutes and not evenly across
@@ -255,7 +254,7 @@ def _prompt(args, pair, lookup_pair, st, i: int, prompt: str) -> dict:
     if assisted is not None:
         row["hf_passes"] = hf_passes_share(pair, assisted, ids, r.max_new_tokens)
     print(
-        f"prompt {i + 1}/{args.prompts}: adaptive {_x(row['speedup'])}, "
+        f"prompt {i + 1}/{of}: adaptive {_x(row['speedup'])}, "
         f"alpha {_f(row['adaptive']['alpha'])}, predicted {_x(row['adaptive']['predicted_speedup'])}, "
         f"ours/HF at k = {sp.k} {_x(row['ours_over_hf'].get('fixed_k'))}",
         file=sys.stderr,

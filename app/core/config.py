@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 # The longest run any request may ask for. The engine enforces it so that no front end can exceed
 # it; the app's own sliders stop lower (serve/).
@@ -90,6 +90,10 @@ class Settings:
     def __post_init__(self):
         for cfg in (self.sampling, self.spec, self.run):
             cfg.validate()
+
+    def with_chat(self) -> Settings:
+        """The same settings with the prompt formatted through the chat template."""
+        return replace(self, run=replace(self.run, chat=True))
 
     def as_dict(self, mode: str) -> dict:
         return settings_dict(mode, self.sampling, self.spec, self.run)

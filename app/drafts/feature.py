@@ -27,8 +27,7 @@ class FeatureProposer:
         # Looked up once: transformers' accessors walk the module tree on every call.
         self.embed, self.lm_head = target.get_input_embeddings(), target.get_output_embeddings()
         # A head with a reduced draft vocabulary scores only those rows of the LM head (q = 0 elsewhere).
-        self.vocab = None if head.draft_vocab is None else head.draft_vocab.to(self.embed.weight.device)
-        self.w_sub = None if self.vocab is None else self.lm_head.weight[self.vocab].detach()
+        self.vocab, self.w_sub = head.draft_rows(self.lm_head) or (None, None)
 
     def begin(self, prompt_ids: list[int], vocab_size: int) -> None:
         self.ids = list(prompt_ids)

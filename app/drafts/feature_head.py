@@ -72,6 +72,18 @@ class FeatureHead(nn.Module):
         # Target ids the head may draft (sorted), or None for the whole vocabulary. With a subset
         # q is 0 outside it (FR-Spec, EAGLE-3's reduced draft vocabulary); verification stays exact.
         self.draft_vocab: torch.Tensor | None = None
+        self._draft_rows: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+
+    def draft_rows(self, lm_head: nn.Module) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(ids, LM-head rows) of the draft vocabulary on the LM head's device, gathered once per head
+        and shared by every request; None when the head drafts over the whole vocabulary."""
+        if self.draft_vocab is None:
+            return None
+        weight = lm_head.weight
+        if self._draft_rows is None or self._draft_rows[0] is not weight:
+            ids = self.draft_vocab.to(weight.device)
+            self._draft_rows = (weight, ids, weight[ids].detach())
+        return self._draft_rows[1:]
 
     def new_cache(self) -> DynamicCache:
         return growing_cache.new_cache(self.config)  # drafted pairs are rolled back every round

@@ -7,7 +7,7 @@ looked up on first use, so `from app.models import threads` (the CLI's --help) d
 
 import importlib
 
-_SUBMODULES = ("loading", "hosting", "threads", "gguf_target")
+_SUBMODULES = ("loading", "hosting", "hub", "threads", "gguf_target")
 
 
 def __getattr__(name: str):

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import threading
-import time
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -28,6 +27,7 @@ from app.drafts.model import ModelProposer, early_exit
 from app.kv import direct_pass
 from app.kv.cache import refuse_uncroppable
 from app.models import gguf_target, hosting
+from app.models.hub import hub_reachable, offline_message
 
 ROOT = Path(__file__).resolve().parents[2]
 BUNDLED = ROOT / "assets" / "models"
@@ -184,7 +184,7 @@ def load(
             )
         except (OSError, ValueError, KeyError) as e:
             if offline:
-                raise UserError(_offline_message(shown, name)) from None
+                raise UserError(offline_message(shown, name)) from None
             raise UserError(
                 f"could not load {shown!r} as a causal LM with safetensors weights: {_safe_reason(e, name)}. "
                 "Give a local directory or a Hub id (network access needed for Hub ids)."
@@ -231,7 +231,7 @@ def _load_head(name: str, target: PreTrainedModel):
                 from huggingface_hub import snapshot_download
 
                 if not hub_reachable():
-                    raise UserError(_offline_message(hosting.shown(name), name))
+                    raise UserError(offline_message(hosting.shown(name), name))
 
                 try:  # a visitor's id never uses the owner's token; weights are safetensors only
                     path = Path(snapshot_download(name, allow_patterns=["config.json", "*.safetensors"], token=False))
@@ -241,42 +241,6 @@ def _load_head(name: str, target: PreTrainedModel):
                 _heads.pop(next(iter(_heads)))
             _heads[key] = feature_head.load_head(path, target)
         return _heads[key]
-
-
-HUB_PROBE_TIMEOUT = 3.0  # seconds for the one look at the Hub before a download (instead of ~47 s of retries)
-HUB_PROBE_TTL = 60.0  # seconds a probe's answer is reused
-_hub_seen: dict[str, tuple[float, bool]] = {}  # endpoint -> (when probed, reachable)
-
-
-def hub_reachable() -> bool:
-    """Whether the Hugging Face Hub answers at all: False under HF_HUB_OFFLINE, else one quick probe."""
-    from huggingface_hub import constants
-    from huggingface_hub.utils import get_session
-
-    if constants.HF_HUB_OFFLINE:
-        return False
-    endpoint, now = constants.ENDPOINT, time.monotonic()
-    seen = _hub_seen.get(endpoint)
-    if seen is None or now - seen[0] > HUB_PROBE_TTL:
-        try:  # any HTTP answer, even an error status, means the Hub can be reached
-            get_session().head(endpoint, timeout=HUB_PROBE_TIMEOUT)
-            seen = (now, True)
-        except Exception:  # noqa: BLE001 - refused, unresolvable, timed out: all mean offline
-            seen = (now, False)
-        _hub_seen[endpoint] = seen
-    return seen[1]
-
-
-def _offline_message(shown: str, repo_id: str) -> str:
-    """How to get a Hub model when the Hub cannot be reached (repo_id is a Hub id, never a host path)."""
-    from huggingface_hub import constants
-
-    why = "HF_HUB_OFFLINE is set" if constants.HF_HUB_OFFLINE else f"the Hub ({constants.ENDPOINT}) cannot be reached"
-    return (
-        f"{shown!r} is not a local directory and is not in the Hugging Face cache, and {why}. "
-        f"Download it where there is network (`hf download {repo_id}`, then HF_HUB_OFFLINE=1 loads it from "
-        "the cache), or give the model's local directory."
-    )
 
 
 def needs_download(model_id: str) -> bool:

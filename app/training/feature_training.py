@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from app.training.steps import optimiser, update
+from app.training.steps import log_step, optimiser, update
 
 # The feature-level draft (EAGLE-1) trains after the target, on the frozen target's features.
 FEATURE_HEAD = "draft-feature"
@@ -82,15 +82,7 @@ def train_feature_head(
         loss, parts = feature_head_loss(head, target, next(data if step < steps else on_policy), FEATURE_NOISE)
         update(head, opt, sched, loss)
         if step % 50 == 0 or step == total - 1:
-            log(
-                dict(
-                    model=FEATURE_HEAD,
-                    step=step,
-                    loss=round(loss.item(), 4),
-                    **{k: round(v, 4) for k, v in parts.items()},
-                    elapsed_s=round(time.time() - start, 1),
-                )
-            )
+            log_step(log, FEATURE_HEAD, step, loss, parts, start)
     head.eval()
     info = dict(
         model=FEATURE_HEAD,

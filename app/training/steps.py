@@ -4,6 +4,7 @@ and cosine decay, and one clipped update."""
 from __future__ import annotations
 
 import math
+import time
 
 import torch
 import torch.nn.functional as F
@@ -57,3 +58,9 @@ def update(module, opt, sched, loss: torch.Tensor) -> None:
     torch.nn.utils.clip_grad_norm_(module.parameters(), 1.0)
     opt.step()
     sched.step()
+
+
+def log_step(log, model: str, step: int, loss: torch.Tensor, parts: dict[str, float], start: float) -> None:
+    """One training-log record: the loss, its parts, and seconds since `start`."""
+    parts = {k: round(v, 4) for k, v in parts.items()}
+    log(dict(model=model, step=step, loss=round(loss.item(), 4), **parts, elapsed_s=round(time.time() - start, 1)))

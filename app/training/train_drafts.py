@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from tqdm import tqdm
 from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
 
-from app.training.steps import optimiser, update
+from app.training.steps import log_step, optimiser, update
 from app.training.target_text import ANSWER_TOKENS, SAMPLE_TEMPERATURE, SAMPLED_ANSWERS, TOP_K, Row, build_rows
 
 DRAFT_VOCAB = 8192  # the feature head drafts among the target's most frequent tokens only
@@ -114,15 +114,7 @@ def train_head(target, rows: list[Row], vocab: torch.Tensor, steps: int, seed: i
         loss, parts = head_loss(head, embed, w_sub, to_draft, next(data), noise)
         update(head, opt, sched, loss)
         if step % 50 == 0 or step == steps - 1:
-            log(
-                dict(
-                    model="feature head",
-                    step=step,
-                    loss=round(loss.item(), 4),
-                    **{k: round(v, 4) for k, v in parts.items()},
-                    elapsed_s=round(time.time() - start, 1),
-                )
-            )
+            log_step(log, "feature head", step, loss, parts, start)
     head.eval()
     info = dict(
         steps=steps,
@@ -183,16 +175,7 @@ def train_small(target, tokenizer, rows: list[Row], steps: int, seed: int, log):
         update(model, opt, sched, loss)
         if step % 50 == 0 or step == steps - 1:
             hit = ((logits.argmax(-1) == top[..., 0]).float() * valid).sum() / valid.sum()
-            log(
-                dict(
-                    model="small draft",
-                    step=step,
-                    loss=round(loss.item(), 4),
-                    hard=round(hard.item(), 4),
-                    top1=round(hit.item(), 4),
-                    elapsed_s=round(time.time() - start, 1),
-                )
-            )
+            log_step(log, "small draft", step, loss, dict(hard=hard.item(), top1=hit.item()), start)
     model.eval()
     info = dict(
         steps=steps,
