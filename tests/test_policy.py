@@ -317,3 +317,73 @@ def test_each_round_records_the_context_its_passes_read(target, near_draft, toke
         )
     )
     assert seen[:-1] == [s.context for s in steps[1:]]  # each choice of k knows the context it is for
+
+
+# A machine where a drafted token costs as much as a plain step: every k that drafts loses to a plain step.
+LOSING = dataclasses.replace(STEEP, draft_token_s=1.0)
+
+
+def test_adaptive_k_takes_plain_steps_where_every_k_loses_and_probes_now_and_then():
+    assert all(LOSING.speedup(a, k) < 1 for a in (0.5, 0.9, 0.999) for k in range(1, 9))
+    assert LOSING.best_k(0.9, 8, k_min=0) == 0 and LOSING.best_k(0.9, 8) >= 1
+    assert STEEP.best_k(0.9, 8, k_min=0) > 0, "where drafting wins, it drafts"
+    ks = []
+    policy = AdaptiveK(SpecConfig(k=4, k_max=8), LOSING)
+    for _ in range(30):
+        k = policy.next_k()
+        ks.append(k)
+        policy.update(min(k, 1), 0)  # every probe's draft is rejected
+    probes = [i for i, k in enumerate(ks) if k]
+    assert ks[0] == 4 and probes == [
+        0,
+        1 + AdaptiveK.PROBE_EVERY,
+        2 + 2 * AdaptiveK.PROBE_EVERY,
+        3 + 3 * AdaptiveK.PROBE_EVERY,
+    ]
+    # A k > 0 round that drafted nothing (prompt lookup without a match) is no plain step.
+    policy = AdaptiveK(SpecConfig(k=4, k_max=8), STEEP)
+    for _ in range(20):
+        policy.update(0, 0)
+    assert policy.next_k() == 4
+    # A draft that turns good again is found by the probes and drafting resumes.
+    policy = AdaptiveK(SpecConfig(k=4, k_max=8), dataclasses.replace(STEEP, draft_token_s=0.3))
+    for _ in range(3):
+        policy.update(4, 0)
+    assert policy.next_k() == 0
+    seen = []
+    for _ in range(40):
+        k = policy.next_k()
+        seen.append(k)
+        policy.update(k, k)  # every draft accepted
+    assert seen[: AdaptiveK.PROBE_EVERY] == [0] * AdaptiveK.PROBE_EVERY and seen[-1] > 0 and all(seen[-10:])
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.9])
+def test_plain_steps_leave_the_text_as_it_was(target, near_draft, tokenizer, temperature):
+    """Greedy: the same text as the target alone. Sampled: the same text for the same seed, twice."""
+    ids = tokenizer(PROMPT)["input_ids"]
+    sampling = SamplingConfig(temperature=temperature, seed=5)
+    spec, cfg = SpecConfig(k=4, k_policy="adaptive", k_max=8), RunConfig(max_new_tokens=48)
+
+    def once(proposer, policy=None):
+        steps = list(
+            engine.generate(
+                target,
+                tokenizer,
+                ids,
+                proposer,
+                target_cache=CachedModel,
+                sampling_cfg=sampling,
+                spec=spec,
+                run=cfg,
+                policy=policy,
+            )
+        )
+        return [t for s in steps for t in s.emitted], [s.k for s in steps]
+
+    out, ks = once(ModelProposer(near_draft, "near"), AdaptiveK(spec, LOSING))
+    assert ks.count(0) >= len(ks) // 2 and any(ks[1:]), ks  # mostly plain steps, with probes
+    if temperature == 0.0:
+        assert out == once(None)[0]
+    else:
+        assert (out, ks) == once(ModelProposer(near_draft, "near"), AdaptiveK(spec, LOSING))

@@ -93,10 +93,17 @@ class Costs:
         """Expected speedup over plain decoding at acceptance alpha with k drafts per round."""
         return self.tokens_per_s(alpha, k, context) * self.plain_s(context)
 
-    def best_k(self, alpha: float, k_max: int, context: int | None = None) -> int:
-        """The k in 1..k_max with the most expected tokens per second (the smallest on a tie)."""
+    def best_k(self, alpha: float, k_max: int, context: int | None = None, k_min: int = 1) -> int:
+        """The k in k_min..k_max with the most expected tokens per second (the smallest on a tie).
+
+        k = 0 is a plain step, costed as one: it wins where every k that drafts loses to it.
+        """
         verify = self.verify_curve(context)  # once: adaptive k asks every round
-        return max(range(1, k_max + 1), key=lambda k: (self._tokens_per_s(alpha, k, verify), -k))
+
+        def rate(k: int) -> float:
+            return 1 / self._plain_s(verify) if k == 0 else self._tokens_per_s(alpha, k, verify)
+
+        return max(range(k_min, k_max + 1), key=lambda k: (rate(k), -k))
 
     def predicted_speedup(
         self,

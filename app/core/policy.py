@@ -52,27 +52,42 @@ class AdaptiveK(FixedK):
     curve (calibrate.py) at the context the next round starts from, which the records fix too; without
     one, Leviathan's idealised costs. No clock is read here: the same records give the same k, so
     the same seed gives the same sampled text.
+
+    k = 0, a plain step, is chosen where the costs say that every k that drafts loses to it. Plain
+    steps say nothing about the draft, so after PROBE_EVERY of them in a row one round drafts again
+    (the best k that drafts) to learn whether the text has become easier to draft.
     """
 
     DECAY = 0.8  # weight kept by the past each round
+    PROBE_EVERY = 8  # plain steps in a row before a round drafts again to measure a
 
     def __init__(self, spec: SpecConfig, costs: Costs | None = None):
         super().__init__(spec)
         self.costs = costs or Costs.idealised(k_max=spec.k_max)
         self.accepted, self.rejected = 3.0, 1.0  # a weak prior of a = 0.75
         self.k = min(spec.k, spec.k_max)
+        self.plain = 0  # plain steps in a row since k fell to 0
 
     @property
     def alpha(self) -> float:
         return self.accepted / (self.accepted + self.rejected)
 
     def update(self, drafted, accepted, context=None):
+        alpha = min(self.alpha, 0.999)
         if not drafted:
+            # Only a chosen plain step counts: a k > 0 round can draft nothing (prompt lookup without
+            # a match, the run's last token), and that is no reason to probe.
+            if self.k == 0:
+                self.plain += 1
+                if self.plain >= self.PROBE_EVERY:
+                    self.plain = 0
+                    self.k = self.costs.best_k(alpha, self.spec.k_max, context)
             return
         d = self.DECAY
         self.accepted = d * self.accepted + accepted
         self.rejected = d * self.rejected + (accepted < drafted)
-        self.k = self.costs.best_k(min(self.alpha, 0.999), self.spec.k_max, context)
+        self.plain = 0
+        self.k = self.costs.best_k(min(self.alpha, 0.999), self.spec.k_max, context, k_min=0)
 
 
 def make_policy(spec: SpecConfig, costs: Costs | None = None) -> KPolicy:
