@@ -31,7 +31,7 @@ def _quiet_transformers() -> None:
 
 
 def cmd_generate(args) -> int:
-    from app import request
+    from app import models, request
     from app.core import metrics
     from app.models import threads
     from app.views import render
@@ -55,9 +55,10 @@ def cmd_generate(args) -> int:
     if args.compile:
         print(f"--compile: {run.note}", file=sys.stderr)
     steps = list(run.steps(teach=args.json))
-    pair, s = run.pair, run.settings
-    draft = pair.draft_name if speculative else None
-    doc = metrics.report(steps, pair.target_name, draft, s.as_dict(args.mode), run.costs)
+    s = run.settings
+    # Models named as typed (a preset's label, the default by its name), never by an install path.
+    draft = (args.draft or models.default_draft(args.target)) if speculative else None
+    doc = metrics.report(steps, args.target or models.DEFAULT_TARGET, draft, s.as_dict(args.mode), run.costs)
     doc["threads"] = threads.key()  # "auto" or the fixed count (README, "Threads")
     if args.json:
         json.dump(doc, sys.stdout)

@@ -189,12 +189,28 @@ def export_all(
     return [vllm(target, draft, spec, sampling, runs), llama_server(target, draft, spec, sampling, runs)]
 
 
-def for_pair(pair, spec: SpecConfig, sampling: SamplingConfig, runs: Path = RUNS) -> str:
-    """What the UI shows under the summary: both commands, each with its notes ('' without a draft)."""
+def for_pair(
+    pair, spec: SpecConfig, sampling: SamplingConfig, runs: Path = RUNS, typed: tuple[str, str] | None = None
+) -> str:
+    """What the UI shows under the summary: both commands, each with its notes ('' without a draft).
+
+    `typed` is (target, draft) as the visitor gave them: the commands name those, not install paths.
+    """
     if not pair.draft_name:
         return ""
     info = DraftInfo(pair.draft_spec, different_tokenizer=pair.bridge is not None)
-    return "\n\n".join(e.text() for e in export_all(pair.target_name, info, spec, sampling, runs))
+    text = "\n\n".join(e.text() for e in export_all(pair.target_name, info, spec, sampling, runs))
+    return named(text, {pair.target_name: typed[0], pair.draft_spec.source: typed[1]} if typed else {})
+
+
+def named(text: str, typed: dict[str, str]) -> str:
+    """`text` with each resolved name (key) spelled as its public name (models.public_name of the value)."""
+    from app import models
+
+    for resolved, as_typed in sorted(typed.items(), key=lambda kv: -len(kv[0])):
+        if resolved and as_typed is not None:
+            text = text.replace(resolved, models.public_name(as_typed))
+    return text
 
 
 def describe(target: str, draft_name: str) -> DraftInfo:
@@ -233,11 +249,14 @@ def main(argv: list[str]) -> int:
     args = ap.parse_args(argv)
     st = args_module.settings(args)
     sampling, spec = st.sampling, st.spec
-    target = models.resolve(args.target or models.DEFAULT_TARGET)
-    draft = describe(target, models.resolve(args.draft or models.default_draft(args.target), "draft"))
+    typed_target, typed_draft = args.target or models.DEFAULT_TARGET, args.draft or models.default_draft(args.target)
+    target = models.resolve(typed_target)
+    draft = describe(target, models.resolve(typed_draft, "draft"))
     exports = export_all(target, draft, spec, sampling)
+    names = {target: typed_target, draft.spec.source: typed_draft}  # printed as typed, never as install paths
     if args.json:
-        print(json.dumps([dict(engine=e.engine, argv=e.argv, command=e.shell(), notes=e.notes) for e in exports]))
+        doc = [dict(engine=e.engine, argv=e.argv, command=e.shell(), notes=e.notes) for e in exports]
+        print(named(json.dumps(doc), names))
     else:
-        print("\n\n".join(e.text() for e in exports))
+        print(named("\n\n".join(e.text() for e in exports), names))
     return 0

@@ -45,10 +45,59 @@ def test_on_a_space_a_custom_id_is_refused_and_presets_load(on_space):
     assert all("/" not in name or not name.startswith("/") for name in models.allowlist())
 
 
-@pytest.mark.parametrize("bad", ["prompt-lookup", "early-exit:2"])
+@pytest.mark.parametrize("bad", ["prompt-lookup", "early-exit:2", "eagle:/x", "prompt lookup (n-grams)"])
 def test_draft_sources_are_never_targets(bad):
     with pytest.raises(UserError, match="draft source, not a target"):
         models.load_pair(bad, "prompt-lookup")
+
+
+# Ids that only look like prompt lookup or early exit, and install paths: none may skip the model list.
+BYPASSES = ["prompt-lookup-evil/tiny", "prompt-lookupX/y", "early-exit:2x/y", "early-exit:+2", "eagle:someone/head"]
+
+
+@pytest.mark.parametrize("draft", [*BYPASSES, "eagle:" + models.TINY_TARGET, models.FEATURE_DRAFT])
+def test_on_a_space_only_real_draft_sources_skip_the_list(on_space, draft):
+    with pytest.raises(UserError, match="not on this server's model list|early exit needs a layer count"):
+        models.load_pair("stdlib-code target (bundled)", draft)
+    for real in ("prompt-lookup", "early exit after 2 layers", "early-exit:1"):
+        assert models.load_pair("stdlib-code target (bundled)", real).draft_model is None
+
+
+def test_a_bundled_install_path_is_refused_like_any_other_path(on_space):
+    """Accepting the bundled models' absolute paths alone would confirm where the app is installed."""
+    for typed in (models.TINY_TARGET, "/srv/elsewhere/target"):
+        with pytest.raises(UserError, match="not on this server's model list"):
+            models.load_pair(typed, "prompt-lookup")
+    assert models.load_pair("stdlib-code target (bundled)").draft_name == models.FEATURE_DRAFT  # its default head
+
+
+@pytest.mark.parametrize(
+    "target, draft, message",
+    [
+        (models.TINY_TARGET, "eagle:" + models.TINY_TARGET, "holds a full model, not a feature head"),
+        ("/etc", "prompt-lookup", "has no config.json"),
+        ("/etc/hostname", "prompt-lookup", "is not a directory"),
+        ("https://evil.example/x", "prompt-lookup", "neither a local directory nor a Hub id"),
+        (models.TINY_TARGET, "eagle:https://evil.example/x", "neither a local directory nor a Hub id"),
+    ],
+)
+def test_odd_ids_are_refused_in_the_apps_own_words(monkeypatch, target, draft, message):
+    monkeypatch.setenv("SPECDEC_ALLOWED_MODELS", "any")
+    with pytest.raises(UserError, match=message) as err:
+        models.load_pair(target, draft)
+    assert "hf download" not in str(err.value) and "instantiate" not in str(err.value)
+
+
+def test_export_and_json_name_models_as_picked_never_by_install_path():
+    run = dict(cwd=ROOT, capture_output=True, text=True, timeout=300, env=dict(os.environ, HF_HUB_OFFLINE="1"))
+    pair = ["--target", "stdlib-code target (bundled)", "--draft", "feature draft (EAGLE-style, bundled)"]
+    out = subprocess.run([sys.executable, "-m", "app", "export", *pair, "--json"], **run)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert str(ROOT) not in out.stdout and '"vllm", "serve", "assets/models/target"' in out.stdout, out.stdout
+    gen = [sys.executable, "-m", "app", "generate", "--prompt", "def f(a):", *pair, "--max-new-tokens", "4"]
+    out = subprocess.run([*gen, "--json"], **run)
+    doc = json.loads(out.stdout)
+    assert str(ROOT) not in out.stdout and doc["target"] == "stdlib-code target (bundled)", out.stderr[-2000:]
 
 
 @pytest.mark.parametrize("typed", ["/proc/self/cwd", "/proc/self/exe", "~", "..", str(ROOT / "assets"), "x" * 300])
@@ -158,3 +207,29 @@ def test_a_model_over_the_size_cap_is_refused_before_download(tmp_path):
     assert "70.0B parameters" in out.stdout and "at most 8.0B" in out.stdout, out.stdout + out.stderr[-2000:]
     assert any(p.startswith("/api/models/visitor/huge") for p in _BigModelHub.paths)
     assert not any("/resolve/" in p for p in _BigModelHub.paths), "no file may be downloaded"
+
+
+def test_lookalike_draft_ids_make_no_hub_request(tmp_path):
+    """With a Hub that answers, an id that only looks like a draft source is refused before any request."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Recorder)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    _Recorder.seen.clear()
+    env = dict(
+        os.environ,
+        SPACE_ID="someone/specdec",
+        HF_ENDPOINT=f"http://127.0.0.1:{server.server_port}",
+        HF_HOME=str(tmp_path / "hf"),
+        OMP_NUM_THREADS="1",
+    )
+    env.pop("HF_HUB_OFFLINE", None)
+    env.pop("SPECDEC_ALLOWED_MODELS", None)
+    code = (
+        "from app import models\nfrom app.core.config import UserError\n"
+        f"for draft in {BYPASSES!r}:\n"
+        "    try:\n        models.load_pair('stdlib-code target (bundled)', draft)\n"
+        "    except UserError as e:\n        print('refused:', e)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=400)
+    server.shutdown()
+    assert out.stdout.count("refused:") == len(BYPASSES), out.stdout + out.stderr[-2000:]
+    assert not _Recorder.seen, f"{len(_Recorder.seen)} Hub requests"

@@ -44,20 +44,23 @@ class DraftSpec:
             raise UserError(f"early exit needs at least one layer, like early-exit:2; got {self.layers}")
 
     @classmethod
-    def parse(cls, text: str) -> DraftSpec:
-        """The spec a user's text names; a directory is a feature head when it holds one."""
+    def parse(cls, text: str, probe: bool = True) -> DraftSpec:
+        """The spec a user's text names; a directory is a feature head when it holds one.
+
+        probe=False reads the text alone and never the filesystem: a directory is then a model,
+        which is how the hosting rules read an id before anything touches the disk.
+        """
         text = (text or "").strip()
         if text.lower() in (LOOKUP_TEXT, "prompt_lookup", "prompt lookup"):
             return cls(Kind.PROMPT_LOOKUP)
         if text.lower().startswith(EARLY_EXIT_PREFIX):
-            try:
-                layers = int(text[len(EARLY_EXIT_PREFIX) :])
-            except ValueError:
-                raise UserError(f"early exit needs a layer count, like early-exit:2; got {text!r}") from None
-            return cls(Kind.EARLY_EXIT, layers=layers)
+            count = text[len(EARLY_EXIT_PREFIX) :].strip()
+            if not (count.isascii() and count.isdigit() and len(count) <= 4):
+                raise UserError(f"early exit needs a layer count, like early-exit:2; got {text[:40]!r}")
+            return cls(Kind.EARLY_EXIT, layers=int(count))
         if text.lower().startswith(EAGLE_PREFIX):
             return cls(Kind.FEATURE_HEAD, source=text[len(EAGLE_PREFIX) :].strip())
-        if text and Path(text).is_dir() and _holds_head(text):
+        if probe and text and Path(text).is_dir() and _holds_head(text):
             return cls(Kind.FEATURE_HEAD, source=text)
         return cls(Kind.MODEL, source=text)
 

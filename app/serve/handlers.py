@@ -201,7 +201,8 @@ def export_for(
             repetition_penalty,
             no_repeat_ngram_size,
         )
-        return export.for_pair(_pair(*_model_ids(target, custom_target, draft, custom_draft)), sp, s)
+        typed = _model_ids(target, custom_target, draft, custom_draft)
+        return export.for_pair(_pair(*typed), sp, s, typed=typed)  # commands name the models as picked
     except UserError as e:
         return f"# no export: {e}"
 
