@@ -1,11 +1,21 @@
-"""A fair queue: no visitor holds more than a few places, and no run holds the device for long.
+"""A fair queue: no client address holds more than its share, and no run holds the device for long.
 
 Gradio's queue has one global size, so a single client posting joins could fill all of it
-and every later visitor got "Queue is full". `install` puts a per-visitor cap in front of
-the queue: jobs waiting or running per browser session, and per client address. Behind a
-proxy (a Space, or SPECDEC_TRUST_PROXY=1) the address is the first X-Forwarded-For entry,
-since every request arrives from the proxy; elsewhere that header is the client's own word
-and is ignored. A whole class behind one school NAT shares an address, so that cap is wide.
+and every later visitor got "Queue is full". `install` puts three checks in front of the
+queue, all keyed on the client's address, since everything else in a join (its session hash
+included) is the client's own choice:
+- an address holds at most a quarter of the places the other addresses leave free, so no
+  number of addresses fills the queue and a newcomer always finds a place;
+- an address joins at most SPECDEC_JOINS_PER_MINUTE times a minute;
+- a browser session holds at most a few places (a courtesy for honest clients; a script can
+  pick new session hashes, which is why the address counts).
+
+The address: behind a proxy (a Space, or SPECDEC_TRUST_PROXY=1) every request arrives from the
+proxy, which appends the address it saw to X-Forwarded-For. Whatever a client wrote there
+itself comes first, so the address is the entry the trusted proxy added: the last one, or
+with SPECDEC_PROXY_HOPS=N proxies in a row, the N-th from the end. Elsewhere the header is
+the client's own word and is ignored. A whole class behind one school NAT shares an address,
+so its share is wide: a quarter of the queue when it is the only one waiting.
 
 SPECDEC_CONCURRENCY is how many generations share the device at once (default 1). Each run
 has its own KV caches, so memory grows with it: raise it only where the device has room for
@@ -16,12 +26,17 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
+from collections import OrderedDict, deque
 from collections.abc import Callable
 
 from app.core.config import UserError
 
 MAX_QUEUED = 64  # places in the whole queue
+SHARE = 4  # an address holds at most 1/SHARE of the places the other addresses leave free
 MAX_CONCURRENCY = 8  # SPECDEC_CONCURRENCY above this is refused: one device, one memory
+RATE_WINDOW = 60.0  # seconds over which joins per address are counted
+MAX_TRACKED = 10_000  # addresses whose recent joins are remembered; the stalest go first
 
 
 def _env_int(name: str, default: int, lo: int, hi: int) -> int:
@@ -43,8 +58,13 @@ def per_session() -> int:
 
 
 def per_ip() -> int:
-    """Jobs one client address may have waiting or running: wide, for classrooms behind one NAT."""
-    return _env_int("SPECDEC_QUEUE_PER_IP", 16, 1, MAX_QUEUED)
+    """Jobs one client address may have waiting or running at most, whatever its fair share."""
+    return _env_int("SPECDEC_QUEUE_PER_IP", MAX_QUEUED // SHARE, 1, MAX_QUEUED)
+
+
+def joins_per_minute() -> int:
+    """Joins one client address may make in a minute: a classroom's clicks, not a script's loop."""
+    return _env_int("SPECDEC_JOINS_PER_MINUTE", 120, 1, 100_000)
 
 
 def concurrency() -> int:
@@ -61,43 +81,78 @@ def behind_proxy() -> bool:
     return bool(os.environ.get("SPACE_ID")) or os.environ.get("SPECDEC_TRUST_PROXY") == "1"
 
 
+def proxy_hops() -> int:
+    """How many trusted proxies in a row append to X-Forwarded-For (a Space has one)."""
+    return _env_int("SPECDEC_PROXY_HOPS", 1, 1, 16)
+
+
 def client_ip(request) -> str:
-    """The visitor's address: the proxy's X-Forwarded-For where there is a proxy, else the peer."""
+    """The visitor's address: the entry the trusted proxy appended to X-Forwarded-For, else the peer."""
     if request is None:
         return "?"
+    peer = request.client.host if request.client else "?"
     if behind_proxy():
-        forwarded = request.headers.get("x-forwarded-for", "")
-        if forwarded.strip():
-            return forwarded.split(",")[0].strip()
-    return request.client.host if request.client else "?"
+        entries = [e.strip() for e in request.headers.get("x-forwarded-for", "").split(",")]
+        entries = [e for e in entries if e]
+        if entries:
+            return entries[-min(proxy_hops(), len(entries))][:64]
+    return peer
 
 
-def _held(queue, matches: Callable) -> int:
-    """Jobs in Gradio's queue (waiting or running) for which matches(event) is true."""
+def fair_share(held_by_others: int, cap: int, size: int = MAX_QUEUED) -> int:
+    """Places one address may hold: 1/SHARE of what the others leave free (at least one), at most cap."""
+    return max(1, min(cap, (size - held_by_others) // SHARE))
+
+
+def _events(queue) -> list:
+    """Jobs in Gradio's queue, waiting or running."""
     waiting = [e for q in queue.event_queue_per_concurrency_id.values() for e in q.queue]
-    running = [e for job in queue.active_jobs if job for e in job]
-    return sum(1 for e in waiting + running if matches(e))
+    return waiting + [e for job in queue.active_jobs if job for e in job]
 
 
 def refusal(queue, session_hash: str | None, ip: str, session_cap: int, ip_cap: int) -> str | None:
     """Why this visitor may not queue one more job now, or None if they may."""
-    mine = _held(queue, lambda e: e.session_hash == session_hash)
+    events = _events(queue)
+    mine = sum(1 for e in events if e.session_hash == session_hash)
     if session_hash and mine >= session_cap:
         return (
             f"You already have {mine} requests waiting or running; each visitor may have {session_cap}. "
             "Wait for them to finish, or press Stop."
         )
-    here = _held(queue, lambda e: client_ip(e.request) == ip)
-    if here >= ip_cap:
+    here = sum(1 for e in events if client_ip(e.request) == ip)
+    share = fair_share(len(events) - here, ip_cap)
+    if here >= share:
         return (
-            f"Your network already has {here} requests waiting or running (at most {ip_cap}). "
-            "Please try again in a moment."
+            f"Your network already has {here} requests waiting or running (at most {share} while the "
+            "server is this busy). Please try again in a moment."
         )
     return None
 
 
+class JoinRate:
+    """Joins per address over the last `window` seconds; at most `limit` of them."""
+
+    def __init__(self, limit: int, window: float = RATE_WINDOW, clock: Callable[[], float] = time.monotonic):
+        self.limit, self.window, self.clock = limit, window, clock
+        self._joins: OrderedDict[str, deque] = OrderedDict()
+
+    def admit(self, ip: str) -> bool:
+        """Count a join from `ip` and say whether it is within the limit (a refused join is not counted)."""
+        now = self.clock()
+        joins = self._joins.pop(ip, None) or deque()
+        while joins and now - joins[0] > self.window:
+            joins.popleft()
+        self._joins[ip] = joins  # most recently seen last, so the stalest address is dropped first
+        while len(self._joins) > MAX_TRACKED:
+            self._joins.popitem(last=False)
+        if len(joins) >= self.limit:
+            return False
+        joins.append(now)
+        return True
+
+
 def install(demo) -> None:
-    """Put the per-session and per-address caps in front of demo's queue (call after demo.queue()).
+    """Put the per-address and per-session checks in front of demo's queue (call after demo.queue()).
 
     Gradio 6 has no per-visitor cap, so this wraps its Queue.push, the one entry of every job;
     a refusal is a 400 whose detail is the message above, which the browser shows as it is
@@ -105,12 +160,15 @@ def install(demo) -> None:
     """
     queue = demo._queue
     push = queue.push
-    session_cap, ip_cap = per_session(), per_ip()
+    session_cap, ip_cap, rate = per_session(), per_ip(), JoinRate(joins_per_minute())
     lock = asyncio.Lock()  # the count and the push are one step, or two joins could both pass
 
     async def capped_push(body, request, username):
         async with lock:
-            why = refusal(queue, body.session_hash, client_ip(request), session_cap, ip_cap)
+            ip = client_ip(request)
+            why = refusal(queue, body.session_hash, ip, session_cap, ip_cap)
+            if not why and not rate.admit(ip):
+                why = f"Too many requests from your network this minute (at most {rate.limit}). Please wait a moment."
             if why:
                 return False, why, "error"
             return await push(body=body, request=request, username=username)
