@@ -28,6 +28,7 @@ import torch
 
 from app import calibrate, models
 from app.args import add_generation_args, settings, with_chat
+from app.bench import progress
 from app.bench.contenders import CONSTANT, SWEEP, Contender, adaptive_k, fixed_k, hf, ours
 from app.bench.report import _f, _x, html_report, prompt_row, summarize_rows  # noqa: F401
 from app.core import engine, metrics
@@ -190,6 +191,7 @@ def hf_passes_share(pair, assisted: Contender, ids: list[int], n: int) -> dict:
 
 def bench(args) -> dict:
     """Warm every contender up, then per prompt run each `reps` times in rotating order."""
+    progress.say("bench", f"loading {args.target or models.DEFAULT_TARGET} and its draft")
     pair = models.load_pair(args.target, args.draft, args.device, args.dtype)
     st = with_chat(settings(args), args, pair.tokenizer)
     s, sp, r = st.sampling, st.spec, st.run
@@ -197,14 +199,19 @@ def bench(args) -> dict:
     if args.lookup and pair.draft_spec.kind != draft_spec.Kind.PROMPT_LOOKUP:
         lookup_pair = models.load_pair(args.target, models.PROMPT_LOOKUP, args.device, args.dtype)
     # The pair's calibration, as the app and the CLI keep it: here only the warm-up runs on it.
+    progress.say("bench", "measuring this machine (each prompt measures it again before its runs)")
     costs = calibrate.costs_for(pair, adaptive_k(sp), sampling=s)
     lookup_costs = calibrate.costs_for(lookup_pair, adaptive_k(sp), sampling=s) if lookup_pair else None
     prompts = suite(args.suite, st.run.chat)[: args.limit or None]
     field = contenders(args, pair, lookup_pair, s, sp, r, costs, lookup_costs)
     warm = pair.encode(prompts[0], r.chat)
+    progress.say("bench", f"warm-up: {len(field)} contenders once each")
     for c in field:  # warm-up, discarded: first calls allocate and pick kernels
         c.run(warm, 16)
-    rows = [_prompt(args, pair, lookup_pair, st, i, prompt, len(prompts)) for i, prompt in enumerate(prompts)]
+    rows = [
+        _prompt(args, pair, lookup_pair, st, i, prompt, len(prompts))
+        for i, prompt in progress.counted(enumerate(prompts), "prompt", len(prompts))
+    ]
     field = contenders(args, pair, lookup_pair, s, sp, r, costs, lookup_costs)
     return dict(
         target=pair.target_name,
@@ -253,11 +260,11 @@ def _prompt(args, pair, lookup_pair, st, i: int, prompt: str, of: int) -> dict:
     row["outside_forward"] = outside_forward(pair, ids, s, sp, r, own)
     if assisted is not None:
         row["hf_passes"] = hf_passes_share(pair, assisted, ids, r.max_new_tokens)
-    print(
+    progress.say(
+        "bench",
         f"prompt {i + 1}/{of}: adaptive {_x(row['speedup'])}, "
         f"alpha {_f(row['adaptive']['alpha'])}, predicted {_x(row['adaptive']['predicted_speedup'])}, "
         f"ours/HF at k = {sp.k} {_x(row['ours_over_hf'].get('fixed_k'))}",
-        file=sys.stderr,
     )
     return row
 

@@ -17,6 +17,7 @@ import numpy
 import torch
 
 from app import calibrate, models, runs
+from app.bench import progress
 from app.core import engine, metrics, text
 from app.core.config import RunConfig, SamplingConfig, Settings, SpecConfig
 from app.data.prompts import held_out_prompts, suite
@@ -154,6 +155,7 @@ def card(args) -> dict:
     """Model card figures: greedy acceptance at k=4 on held-out prompts, and decode cost ratios."""
     target_id, drafts, prompts, chat = _family(args)
     prompts = prompts[: args.limit or None]
+    progress.say("card", f"loading {target_id}")
     target, tok = models.load(target_id, args.device, args.dtype)
     probe = text.prompt_ids(tok, prompts[0], chat, 1 << 20)[-200:]
     target_times = []
@@ -164,8 +166,9 @@ def card(args) -> dict:
 
     out = {"target": dict(params=target.num_parameters())}
     s, r = SamplingConfig(), RunConfig(args.max_new_tokens, chat=chat)
-    for path in drafts:
+    for i, path in enumerate(drafts, start=1):
         name = Path(path).name
+        progress.say("card", f"draft {i}/{len(drafts)}: {name}")
         pair = models.load_pair(target_id, path, args.device, args.dtype)
         # A head's first draft of a round also feeds the newest true pairs: not counted.
         timed = (
@@ -174,7 +177,7 @@ def card(args) -> dict:
             else functools.partial(decode_seconds_per_token, pair.draft_model, probe)
         )
         t_draft, t_beside, cost = cost_ratio(timed, t_target)
-        rows = [_prompt_row(pair, prompt, s, r) for prompt in prompts]
+        rows = [_prompt_row(pair, prompt, s, r) for prompt in progress.counted(prompts, "prompt")]
         summary = aggregate(rows)
         summary["median_adaptive_speedup"] = statistics.median(r["adaptive_speedup"] for r in rows)
         params = (

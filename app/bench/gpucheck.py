@@ -27,6 +27,7 @@ from tokenizers.models import WordLevel
 from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast, Qwen2Config
 
 from app import models, request
+from app.bench import progress
 from app.core import engine
 from app.core.config import RunConfig, SamplingConfig, Settings, SpecConfig
 from app.drafts.model import ModelProposer
@@ -183,6 +184,7 @@ def check(
     """The whole report: step times and engine runs for each cache kind (eager, static, compiled)."""
     start = time.perf_counter()
     target_shape, draft_shape = PAIRS[shapes]
+    progress.say("gpucheck", f"building random-weight {target_shape} and {draft_shape} models on {device}")
     target, draft = build(target_shape, device, dtype, 0), build(draft_shape, device, dtype, 1)
     tok = id_tokenizer(target.config.vocab_size)
     prompt = torch.randint(0, draft.config.vocab_size, (context,), generator=torch.Generator().manual_seed(0))
@@ -201,6 +203,7 @@ def check(
         compiled="timed" if compiled_on else "skipped: CUDA only (--compile on forces it)",
     )
     for name, compiled in kinds.items():
+        progress.say("gpucheck", f"timing the {name} cache ({list(kinds).index(name) + 1}/{len(kinds)})")
         report[name] = _reported(_kind_times, target, draft, tok, prompt, ks, n, new_tokens, max_len, compiled)
         if "error" not in report[name]:  # the JSON so far goes to stderr too: a run cut short keeps it
             print(
@@ -230,9 +233,10 @@ def equality(device: torch.device, dtype: str, n_prompts: int, new_tokens: int, 
         e for e in json.loads((models.ROOT / "assets" / "prompts-tiny.json").read_text()) if e["kind"] == "code"
     ]
     out = {}
-    for draft in EQUALITY_DRAFTS:
-        pair = models.load_pair(models.TINY_TARGET, draft, str(device), dtype)
+    for i, draft in enumerate(EQUALITY_DRAFTS, start=1):
         name = Path(draft).name if draft != models.PROMPT_LOOKUP else draft
+        progress.say("gpucheck", f"equality {i}/{len(EQUALITY_DRAFTS)}: {name} against generate()")
+        pair = models.load_pair(models.TINY_TARGET, draft, str(device), dtype)
         rows = out[name] = {}
         for kind in ("eager", "compiled") if compiled_on else ("eager",):
             row = rows[kind] = _reported(_equal_runs, pair, examples[:n_prompts], new_tokens, kind == "compiled")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import sys
 from collections import Counter
 from pathlib import Path
 
@@ -18,6 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from app import models
+from app.bench import progress
 from app.data import corpus
 
 ENGLISH = (
@@ -79,7 +81,8 @@ def code_prompts(per_file: int = 3, n_chars: int = 600) -> list[str]:
 
 
 @torch.inference_mode()
-def continuations(model, tokenizer, prompts, new_tokens: int, **kw) -> list[list[int]]:
+def continuations(model, tokenizer, prompts, new_tokens: int, counter=None, **kw) -> list[list[int]]:
+    """`new_tokens` tokens after each prompt; `counter` (progress.bar) advances once per prompt."""
     out = []
     for i, prompt in enumerate(prompts):
         ids = torch.tensor([tokenizer(prompt)["input_ids"]])
@@ -92,6 +95,8 @@ def continuations(model, tokenizer, prompts, new_tokens: int, **kw) -> list[list
             **({"do_sample": False} | kw),
         )
         out.append(gen[0, ids.shape[1] :].tolist())
+        if counter is not None:
+            counter.update()
     return out
 
 
@@ -110,8 +115,10 @@ def file_loss(model, tokenizer, files: int = 5, tokens: int = 2048) -> float:
 
 
 def measure(target: str, new_tokens: int = 128) -> dict:
+    progress.say("quality", f"loading {target}")
     model, tokenizer = models.load(target)
     suites = {"code": code_prompts(), "english": list(ENGLISH)}
+    progress.say("quality", "held-out loss on the first 2,048 tokens of 5 files")
     report = {
         "target": Path(target).name,
         "new_tokens": new_tokens,
@@ -119,17 +126,20 @@ def measure(target: str, new_tokens: int = 128) -> dict:
         "prompts": {k: len(v) for k, v in suites.items()},
         "results": {},
     }
-    for label, kw in SETTINGS.items():
-        for suite, prompts in suites.items():
-            conts = continuations(model, tokenizer, prompts, new_tokens, **kw)
-            report["results"][f"{suite} / {label}"] = dict(
-                loop_rate=round(sum(map(loops, conts)) / len(conts), 3),
-                distinct_4=round(sum(map(distinct, conts)) / len(conts), 3),
-            )
-    report["samples"] = {
-        label: tokenizer.decode(continuations(model, tokenizer, [suites["code"][0]], 96, **kw)[0])
-        for label, kw in SETTINGS.items()
-    }
+    # Every continuation counts once: each setting's suites, then one sample per setting.
+    total = len(SETTINGS) * (sum(map(len, suites.values())) + 1)
+    with progress.bar("continuation", total) as counter:
+        for label, kw in SETTINGS.items():
+            for suite, prompts in suites.items():
+                conts = continuations(model, tokenizer, prompts, new_tokens, counter, **kw)
+                report["results"][f"{suite} / {label}"] = dict(
+                    loop_rate=round(sum(map(loops, conts)) / len(conts), 3),
+                    distinct_4=round(sum(map(distinct, conts)) / len(conts), 3),
+                )
+        report["samples"] = {
+            label: tokenizer.decode(continuations(model, tokenizer, [suites["code"][0]], 96, counter, **kw)[0])
+            for label, kw in SETTINGS.items()
+        }
     report["sample_prompt"] = suites["code"][0]
     return report
 
@@ -144,5 +154,5 @@ def main(argv=None) -> int:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=1) + "\n")
     print(json.dumps({k: v for k, v in report.items() if k != "samples"}, indent=1))
-    print(f"written to {args.out}")
+    print(f"written to {args.out}", file=sys.stderr)  # stdout is the JSON alone
     return 0

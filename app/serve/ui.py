@@ -235,20 +235,29 @@ def _wire(c) -> None:
 
 
 def launch(host: str | None = None, port: int | None = None, share: bool = False) -> None:
+    from starlette.middleware import Middleware
     from transformers.utils import logging as hf_logging
+
+    from app.serve import boundary
+    from app.serve.handlers import _user_error
 
     hf_logging.disable_progress_bar()  # the server log is for requests and real errors, not load bars
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    boundary.limit_logging()  # a flood of bad requests writes a few lines a minute, not thousands
     demo = build_ui()
     demo.queue(max_size=queue_limits.MAX_QUEUED, default_concurrency_limit=queue_limits.concurrency())
     queue_limits.install(demo)  # no visitor holds more than a few places in it
+    boundary.gate(demo, _user_error)  # every raw input checked before Gradio's preprocessing
+    demo.delete_cache = (3600, 3600)  # Gradio's temporary files (the app itself writes none) go after an hour
     demo.launch(
         server_name=host or os.environ.get("GRADIO_SERVER_NAME", "127.0.0.1"),
         server_port=port or int(os.environ.get("GRADIO_SERVER_PORT", "7860")),
         share=share or os.environ.get("GRADIO_SHARE", "").lower() in ("1", "true"),
-        # show_error=False: only gr.Error messages (written for visitors) reach a client; the app
-        # has no file inputs, so uploads are refused above a few bytes.
+        # show_error=False: only gr.Error messages (written for visitors) reach a client. The app has
+        # no file inputs, so the upload route is closed, and it keeps no run history.
         css=CSS,
         show_error=False,
         max_file_size="1kb",
+        run_history=False,
+        app_kwargs={"middleware": [Middleware(boundary.NoUploads)]},
     )
