@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 
-from app.core.config import RunConfig, SamplingConfig, Settings, SpecConfig
+from app.core.config import RULES, RunConfig, SamplingConfig, Settings, SpecConfig
 from app.models import threads
 
 
@@ -22,6 +22,13 @@ def add_generation_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--top-k", type=int, default=0)
     ap.add_argument("--top-p", type=float, default=1.0)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument(
+        "--rule",
+        choices=RULES,
+        default=SamplingConfig.rule,
+        help="how sampled drafts are judged: rejection (min(1, p/q), the highest acceptance) or shared-noise "
+        "(target and draft race the same seeded noise: the same text as plain sampling for a seed)",
+    )
     ap.add_argument(
         "--repetition-penalty",
         type=float,
@@ -62,7 +69,13 @@ def settings(args) -> Settings:
     k = args.k if args.k is not None else 4
     return Settings(
         SamplingConfig(
-            args.temperature, args.top_k, args.top_p, args.seed, args.repetition_penalty, args.no_repeat_ngram_size
+            args.temperature,
+            args.top_k,
+            args.top_p,
+            args.seed,
+            args.repetition_penalty,
+            args.no_repeat_ngram_size,
+            args.rule,
         ),
         SpecConfig(k=k, k_policy=policy, k_max=max(args.k_max, k) if policy != "fixed" else args.k_max),
         RunConfig(args.max_new_tokens, tuple(args.stop), bool(args.chat)),

@@ -135,7 +135,8 @@ def _busy(steps) -> list[tuple]:
 def cost_class(s: SamplingConfig) -> tuple:
     """What of a request's sampling settings changes the time of a round, not its text: greedy or
     sampled, top-k and top-p filtering when sampling (greedy rounds take the argmax and never filter,
-    and the UI passes its sliders either way), and each repetition control. Temperature and seed do not."""
+    and the UI passes its sliders either way), each repetition control, and the sampling rule.
+    Temperature and seed do not."""
     sampled = not s.greedy
     return (
         sampled,
@@ -143,6 +144,7 @@ def cost_class(s: SamplingConfig) -> tuple:
         sampled and s.top_p < 1,
         s.repetition_penalty != 1.0,
         s.no_repeat_ngram_size > 0,
+        sampled and s.rule,  # shared noise draws a noise row per position instead of the rule's draws
     )
 
 

@@ -112,7 +112,18 @@ def _vllm_sampling_notes(s: SamplingConfig) -> list[str]:
     notes = [f"sampling is per request in vLLM: send {json.dumps(request)}"]
     if s.no_repeat_ngram_size:
         notes.append(f"no-repeat n-gram size {s.no_repeat_ngram_size} has no counterpart in vLLM")
-    return notes
+    return notes + _rule_notes(s, "vLLM")
+
+
+def _rule_notes(s: SamplingConfig, engine: str) -> list[str]:
+    """The shared-noise rule is this app's own: an engine's sampled drafts keep the target's
+    distribution, but neither the app's text for a seed nor its own plain sampling's."""
+    if not s.shared_noise:
+        return []
+    return [
+        f"the shared-noise sampling rule has no counterpart in {engine}: its speculative sampling keeps "
+        "the target's distribution, not this app's text for the seed"
+    ]
 
 
 def llama_server(
@@ -164,7 +175,7 @@ def llama_server(
     ]
     if sampling.no_repeat_ngram_size:
         notes.append(f"no-repeat n-gram size {sampling.no_repeat_ngram_size} has no counterpart in llama.cpp")
-    return Export("llama.cpp", argv, notes)
+    return Export("llama.cpp", argv, notes + _rule_notes(sampling, "llama.cpp"))
 
 
 def _gguf(model: str, notes: list[str]) -> str:

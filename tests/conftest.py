@@ -148,7 +148,7 @@ def run(target, tokenizer, prompt, proposer=None, **kw):
     from app.core.teaching import top_table
     from app.kv.cache import CachedModel
 
-    sampling_keys = ("temperature", "top_k", "top_p", "seed", "repetition_penalty", "no_repeat_ngram_size")
+    sampling_keys = ("temperature", "top_k", "top_p", "seed", "repetition_penalty", "no_repeat_ngram_size", "rule")
     sampling = SamplingConfig(**{k: kw.pop(k) for k in sampling_keys if k in kw})
     spec = SpecConfig(**{k: kw.pop(k) for k in ("k", "k_policy", "k_max", "ngram_max", "ngram_min") if k in kw})
     teach = kw.pop("teach", True)  # tests read the teaching table too

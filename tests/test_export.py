@@ -128,3 +128,14 @@ def test_for_pair_is_what_the_ui_shows(tmp_path):
     assert text.startswith("vllm serve ") and "\n\nllama-server -m " in text
     assert '"method":"ngram"' in text and "--spec-type ngram-simple" in text
     assert for_pair(models.load_pair(models.TINY_TARGET, draft=False), FIXED, GREEDY) == ""
+
+
+def test_the_shared_noise_rule_is_said_to_stay_here():
+    shared = SamplingConfig(temperature=0.7, rule="shared-noise")
+    for make in (vllm, llama_server):
+        assert any(
+            "shared-noise sampling rule has no counterpart" in n for n in make(TARGET, info(DRAFT), FIXED, shared).notes
+        )
+        assert not any(
+            "shared-noise" in n for n in make(TARGET, info(DRAFT), FIXED, SamplingConfig(temperature=0.7)).notes
+        )

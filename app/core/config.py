@@ -9,6 +9,12 @@ from dataclasses import asdict, dataclass, field, replace
 MAX_NEW_TOKENS_CAP = 2048
 K_MAX = 16  # largest draft length any policy may choose
 
+# Sampling rules. Rejection: Leviathan et al. and Chen et al.'s min(1, p/q) test, the optimal coupling
+# of p and q. Shared noise: Daliri, Musco and Suresh's drafter-invariant rule, where the target and the
+# draft race the same keyed noise and a draft is kept when both pick it.
+REJECTION, SHARED_NOISE = "rejection", "shared-noise"
+RULES = (REJECTION, SHARED_NOISE)
+
 
 class UserError(ValueError):
     """Bad input or an impossible setting; the message says what to change."""
@@ -22,10 +28,18 @@ class SamplingConfig:
     seed: int = 0  # seeds the one torch.Generator that all randomness of a run comes from
     repetition_penalty: float = 1.0  # > 1 discourages tokens already in the context (CTRL), as in generate()
     no_repeat_ngram_size: int = 0  # > 0 forbids repeating any n-gram of this size, as in generate()
+    # How sampled drafts are judged (RULES); greedy decoding has one rule, the argmax.
+    rule: str = REJECTION
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
+
+    @property
+    def shared_noise(self) -> bool:
+        """Whether a sampled token at position i is the exponential race argmax(p_i / E_i), with E_i
+        keyed by (seed, i) and read by the draft too: the same text for a seed whatever the draft or k."""
+        return not self.greedy and self.rule == SHARED_NOISE
 
     @property
     def penalised(self) -> bool:
@@ -45,6 +59,8 @@ class SamplingConfig:
             raise UserError(f"top-k must be >= 0 (0 disables it), got {self.top_k}")
         if not 0 < self.top_p <= 1:  # NaN fails too
             raise UserError(f"top-p must be in (0, 1], got {self.top_p}")
+        if self.rule not in RULES:
+            raise UserError(f"the sampling rule must be one of {', '.join(RULES)}, got {self.rule!r}")
 
 
 @dataclass(frozen=True)

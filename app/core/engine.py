@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator
 import torch
 from transformers import PreTrainedModel
 
-from app.core import sampling, verify
+from app.core import sampling, teaching, verify
 from app.core.config import RunConfig, SamplingConfig, SpecConfig
 from app.core.contracts import KVCache, Proposal, Proposer
 from app.core.events import BONUS, CORRECTED, TARGET, Decision, Step
@@ -154,6 +154,9 @@ class _Loop:
         p = None
         if self.cfg.greedy:
             v = verify.greedy(drafts, p_logits, self.teach is not None)
+        elif self.cfg.shared_noise:  # the race at absolute positions base.., read by the drafts too
+            p = sampling.probs(p_logits, self.cfg)
+            v = verify.shared_noise(drafts, p, proposal.q, self.cfg.seed, base)
         else:
             p = sampling.probs(p_logits, self.cfg)
             q = proposal.q if proposal.q is not None else verify.one_hot_q(drafts, p.shape[-1], p.device)
@@ -183,9 +186,11 @@ class _Loop:
         self.ids += kept
         if not self.out.stop_reason and len(self.ids) >= self.limit:
             self.out.stop_reason = "context_full"
-        top = []
+        top, race = [], []
         if self.teach is not None and self.proposer is not None:
             top = self.teach(self.tokenizer, proposal, p_logits, p, v)
+            if v.noise is not None:
+                race = teaching.race_table(self.tokenizer, proposal, p, v)
         return Step(
             round=rnd,
             k=k,
@@ -206,6 +211,7 @@ class _Loop:
             stop_reason=self.out.stop_reason,
             feature_position=proposal.feature_position,
             context=base,
+            race=race,
         )
 
 

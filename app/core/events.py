@@ -55,6 +55,8 @@ class Step:
     stop_reason: str | None = None  # eos | stop_string | max_new_tokens | context_full, on the last step
     feature_position: int | None = None  # feature drafts: the position of the target feature the head read
     context: int | None = None  # len(prompt + output) when the round began, which its cost grows with
+    # Shared noise, when teaching: [(token_id, text, p, q, p/E, q/E)] of both races where the target chose.
+    race: list[tuple[int, str, float, float, float, float]] = field(default_factory=list)
 
     def spans(self) -> list[tuple[str, str]]:
         """(text, kind) pieces in display order, rejected drafts where they were proposed.

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+
 import torch
 from transformers import NoRepeatNGramLogitsProcessor, RepetitionPenaltyLogitsProcessor
 
@@ -87,3 +89,23 @@ def sample(p: torch.Tensor, gen: torch.Generator) -> int:
 def uniform(gen: torch.Generator) -> float:
     """The draw u in [0, 1) that decides one acceptance."""
     return float(torch.rand((), generator=gen, device=gen.device).item())
+
+
+def race_noise(seed: int, position: int, width: int, device=None) -> torch.Tensor:
+    """(width,) Exp(1) draws keyed by (seed, position) alone: the shared noise at one position.
+
+    Drawn on the CPU from a generator of their own, so every reader (the target's verify, any draft,
+    plain decoding) gets the same values on any device, in any process, whatever came before.
+    """
+    key = hashlib.blake2b(f"{seed}:{position}".encode(), digest_size=8).digest()
+    gen = torch.Generator().manual_seed(int.from_bytes(key, "little") >> 1)
+    # E = -log U. U is kept above 0 so E stays finite (an infinite E would never win, a tiny bias);
+    # E is never 0, as U < 1, so p / E is never NaN. (torch's exponential_ is several times slower.)
+    e = torch.rand(width, generator=gen).clamp_min_(torch.finfo(torch.float32).tiny).log_().neg_()
+    return e if device is None else e.to(device)
+
+
+def race(p: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
+    """argmax(p / E) over the last axis: with E i.i.d. Exp(1), a token drawn from p (the exponential
+    race, Gumbel-max in another form), and one that depends on the noise alone for a given p."""
+    return (p.float() / noise[..., : p.shape[-1]]).argmax(-1)

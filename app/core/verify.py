@@ -3,6 +3,11 @@
 Sampling follows Leviathan et al. 2023 / Chen et al. 2023: accept x with probability
 min(1, p(x)/q(x)); on rejection draw from norm(max(0, p - q)); after k accepts draw a
 bonus token from p. Greedy is the same rule with one-hot p and q.
+
+Shared noise follows Daliri, Musco and Suresh 2024 ("drafter-invariant speculative decoding"): the
+token at position i is argmax(p_i / E_i) for noise E_i keyed by (seed, i), a draft is kept when it
+is that token, and the first one that is not gives way to it. Every token is then the one plain
+sampling with the same seed picks, whatever drafted it.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ class Verdict:
     accept_prob: list[float]  # min(1, p/q)
     u: list[float | None]  # the draws (None under greedy)
     residual: torch.Tensor  # (V,) the distribution the target's token was drawn from
+    noise: torch.Tensor | None = None  # shared noise: (V,) E at the position the target's token was chosen
 
 
 def align(p: torch.Tensor, q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -107,3 +113,30 @@ def speculative_sampling(drafts: list[int], p: torch.Tensor, q: torch.Tensor, ge
     else:
         residual = p[n]
     return Verdict(i, sampling.sample(residual, gen), *lists, residual)
+
+
+def shared_noise(drafts: list[int], p: torch.Tensor, q: torch.Tensor | None, seed: int, position: int) -> Verdict:
+    """Keep the drafts that win the target's race. p: (n+1, V) processed, row j for the token at
+    absolute position `position + j`; q: (n, V) or None (one-hot), read only for the teaching record.
+
+    The race needs no draw from the run's generator: nothing here depends on what was drafted before.
+    """
+    n = len(drafts)
+    noise = torch.stack([sampling.race_noise(seed, position + j, p.shape[-1]) for j in range(n + 1)])
+    winners = sampling.race(p, noise.to(p.device))
+    if n:
+        x = torch.tensor(drafts, dtype=torch.long, device=p.device)
+        p_x = p[torch.arange(n), x]
+        q_x = q.to(p.device)[torch.arange(n), x] if q is not None else torch.ones_like(p_x)
+        host = torch.cat([winners.double(), p_x.double(), q_x.double()]).tolist()  # the one sync
+    else:
+        host = winners.double().tolist()
+    best = [int(b) for b in host[: n + 1]]
+    a = 0
+    while a < n and drafts[a] == best[a]:
+        a += 1
+    judged = min(a + 1, n)
+    p_x, q_x = host[n + 1 : 2 * n + 1][:judged], host[2 * n + 1 :][:judged]
+    ok = [1.0] * a + [0.0] * (judged - a)
+    # The token is a draw from p[a] itself (the race), not from a residual.
+    return Verdict(a, best[a], p_x, q_x, ok, [None] * judged, p[a], noise[a])

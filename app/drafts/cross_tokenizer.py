@@ -167,9 +167,16 @@ class CrossTokenizerProposer:
             allowed[:width] = (table[:width] >= 0) & (table[:width] < self.vocab_size)
             if not allowed.any():
                 break
-            x, q_draft = draw(row.masked_fill(~allowed, float("-inf")), None, cfg, gen)
+            row = row.masked_fill(~allowed, float("-inf"))
+            if cfg.shared_noise:
+                q_draft = sampling.probs(row, cfg)
+            else:
+                x, q_draft = draw(row, None, cfg, gen)
             q = torch.zeros(self.vocab_size, device=row.device)
             q[table[:width][allowed[:width]]] = q_draft[:width][allowed[:width]]
+            if cfg.shared_noise:  # the race is run in the target's ids, at the target's position
+                noise = sampling.race_noise(cfg.seed, len(self.ids) + i, self.vocab_size, q.device)
+                x = int((table[:width] == sampling.race(q, noise)).logical_and(allowed[:width]).nonzero()[0, 0])
             qs.append(q)
             tokens.append(int(table[x]))
             new.append(x)
