@@ -29,7 +29,36 @@ def top_table(tokenizer, proposal: Proposal, p_logits, p, v: verify.Verdict, siz
     )
     size = min(size, width)
     ids = torch.unique(torch.cat([p_row.topk(size).indices, residual.topk(size).indices]))
-    ids = ids[p_row[ids].argsort(descending=True)][:size]
-    if int(v.token) not in ids.tolist():  # the token the target drew is always plotted
-        ids = torch.cat([ids[: size - 1], torch.tensor([int(v.token)], device=ids.device)])
-    return [(int(i), tokenizer.decode([int(i)]), float(p_row[i]), float(q_row[i]), float(residual[i])) for i in ids]
+    ids = ids[p_row[ids].argsort(descending=True)].tolist()
+    # Always plotted: the token the target chose and, after a rejection, the draft token it rejected.
+    keep = list(dict.fromkeys([int(v.token)] + [int(x) for x in drafts[n : n + 1] if int(x) < width]))
+    others = [i for i in ids if i not in keep][: max(size - len(keep), 0)]
+    ids = sorted(keep + others, key=lambda i: -float(p_row[i]))
+    return [(i, tokenizer.decode([i]), float(p_row[i]), float(q_row[i]), float(residual[i])) for i in ids]
+
+
+RACE_N = 5  # tokens shown per side of the shared-noise race
+
+
+def race_table(tokenizer, proposal: Proposal, p: torch.Tensor, v: verify.Verdict, size: int = RACE_N) -> list[tuple]:
+    """(id, text, p, q, p/E, q/E) where the target chose under shared noise: the leaders of the
+    target's race and of the draft's over the same noise E, the draft token judged there and the
+    target's pick, by p/E. The draft's pick is kept exactly when both races have the same winner."""
+    n, noise = v.accepted, v.noise.to(p.device)
+    p_row = p[n].float()
+    if n < len(proposal.tokens) and proposal.q is not None:
+        q_row = proposal.q[n].float().to(p.device)
+    elif n < len(proposal.tokens):
+        q_row = verify.one_hot_q(proposal.tokens[n : n + 1], len(p_row), p.device)[0]
+    else:  # every draft kept: the draft ran no race here
+        q_row = torch.zeros_like(p_row)
+    width = min(len(p_row), len(q_row), len(noise))
+    p_score, q_score = p_row[:width] / noise[:width], q_row[:width] / noise[:width]
+    k = min(size, width)
+    ids = torch.cat([p_score.topk(k).indices, q_score.topk(k).indices]).tolist() + [int(v.token)]
+    if n < len(proposal.tokens):
+        ids.append(proposal.tokens[n])
+    ids = sorted(set(i for i in ids if i < width), key=lambda i: -float(p_score[i]))
+    return [
+        (i, tokenizer.decode([i]), float(p_row[i]), float(q_row[i]), float(p_score[i]), float(q_score[i])) for i in ids
+    ]
