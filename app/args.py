@@ -26,9 +26,10 @@ def add_generation_args(ap: argparse.ArgumentParser) -> None:
         "--rule",
         choices=RULES,
         default=SamplingConfig.rule,
-        help="how sampled drafts are judged: rejection (min(1, p/q), the most drafts kept; a seed repeats its "
-        "text under fixed or heuristic k, not adaptive k, which follows this machine's timings) or shared-noise (target and "
-        "draft race the same seeded noise: for a seed, the text of plain sampling, whatever the draft or k)",
+        help="how sampled drafts are judged: rejection (min(1, p/q), the most drafts kept; a seed repeats "
+        "its text under fixed or heuristic k, not adaptive k, which follows this machine's timings) or "
+        "shared-noise (target and draft race the same seeded noise: for a seed, the text of plain sampling, "
+        "whatever the draft or k)",
     )
     ap.add_argument(
         "--repetition-penalty",
