@@ -24,11 +24,15 @@ def test_gpucheck_reports_every_figure_on_cpu(capsys):
                 "20",
                 "--k",
                 "1,4",
+                "--no-equality",  # the next test checks the bundled family, on its own settings
             ]
         )
         == 0
     )
-    doc = json.loads(capsys.readouterr().out)
+    out, err = capsys.readouterr()
+    doc = json.loads(out)  # stdout is the JSON alone; progress goes to stderr
+    assert "gpucheck: building random-weight" in err and "gpucheck: timing the eager cache (1/2)" in err
+    assert err.index("timing the static_eager cache (2/2)") < err.index("gpucheck: static_eager done")
     assert doc["compiled"].startswith("skipped")  # CUDA only unless forced
     for kind in ("eager", "static_eager"):
         times = doc[kind]

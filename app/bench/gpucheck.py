@@ -263,7 +263,11 @@ def _equal_runs(pair, examples: list[dict], new_tokens: int, compiled: bool) -> 
             s = SamplingConfig(**extra)  # greedy, with or without the example's repetition controls
             for label, sp in (("autoregressive", None),) + EQUALITY_SPECS:
                 settings = Settings(s, sp or SpecConfig(), RunConfig(new_tokens))
-                run = request.start(pair, ids, settings, speculative=sp is not None, compile=compiled)
+                # Only adaptive k reads the machine's costs; a fixed k's output needs no calibration.
+                adaptive = sp is not None and sp.k_policy == "adaptive"
+                run = request.start(
+                    pair, ids, settings, speculative=sp is not None, compile=compiled, calibrated=adaptive
+                )
                 t0 = time.perf_counter()
                 steps = list(run.steps())
                 seconds = time.perf_counter() - t0
