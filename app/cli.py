@@ -83,7 +83,7 @@ def cmd_generate(args) -> int:
     if draft:
         line += (
             f"; acceptance {_pct(st['acceptance_rate'])} of drafts, alpha {_pct(st['alpha'])}, "
-            f"{st['tokens_per_pass']:.2f} tokens/pass, speedup predicted for this machine "
+            f"{st['tokens_per_pass']:.2f} tokens/pass (mean acceptance length), speedup predicted for this machine "
             f"{_num(st['predicted_speedup'])}x (Leviathan's idealised {_num(st['theoretical_speedup'])}x)"
         )
         if colour:

@@ -387,3 +387,44 @@ def test_plain_steps_leave_the_text_as_it_was(target, near_draft, tokenizer, tem
         assert out == once(None)[0]
     else:
         assert (out, ks) == once(ModelProposer(near_draft, "near"), AdaptiveK(spec, LOSING))
+
+
+def test_idealised_and_predicted_read_the_same_inputs_so_idealised_is_never_below():
+    """Leviathan's idealised figure differs from the prediction only in costing a wide verify pass as a
+    one-token pass, so on a machine where a wide pass costs more it is the upper bound."""
+    rng = random.Random(0)
+    for _ in range(200):
+        widths = list(itertools.accumulate(rng.uniform(0.0, 0.5) for _ in range(9)))
+        costs = Costs(
+            verify_s=tuple(1 + w for w in widths),
+            draft_round_s=rng.uniform(0, 0.3),
+            draft_token_s=rng.uniform(0, 0.5),
+            overhead_s=rng.uniform(0, 0.2),
+            plain_round_s=rng.uniform(0.8, 1.5),
+            verify_per_context_s=tuple(rng.uniform(0, 1e-3) for _ in range(9)),
+            context=100,
+        )
+        alpha, lengths = rng.random(), [rng.randint(0, 8) for _ in range(rng.randint(1, 30))]
+        contexts = [rng.randint(10, 2000) for _ in lengths]
+        first = rng.uniform(0, 3)
+        predicted = costs.predicted_speedup(alpha, lengths, first, contexts)
+        assert costs.idealised_speedup(alpha, lengths, first, contexts) >= predicted
+    # Where a pass's width is free, the two agree.
+    flat = dataclasses.replace(STEEP, verify_s=(1.0,) * 9)
+    assert flat.idealised_speedup(0.7, [4, 2, 0]) == pytest.approx(flat.predicted_speedup(0.7, [4, 2, 0]))
+    assert STEEP.idealised_speedup(0.7, [4]) > STEEP.predicted_speedup(0.7, [4])
+
+
+def test_a_runs_idealised_figure_is_built_on_its_predictions_inputs(target, near_draft, tokenizer):
+    _, steps = run(
+        target, tokenizer, PROMPT, ModelProposer(near_draft, "near"), k=4, k_policy="fixed", max_new_tokens=40
+    )
+    st = metrics.summarize(steps, GROWING)
+    inputs = (st["alpha"], [len(s.drafted) for s in steps[1:]], steps[0].elapsed, [s.context for s in steps[1:]])
+    assert st["theoretical_speedup"] == pytest.approx(GROWING.idealised_speedup(*inputs))
+    assert st["theoretical_speedup"] > st["predicted_speedup"] == pytest.approx(GROWING.predicted_speedup(*inputs))
+    # Without measured costs, Leviathan's formula at the run's own alpha and c, as before.
+    bare = metrics.summarize(steps)
+    assert bare["theoretical_speedup"] == pytest.approx(
+        metrics.expected_speedup(bare["alpha"], bare["cost_ratio_c"], bare["mean_k"])
+    )

@@ -118,11 +118,26 @@ class Costs:
         run), added to both sides as real runs add it: a long prompt dilutes the gain of the rounds.
         contexts: each round's context length, which plain decoding of the same tokens shares.
         """
+        return self._speedup(alpha, draft_lengths, first_round_s, contexts, width_free=False)
+
+    def idealised_speedup(
+        self,
+        alpha: float,
+        draft_lengths: Sequence[int],
+        first_round_s: float = 0.0,
+        contexts: Sequence[int | None] | None = None,
+    ) -> float:
+        """predicted_speedup on the same inputs under Leviathan's assumption that a verify pass over
+        k + 1 tokens costs what a one-token pass costs. Pass times never fall as the width grows
+        (verify_curve), so this is never below predicted_speedup; they are equal where width is free."""
+        return self._speedup(alpha, draft_lengths, first_round_s, contexts, width_free=True)
+
+    def _speedup(self, alpha, draft_lengths, first_round_s, contexts, width_free: bool) -> float:
         plain = seconds = 0.0
         for k, context in zip(draft_lengths, contexts or [None] * len(draft_lengths), strict=True):
             verify = self.verify_curve(context)  # once per round: both sides read it
             plain += expected_tokens_per_pass(alpha, k) * self._plain_s(verify)
-            seconds += self._round_s(k, verify)
+            seconds += self._round_s(k, verify[:1] if width_free else verify)
         return (first_round_s + plain) / (first_round_s + seconds)
 
     def to_dict(self) -> dict:

@@ -9,8 +9,9 @@ from app.core.events import BONUS, CORRECTED, TARGET, Step
 
 # What each speedup figure means; the JSON report carries these beside the numbers.
 LABELS = {
-    "theoretical_speedup": "Leviathan et al.'s idealised speedup at the measured alpha and c: "
-    "assumes one verify pass costs one plain step",
+    "theoretical_speedup": "Leviathan et al.'s idealised speedup: with this machine's costs, the same "
+    "inputs as predicted_speedup but every verify pass costed as a one-token pass, so it is never below "
+    "it; without them, the measured alpha and c with one verify pass costed as one plain step",
     "predicted_speedup": "predicted for this machine: the same expected tokens per round over this "
     "machine's measured round time (verify time per width and context length, "
     "draft cost, overhead), "
@@ -75,12 +76,15 @@ def summarize(steps: Sequence[Step], costs: Costs | None = None) -> dict:
             stats["theoretical_speedup"] = expected_speedup(min(alpha, 1.0), c, mean_k)
         if costs is not None:
             # Round 1 holds the prompt's prefill, which plain decoding pays too: it counts as measured.
-            stats["predicted_speedup"] = costs.predicted_speedup(
-                min(alpha, 1.0),
-                [len(s.drafted) for s in steps[1:]],
+            # Both figures read the same inputs, so only the width of a verify pass sets them apart.
+            inputs = dict(
+                alpha=min(alpha, 1.0),
+                draft_lengths=[len(s.drafted) for s in steps[1:]],
                 first_round_s=steps[0].elapsed,
                 contexts=[s.context for s in steps[1:]],
             )
+            stats["predicted_speedup"] = costs.predicted_speedup(**inputs)
+            stats["theoretical_speedup"] = costs.idealised_speedup(**inputs)
     return stats
 
 
