@@ -79,3 +79,134 @@ def test_every_handler_that_takes_visitor_input_is_guarded():
     assert len(takes_input) >= 6
     unguarded = [h.__name__ for h in takes_input if not getattr(h, "guarded", False)]
     assert not unguarded, f"handlers that take visitor input without the boundary: {unguarded}"
+
+
+def test_raw_values_are_checked_by_parameter_and_by_component_before_preprocessing():
+    import gradio as gr
+
+    def handler(prompt, seed, value, mode, flag, example, session):
+        pass
+
+    blocks = [
+        gr.Textbox(),
+        gr.Number(),
+        gr.Slider(0, 10, label="Max new tokens"),
+        gr.Radio(["a", "b"], label="Mode"),
+        gr.Checkbox(label="Chat"),
+        gr.Dataset(components=[gr.Textbox()], samples=[["x"], ["y"]]),
+        gr.State(),
+    ]
+    good = ["hi", None, 3, "a", True, 1, None]
+    boundary.check_payload(handler, blocks, good)
+    for pos, bad, message in [
+        (0, None, "prompt must be text, got nothing"),
+        (1, float("inf"), "seed must be a finite number"),
+        (1, [], "seed must be a number, got a list"),
+        (2, None, "Max new tokens must be a number, got nothing"),
+        (2, {}, "Max new tokens must be a number, got an object"),
+        (3, "c", "Mode must be one of a, b"),
+        (4, "abc", "Chat must be true or false"),
+        (5, 7, "example must be the number of one of the examples"),
+        (5, None, "example must be the number"),
+    ]:
+        values = list(good)
+        values[pos] = bad
+        with pytest.raises(UserError, match=message):
+            boundary.check_payload(handler, blocks, values)
+    with pytest.raises(UserError, match="takes 7 values, got 6"):
+        boundary.check_payload(handler, blocks, good[:-1])
+
+
+def test_log_records_are_rate_limited_and_say_how_many_were_left_out():
+    now = [0.0]
+    limit = boundary.RateLimited(burst=3, window=60.0, clock=lambda: now[0])
+    records = [logging.LogRecord("app", logging.WARNING, "", 0, f"bad {i}", (), None) for i in range(10)]
+    assert [limit.filter(r) for r in records] == [True] * 3 + [False] * 7
+    now[0] = 61.0
+    assert limit.filter(records[0]) and records[0].msg == "(7 similar messages left out) bad 0"
+
+
+# What a script may post for any input: no type the component expects, or no finite number.
+SWEEP_VALUES = ["null", '"abc"', "[]", "{}", "NaN", "Infinity", "-Infinity", "true", "1e300"]
+
+
+def _base_values(config: dict) -> dict[int, object]:
+    """Component id -> a good value: the page's own, with the tiny pair and a short run."""
+    good = {}
+    for comp in config["components"]:
+        props = comp.get("props", {})
+        label, value = str(props.get("label") or ""), props.get("value")
+        if label == "Target":
+            value = "stdlib-code target (bundled)"
+        elif label == "Draft":
+            value = "prompt lookup (n-grams)"
+        elif props.get("elem_id") == "max-new":
+            value = 2
+        elif comp.get("type") == "dataset":
+            value = 0
+        good[comp["id"]] = value
+    return good
+
+
+def _call(url: str, dep: dict, data_json: str) -> tuple[bool, object]:
+    """Send one event's raw JSON data as the page would; (succeeded, output or error text)."""
+    import json
+    import uuid
+
+    import httpx
+
+    session = uuid.uuid4().hex
+    body = f'{{"data": {data_json}, "fn_index": {dep["id"]}, "session_hash": "{session}", "event_data": null}}'
+    headers = {"content-type": "application/json"}
+    if dep.get("queue") is False:  # the page posts these directly, outside the queue
+        r = httpx.post(f"{url}gradio_api/run/predict", content=body, headers=headers, timeout=120)
+        doc = r.json()
+        return r.status_code == 200, doc.get("error", doc.get("data"))
+    r = httpx.post(f"{url}gradio_api/queue/join", content=body, headers=headers, timeout=120)
+    if r.status_code != 200:
+        return False, r.json().get("detail")
+    with httpx.stream("GET", f"{url}gradio_api/queue/data", params={"session_hash": session}, timeout=300) as s:
+        for line in s.iter_lines():
+            if line.startswith("data:"):
+                msg = json.loads(line[5:])
+                if msg.get("msg") == "process_completed":
+                    out = msg.get("output") or {}
+                    return bool(msg.get("success")), out.get("error") if not msg.get("success") else out.get("data")
+    return False, None
+
+
+@pytest.mark.slow  # a server and about a thousand requests
+def test_a_bad_value_in_any_input_of_any_endpoint_gets_a_readable_message(tmp_path):
+    import json
+
+    import httpx
+    from app_server import serve
+
+    log = tmp_path / "server.log"
+    with serve(log, SPECDEC_JOINS_PER_MINUTE="100000") as url:
+        config = httpx.get(url + "config", timeout=30).json()
+        good = _base_values(config)
+        kinds = {c["id"]: c.get("type") for c in config["components"]}
+        deps = [d for d in config["dependencies"] if d.get("backend_fn") and d["inputs"]]
+        assert len(deps) >= 10
+        failures, cases = [], 0
+        for dep in deps:
+            base = [json.dumps(good[i]) for i in dep["inputs"]]
+            for pos, comp in enumerate(dep["inputs"]):
+                if kinds[comp] == "state":
+                    continue  # held by the server, never sent
+                for bad in SWEEP_VALUES:
+                    data = list(base)
+                    data[pos] = bad
+                    ok, out = _call(url, dep, "[" + ", ".join(data) + "]")
+                    cases += 1
+                    readable = isinstance(out, str) and len(out) > 10 and "internal error" not in out
+                    if not ok and not readable:
+                        failures.append((dep.get("api_name") or dep["id"], pos, bad, out))
+            ok, out = _call(url, dep, "[" + ", ".join(base[:-1]) + "]")  # one value short
+            if not ok and not (isinstance(out, str) and "values" in out):
+                failures.append((dep.get("api_name") or dep["id"], "short", None, out))
+        assert cases > 500 and not failures, failures[:10]
+        logged = log.read_text()
+        assert "Traceback" not in logged and "internal error" not in logged, logged[-3000:]
+        assert len(logged.splitlines()) < 300, "refusals are logged at a bounded rate"

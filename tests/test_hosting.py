@@ -76,7 +76,7 @@ def test_a_bundled_install_path_is_refused_like_any_other_path(on_space):
     [
         (models.TINY_TARGET, "eagle:" + models.TINY_TARGET, "holds a full model, not a feature head"),
         ("/etc", "prompt-lookup", "has no config.json"),
-        ("/etc/hostname", "prompt-lookup", "is not a directory"),
+        ("/etc/hostname", "prompt-lookup", "no such directory"),
         ("https://evil.example/x", "prompt-lookup", "neither a local directory nor a Hub id"),
         (models.TINY_TARGET, "eagle:https://evil.example/x", "neither a local directory nor a Hub id"),
     ],
@@ -167,13 +167,13 @@ def test_a_visitors_id_never_reaches_the_hub_with_the_owners_token(tmp_path):
 
 class _BigModelHub(_Recorder):
     paths: list = []
+    params = 70_000_000_000
 
     def _answer(self):
         _BigModelHub.paths.append(self.path)
         if self.path.startswith("/api/models/"):
-            body = json.dumps(
-                {"id": "visitor/huge", "safetensors": {"parameters": {"BF16": 70_000_000_000}, "total": 70_000_000_000}}
-            ).encode()
+            n = _BigModelHub.params
+            body = json.dumps({"id": "visitor/huge", "safetensors": {"parameters": {"BF16": n}, "total": n}}).encode()
             self.send_response(200)
             self.send_header("Content-Type", "application/json")
             self.end_headers()
@@ -184,7 +184,12 @@ class _BigModelHub(_Recorder):
     do_GET = do_HEAD = _answer
 
 
-def test_a_model_over_the_size_cap_is_refused_before_download(tmp_path):
+@pytest.mark.parametrize(
+    "params, cap, message",
+    [(70_000_000_000, "", "70.0B parameters; this server loads at most 8.0B"), (10**13, "1e15", "GiB can hold")],
+)
+def test_a_model_over_the_size_cap_or_the_hosts_memory_is_refused_before_download(tmp_path, params, cap, message):
+    _BigModelHub.params = params
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _BigModelHub)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     _Recorder.seen.clear()
@@ -195,6 +200,7 @@ def test_a_model_over_the_size_cap_is_refused_before_download(tmp_path):
         HF_HOME=str(tmp_path / "hf"),
         HF_ENDPOINT=f"http://127.0.0.1:{server.server_port}",
         OMP_NUM_THREADS="1",
+        SPECDEC_MAX_PARAMS=cap,
     )
     env.pop("HF_HUB_OFFLINE", None)
     code = (
@@ -204,7 +210,7 @@ def test_a_model_over_the_size_cap_is_refused_before_download(tmp_path):
     )
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=400)
     server.shutdown()
-    assert "70.0B parameters" in out.stdout and "at most 8.0B" in out.stdout, out.stdout + out.stderr[-2000:]
+    assert message in out.stdout, out.stdout + out.stderr[-2000:]
     assert any(p.startswith("/api/models/visitor/huge") for p in _BigModelHub.paths)
     assert not any("/resolve/" in p for p in _BigModelHub.paths), "no file may be downloaded"
 
@@ -233,3 +239,38 @@ def test_lookalike_draft_ids_make_no_hub_request(tmp_path):
     server.shutdown()
     assert out.stdout.count("refused:") == len(BYPASSES), out.stdout + out.stderr[-2000:]
     assert not _Recorder.seen, f"{len(_Recorder.seen)} Hub requests"
+
+
+@pytest.mark.parametrize(
+    "headers, proxied",
+    [
+        ({b"host": b"127.0.0.1:7860"}, False),
+        ({b"host": b"localhost:7860"}, False),
+        ({b"host": b"[::1]:7860"}, False),
+        ({b"host": b"specdec.example.org"}, True),  # a tunnel or proxy passing the public name through
+        ({b"host": b"127.0.0.1:7860", b"x-forwarded-for": b"203.0.113.5"}, True),
+        ({b"host": b"127.0.0.1:7860", b"forwarded": b"for=203.0.113.5"}, True),
+    ],
+)
+def test_a_request_through_a_proxy_or_tunnel_is_told_apart(headers, proxied):
+    from app.serve import boundary
+
+    assert boundary._proxied(headers) is proxied
+
+
+@pytest.mark.slow  # a server
+def test_a_loopback_server_reached_through_a_proxy_is_public(tmp_path):
+    """Bound to 127.0.0.1 but reached through a reverse proxy: from then on, presets only."""
+    from app_server import serve
+    from gradio_client import Client
+
+    custom = ["stdlib-code target (bundled)", "", "prompt lookup (n-grams)", str(models.BUNDLED / "draft-small")]
+    with serve(tmp_path / "server.log") as url:
+        assert "Loaded target" in Client(url, verbose=False).predict(*custom, api_name="/load_pair")
+        proxied = Client(url, verbose=False, headers={"x-forwarded-for": "203.0.113.5"})
+        for client in (proxied, Client(url, verbose=False)):  # and it stays public
+            with pytest.raises(Exception, match="not on this server's model list"):
+                client.predict(*custom, api_name="/load_pair")
+        assert "Loaded target" in proxied.predict(*custom[:3], "", api_name="/load_pair"), "presets still load"
+    log = (tmp_path / "server.log").read_text()
+    assert "through a proxy or tunnel" in log and "Traceback" not in log

@@ -134,10 +134,12 @@ def test_no_reply_names_a_host_path(server):
     assert str(models.ROOT) not in json.dumps(presets) and "stdlib-code target (bundled)" in presets[0]["targets"]
 
 
-def test_uploads_are_refused_above_a_few_bytes(server):
-    """The app has no file inputs, so /upload takes nothing of size (it took any size before)."""
+def test_uploads_are_refused_and_no_run_history_is_kept(server):
+    """The app has no file inputs, so /upload stores nothing and names no path; Gradio's run history is off."""
     import httpx
 
     url, _ = server
-    r = httpx.post(f"{url}gradio_api/upload", files={"files": ("a.txt", b"x" * 10_000)}, timeout=30)
-    assert r.status_code >= 400, r.text[:200]
+    for size in (10_000, 10, 0):
+        r = httpx.post(f"{url}gradio_api/upload", files={"files": ("a.txt", b"x" * size)}, timeout=30)
+        assert r.status_code == 403 and "/" not in r.text, r.text[:200]
+    assert httpx.get(f"{url}config", timeout=30).json()["run_history"] is False

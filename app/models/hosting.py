@@ -1,6 +1,7 @@
 """Who may load which model, and with whose Hub token, when the app is reachable by others.
 
-Public hosting (a Space, or any non-loopback bind) defaults to the presets alone; the owner
+Public hosting (a Space, any non-loopback bind, or a loopback bind that requests reach through a
+proxy or tunnel) defaults to the presets alone; the owner
 opens it up with SPECDEC_ALLOWED_MODELS=any or a comma list. Every check reads the id as the
 visitor typed it, before anything touches the filesystem, and no message echoes a host path.
 """
@@ -21,9 +22,22 @@ def configure(host: str | None) -> None:
     _bind_host = host
 
 
+_proxied = False  # a request came through a proxy or tunnel (serve/boundary.py's ProxyWatch saw it)
+
+
+def mark_proxied() -> bool:
+    """Record that the server is reached through a proxy or tunnel; True the first time."""
+    global _proxied
+    first, _proxied = not _proxied, True
+    return first
+
+
 def public() -> bool:
-    """True on Hugging Face Spaces or when bound to a non-loopback address."""
+    """True on Hugging Face Spaces, when bound to a non-loopback address, or once any request has come
+    through a proxy or tunnel (a loopback bind behind one is public too), unless SPECDEC_PRIVATE=1."""
     host = _bind_host if _bind_host is not None else os.environ.get("GRADIO_SERVER_NAME", "127.0.0.1")
+    if _proxied and os.environ.get("SPECDEC_PRIVATE") != "1":
+        return True
     return bool(os.environ.get("SPACE_ID")) or host.strip() not in LOOPBACK
 
 
@@ -79,8 +93,23 @@ def max_params() -> float | None:
     return 8e9 if public() else None
 
 
-def check_size(repo_id: str, token: str | bool | None) -> None:
-    """Refuse a Hub model over the cap from the Hub's metadata, before any weight is downloaded.
+def memory_bytes(device: str = "cpu") -> int | None:
+    """The memory a model is loaded into: the GPU's for CUDA, else the host's physical memory."""
+    try:
+        if device.startswith("cuda"):
+            import torch
+
+            return torch.cuda.get_device_properties(torch.device(device)).total_memory
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, RuntimeError, AttributeError):
+        return None
+
+
+FIT = 0.75  # a model may take at most this share of the memory it loads into; the rest is caches and runs
+
+
+def check_size(repo_id: str, token: str | bool | None, bytes_per_param: int = 4, device: str = "cpu") -> None:
+    """Refuse a Hub model over the cap, or too big for this host's memory, before any weight is downloaded.
 
     The safetensors parameter count the Hub reports is used; without it, one estimated from
     config.json (12 L H^2 + V H). A model with neither is refused, since its size is unknown.
@@ -110,6 +139,12 @@ def check_size(repo_id: str, token: str | bool | None) -> None:
         raise UserError(
             f"{shown(repo_id)!r} has {params / 1e9:.1f}B parameters; this server loads at most "
             f"{cap / 1e9:.1f}B (SPECDEC_MAX_PARAMS)"
+        )
+    memory = memory_bytes(device)
+    if memory and params * bytes_per_param > FIT * memory:
+        raise UserError(
+            f"{shown(repo_id)!r} needs about {params * bytes_per_param / 2**30:.0f} GiB at {8 * bytes_per_param} "
+            f"bits a weight, more than this server's {memory / 2**30:.0f} GiB can hold: pick a smaller model"
         )
 
 

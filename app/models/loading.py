@@ -182,7 +182,7 @@ def load(
         hub_id = not Path(name).exists() and not name.startswith(("/", ".", "~"))
         offline = hub_id and not hub_reachable()
         if hub_id and not offline:
-            hosting.check_size(name, token)  # before any weight is fetched
+            hosting.check_size(name, token, torch_dtype.itemsize, str(dev))  # before any weight is fetched
         try:
             tokenizer = AutoTokenizer.from_pretrained(
                 name, trust_remote_code=False, local_files_only=offline, token=token
@@ -293,16 +293,16 @@ def _refuse_odd(name: str, shown: str) -> None:
     path = Path(name)
     if path.exists() or name.startswith(("/", ".", "~")):
         if not path.is_dir():
-            raise UserError(f"{shown!r} is not a directory: give a model's directory or a Hub id")
+            raise UserError(f"could not load {shown!r}: no such directory. Give a local directory or a Hub id")
         if not (path / "config.json").is_file():
-            raise UserError(f"{shown!r} has no config.json, so it is not a model directory")
+            raise UserError(f"could not load {shown!r}: it has no config.json, so it is not a model directory")
         return
     from huggingface_hub.utils import HFValidationError, validate_repo_id
 
     try:
         validate_repo_id(name)
     except HFValidationError:
-        raise UserError(f"{shown!r} is neither a local directory nor a Hub id like owner/name") from None
+        raise UserError(f"could not load {shown!r}: it is neither a local directory nor a Hub id") from None
 
 
 def _safe_reason(e: Exception, resolved: str) -> str:

@@ -16,6 +16,8 @@ import functools
 import inspect
 import logging
 import math
+import os
+import time
 from collections.abc import Callable
 
 from app.core.config import K_MAX, MAX_NEW_TOKENS_CAP, UserError
@@ -26,6 +28,21 @@ MAX_PROMPT_CHARS = 200_000  # far beyond any bundled context; refuses megabytes 
 MAX_SEED = 2**63 - 1  # torch.Generator.manual_seed takes a 64-bit seed
 
 
+def _what(value) -> str:
+    """How a value a client sent reads in a message: its JSON kind, never a Python type name."""
+    if value is None:
+        return "nothing (null)"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (list, tuple)):
+        return "a list"
+    if isinstance(value, dict):
+        return "an object"
+    if isinstance(value, str):
+        return repr(value[:20])
+    return type(value).__name__
+
+
 def _number(name: str, value, whole: bool) -> float:
     if isinstance(value, str):
         try:
@@ -33,7 +50,7 @@ def _number(name: str, value, whole: bool) -> float:
         except ValueError:
             raise UserError(f"{name} must be a number, got {value[:20]!r}") from None
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise UserError(f"{name} must be a number, got {type(value).__name__}")
+        raise UserError(f"{name} must be a number, got {_what(value)}")
     if isinstance(value, float) and not math.isfinite(value):
         raise UserError(f"{name} must be a finite number, got {value}")
     if whole and value != int(value):
@@ -69,7 +86,7 @@ def text(name: str, limit: int, blank: bool = True) -> Callable:
         if value is None and blank:
             return
         if not isinstance(value, str):
-            raise UserError(f"{name} must be text, got {type(value).__name__}")
+            raise UserError(f"{name} must be text, got {_what(value)}")
         if len(value) > limit:
             raise UserError(f"{name} is too long ({len(value)} characters; at most {limit})")
         try:
@@ -98,12 +115,22 @@ def flag(name: str) -> Callable:
     return check
 
 
+def boolean(name: str) -> Callable:
+    def check(value) -> None:
+        if not isinstance(value, bool):
+            raise UserError(f"{name} must be true or false, got {_what(value)}")
+
+    return check
+
+
 MODEL_ID_CHARS = 500  # hosting.check gives the precise limit; this only keeps megabytes out
 # The app's input fields by handler parameter name. Ranges are what a client could send at all;
 # the configs' own validate() then checks what makes sense (top-p in (0, 1], k <= k max, ...).
 FIELDS: dict[str, Callable] = {
-    "prompt": text("prompt", MAX_PROMPT_CHARS),
-    **{n: text(n.replace("_", " "), MODEL_ID_CHARS) for n in ("target", "custom_target", "draft", "custom_draft")},
+    "prompt": text("prompt", MAX_PROMPT_CHARS, blank=False),
+    "target": text("target", MODEL_ID_CHARS, blank=False),
+    "draft": text("draft", MODEL_ID_CHARS, blank=False),
+    **{n: text(n.replace("_", " "), MODEL_ID_CHARS) for n in ("custom_target", "custom_draft")},
     "chat": flag("chat"),
     "decoding": choice("decoding", ("greedy", "sampling")),
     "temperature": real("temperature", 0, 1000),
@@ -116,6 +143,152 @@ FIELDS: dict[str, Callable] = {
     "repetition_penalty": real("repetition penalty", 0, 100),
     "no_repeat_ngram_size": whole("no-repeat n-gram size", 0, 64),
 }
+
+
+def _by_component(block, label: str) -> Callable | None:
+    """The check for an input the app has no field for, from its component's kind (class name)."""
+    kind = type(block).__name__
+    if kind == "Slider":
+        return real(label, -math.inf, math.inf)
+    if kind == "Number":
+        return lambda v: None if v is None else real(label, -math.inf, math.inf)(v)
+    if kind in ("Textbox", "Code"):
+        return text(label, MAX_PROMPT_CHARS)
+    if kind == "Checkbox":
+        return boolean(label)
+    if kind in ("Radio", "Dropdown") and not getattr(block, "allow_custom_value", False):
+        return choice(label, tuple(value for _, value in getattr(block, "choices", ())))
+    if kind == "Dropdown":
+        return text(label, MODEL_ID_CHARS, blank=False)
+    if kind == "Dataset":
+        count = len(getattr(block, "samples", None) or ())
+        return lambda v: None if isinstance(v, int) and not isinstance(v, bool) and 0 <= v < count else _no_example(v)
+    return None
+
+
+def _no_example(value) -> None:
+    raise UserError(f"example must be the number of one of the examples, got {_what(value)}")
+
+
+def check_payload(fn: Callable, blocks: list, values: list) -> None:
+    """Check the raw values a client sent for an event, before Gradio's preprocessing touches them.
+
+    Each value is checked by the handler parameter it lands in (FIELDS), else by its component's
+    kind; a stateful input (gr.State) holds no client value and is skipped.
+    """
+    if not isinstance(values, list):
+        raise UserError("data must be a list of values")
+    if len(values) < len(blocks):
+        raise UserError(f"this endpoint takes {len(blocks)} values, got {len(values)}")
+    names = list(inspect.signature(fn).parameters) if fn is not None else []
+    for i, (block, value) in enumerate(zip(blocks, values, strict=False)):
+        if getattr(block, "stateful", False):
+            continue
+        name = names[i] if i < len(names) else ""
+        label = str(getattr(block, "label", None) or name or f"input {i + 1}").split(" (")[0].split(":")[0][:40]
+        check = FIELDS.get(name) or _by_component(block, label)
+        if check is not None:
+            check(value)
+
+
+def gate(demo, user_error: Callable[[UserError], BaseException]) -> None:
+    """Check every event's raw inputs (check_payload) before Gradio preprocesses them.
+
+    Gradio's own preprocessing fails on null, "abc", [] or NaN with a traceback in the log and
+    {"error": null} for the client; this wraps the one method every queued and direct call
+    goes through, so such values get the app's message instead.
+    """
+    process_api = demo.process_api
+    params = inspect.signature(process_api)
+
+    @functools.wraps(process_api)
+    async def checked(*args, **kwargs):
+        call = params.bind(*args, **kwargs)
+        block_fn, inputs = call.arguments["block_fn"], call.arguments.get("inputs")
+        block_fn = demo.fns[block_fn] if isinstance(block_fn, int) else block_fn
+        if call.arguments.get("iterator") is None and not getattr(block_fn, "batch", False):
+            try:
+                check_payload(block_fn.fn, block_fn.inputs, inputs)
+            except UserError as e:
+                raise user_error(e) from None
+        return await process_api(*args, **kwargs)
+
+    demo.process_api = checked
+
+
+class RateLimited(logging.Filter):
+    """At most `burst` records per logger and level each `window` seconds; the rest are counted, and the
+    next record that passes says how many were left out. A flood of bad requests cannot flood the log."""
+
+    def __init__(self, burst: int = 20, window: float = 60.0, clock: Callable[[], float] = time.monotonic):
+        super().__init__()
+        self.burst, self.window, self.clock = burst, window, clock
+        self._seen: dict[tuple, list] = {}  # (logger, level) -> [window start, records passed, left out]
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        now, key = self.clock(), (record.name, record.levelno)
+        seen = self._seen.setdefault(key, [now, 0, 0])
+        if now - seen[0] > self.window:
+            seen[0], seen[1] = now, 0
+        if seen[1] >= self.burst:
+            seen[2] += 1
+            return False
+        seen[1] += 1
+        if seen[2]:
+            record.msg, seen[2] = f"({seen[2]} similar messages left out) {record.msg}", 0
+        return True
+
+
+class NoUploads:
+    """ASGI middleware: the app has no file inputs, so Gradio's upload route stores nothing and
+    answers no path; every other request passes untouched."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "http" and scope["path"].rstrip("/").rsplit("/", 1)[-1] == "upload":
+            await send({"type": "http.response.start", "status": 403, "headers": [(b"content-type", b"text/plain")]})
+            await send({"type": "http.response.body", "body": b"this app takes no file uploads"})
+            return
+        await self.app(scope, receive, send)
+
+
+PROXY_HEADERS = (b"x-forwarded-for", b"forwarded", b"x-real-ip", b"x-forwarded-host", b"cf-connecting-ip")
+
+
+class ProxyWatch:
+    """ASGI middleware: a request that came through a proxy or tunnel (forwarding headers, or a Host
+    that is not this machine's loopback name) makes the server public for good (hosting.public),
+    before the request itself is handled; SPECDEC_PRIVATE=1 is the owner saying it is not."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] in ("http", "websocket") and _proxied(dict(scope.get("headers") or ())):
+            from app.models import hosting
+
+            if hosting.mark_proxied() and os.environ.get("SPECDEC_PRIVATE") != "1":
+                log.warning("requests come through a proxy or tunnel: visitors may load the presets only")
+        await self.app(scope, receive, send)
+
+
+def _proxied(headers: dict[bytes, bytes]) -> bool:
+    from app.models.hosting import LOOPBACK
+
+    if any(h in headers for h in PROXY_HEADERS):
+        return True
+    host = headers.get(b"host", b"").decode("latin-1").strip()
+    name = host[1 : host.index("]")] if host.startswith("[") and "]" in host else host.rsplit(":", 1)[0]
+    return name.lower() not in LOOPBACK
+
+
+def limit_logging() -> None:
+    """Rate-limit what reaches the server log's handlers (call after logging is configured)."""
+    limit = RateLimited()
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(limit)
 
 
 def check_fields(fn: Callable, args: tuple, kwargs: dict) -> None:

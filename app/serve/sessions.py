@@ -30,6 +30,9 @@ from app.core.policy import KPolicy
 # see, so there it always replays.
 MAX_LIVE = int(os.environ.get("SPECDEC_TEACH_LIVE") or ("0" if os.environ.get("SPACES_ZERO_GPU") else "4"))
 TTL = 600.0  # seconds a live run outlives its last step; after that the next Step replays
+# Visitor sessions Gradio keeps in memory (each holds a copy of the page's values, its plots and records
+# included, so about half a MiB after a run); the least recently used go first. Gradio's default is 10,000.
+MAX_SESSIONS = int(os.environ.get("SPECDEC_SESSIONS") or 64)
 STATE_TTL = 3600.0  # seconds the visitor's gr.State (bytes of plain data) outlives its last step
 
 

@@ -259,5 +259,6 @@ def launch(host: str | None = None, port: int | None = None, share: bool = False
         show_error=False,
         max_file_size="1kb",
         run_history=False,
-        app_kwargs={"middleware": [Middleware(boundary.NoUploads)]},
+        state_session_capacity=sessions.MAX_SESSIONS,  # memory stays bounded however many visit
+        app_kwargs={"middleware": [Middleware(boundary.NoUploads), Middleware(boundary.ProxyWatch)]},
     )
