@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from app.core.config import SamplingConfig, SpecConfig, UserError
-from app.drafts.draft_spec import DraftSpec, Kind
+from app.drafts.draft_spec import EAGLE_PREFIX, DraftSpec, Kind
 
 RUNS = Path("runs")
 
@@ -84,8 +84,11 @@ def vllm(target: str, draft: DraftInfo, spec: SpecConfig, sampling: SamplingConf
         config = {"method": "ngram", **config, "prompt_lookup_max": spec.ngram_max, "prompt_lookup_min": spec.ngram_min}
     elif draft.kind == Kind.FEATURE_HEAD:
         config = {"method": "eagle", "model": draft.spec.source, **config}
-        if Path(draft.spec.source).is_dir():
-            notes.append("vLLM loads EAGLE checkpoints: check that this head directory is one vLLM can read")
+        if _trained_here(draft.spec.source):
+            notes.append(
+                "this head has a fusion bias and a draft vocabulary vLLM's EAGLE-1 model has no place for: "
+                "--head-out DIR writes the copy vLLM reads"
+            )
     elif draft.kind == Kind.EARLY_EXIT:
         config = None
         notes.append(f"early exit ({draft.name}) has no counterpart in vLLM: the command serves the target alone")
@@ -247,6 +250,29 @@ def _different_tokenizers(target: str, draft: str) -> bool:
         return True
 
 
+def _trained_here(source: str) -> bool:
+    """Whether a head directory is in this app's own layout (python -m app train writes it)."""
+    config = Path(source) / "config.json"
+    try:
+        return config.is_file() and "feature_head" in json.loads(config.read_text())
+    except (OSError, ValueError):
+        return False
+
+
+def _write_head(target: str, draft: DraftInfo, out: Path) -> tuple[DraftInfo, list[str]]:
+    """The feature head written for vLLM into `out`, as the draft the vllm command names, and notes."""
+    from transformers import AutoConfig
+
+    from app.drafts import vllm_head
+
+    if draft.kind != Kind.FEATURE_HEAD or not Path(draft.spec.source).is_dir():
+        raise UserError("--head-out needs a feature-head draft in a local directory (eagle:DIR)")
+    config = AutoConfig.from_pretrained(target, local_files_only=True)
+    notes = vllm_head.write(draft.spec.source, config, out)
+    written = DraftInfo(DraftSpec.parse(EAGLE_PREFIX + str(out.resolve())))
+    return written, [f"the head was written for vLLM into {out}"] + notes
+
+
 def main(argv: list[str]) -> int:
     """python -m app export: the pair and settings of `generate`, as serving commands."""
     import argparse
@@ -257,14 +283,25 @@ def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(prog="python -m app export", description=main.__doc__)
     args_module.add_generation_args(ap)
     ap.add_argument("--json", action="store_true", help="print the commands and notes as JSON")
+    ap.add_argument(
+        "--head-out",
+        type=Path,
+        help="a feature-head draft: write it as vLLM's eagle method reads it into this directory, "
+        "and point the vllm command there",
+    )
     args = ap.parse_args(argv)
     st = args_module.settings(args)
     sampling, spec = st.sampling, st.spec
     typed_target, typed_draft = args.target or models.DEFAULT_TARGET, args.draft or models.default_draft(args.target)
     target = models.resolve(typed_target)
     draft = describe(target, models.resolve(typed_draft, "draft"))
-    exports = export_all(target, draft, spec, sampling)
     names = {target: typed_target, draft.spec.source: typed_draft}  # printed as typed, never as install paths
+    head_notes = []
+    if args.head_out is not None:
+        draft, head_notes = _write_head(target, draft, args.head_out)
+        names[draft.spec.source] = str(args.head_out)
+    exports = export_all(target, draft, spec, sampling)
+    exports[0].notes += head_notes
     if args.json:
         doc = [dict(engine=e.engine, argv=e.argv, command=e.shell(), notes=e.notes) for e in exports]
         print(named(json.dumps(doc), names))

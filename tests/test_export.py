@@ -139,3 +139,61 @@ def test_the_shared_noise_rule_is_said_to_stay_here():
         assert not any(
             "shared-noise" in n for n in make(TARGET, info(DRAFT), FIXED, SamplingConfig(temperature=0.7)).notes
         )
+
+
+def test_head_out_writes_what_vllms_eagle_reads_and_the_app_reads_it_back(tmp_path, capsys):
+    """The written head is vLLM's EAGLE-1 layout (fc.weight and layers.0.*, no fusion bias, no draft
+    vocabulary, the target's RoPE base); read back by the app's own EAGLE-1 reader it is the bundled
+    head with its bias at zero, and it drafts losslessly."""
+    import torch
+    from conftest import run
+    from safetensors import safe_open
+
+    from app.drafts.feature_head import load_head
+
+    out = tmp_path / "for-vllm"
+    assert (
+        cli.main(
+            [
+                "export",
+                "--target",
+                models.TINY_TARGET,
+                "--draft",
+                models.FEATURE_DRAFT,
+                "--head-out",
+                str(out),
+                "--json",
+            ]
+        )
+        == 0
+    )
+    doc = json.loads(capsys.readouterr().out)
+    assert spec_config(doc[0]["argv"])["model"] == str(out) and spec_config(doc[0]["argv"])["method"] == "eagle"
+    assert any("no bias" in n for n in doc[0]["notes"])
+    with safe_open(str(out / "model.safetensors"), framework="pt") as f:
+        keys = set(f.keys())
+        assert {f.get_tensor(k).dtype for k in keys} == {torch.float16}
+    assert "fc.weight" in keys and "fc.bias" not in keys and "d2t" not in keys
+    assert all(k == "fc.weight" or k.startswith("layers.0.") for k in keys)
+    config = json.loads((out / "config.json").read_text())
+    assert config["num_hidden_layers"] == 1 and config["bias"] is False and config["rope_theta"] > 0
+
+    pair = models.load_pair(models.TINY_TARGET, models.FEATURE_DRAFT)
+    back = load_head(out, pair.target)
+    assert back.fc.bias is None
+    original = {k: v for k, v in pair.head.state_for_disk().items() if k != "fc.bias"}
+    assert set(back.state_for_disk()) == set(original)
+    for name, t in back.state_for_disk().items():
+        assert torch.equal(t, original[name].to(torch.float16).to(t.dtype)), name
+    ids = pair.encode("def main(argv=None):\n")
+    plain, _ = run(pair.target, pair.tokenizer, ids, max_new_tokens=24)
+    fpair = models.load_pair(models.TINY_TARGET, "eagle:" + str(out))
+    spec, steps = run(fpair.target, fpair.tokenizer, ids, fpair.proposer(), k=3, k_policy="fixed", max_new_tokens=24)
+    assert spec == plain and sum(s.accepted for s in steps) > 0
+
+
+def test_head_out_needs_a_feature_head(tmp_path, capsys):
+    code = cli.main(
+        ["export", "--target", models.TINY_TARGET, "--draft", "prompt-lookup", "--head-out", str(tmp_path / "x")]
+    )
+    assert code != 0 and "--head-out needs a feature-head draft" in capsys.readouterr().err
