@@ -203,3 +203,46 @@ def test_a_classroom_behind_one_address_is_served(tmp_path):
 
         with ThreadPoolExecutor(6) as pool:
             assert all(pool.map(student, range(6)))
+
+
+def test_a_slow_load_goes_on_in_the_background_without_holding_the_request():
+    import threading
+
+    release, calls = threading.Event(), []
+
+    def slow():
+        calls.append(1)
+        release.wait(60)
+        return "pair"
+
+    for _ in range(2):  # the second request waits on the load the first one started
+        with pytest.raises(UserError, match="still loading"):
+            queue_limits.within_load_time(("slow", "draft"), slow, seconds=0.05)
+    assert len(calls) == 1
+    release.set()
+    assert queue_limits.within_load_time(("slow", "draft"), slow, seconds=60) == "pair"
+
+
+def test_a_model_already_loaded_is_served_while_another_one_loads(monkeypatch):
+    import threading
+
+    from app import models
+    from app.models import loading
+
+    models.load(models.TINY_TARGET)  # cached
+    started, release = threading.Event(), threading.Event()
+
+    def slow_load(*args):
+        started.set()
+        release.wait(60)
+        raise UserError("never mind")
+
+    monkeypatch.setattr(loading, "_load_uncached", slow_load)
+    other = threading.Thread(target=lambda: pytest.raises(UserError, models.load, "someone/slow-model"))
+    other.start()
+    try:
+        assert started.wait(60)
+        assert models.load(models.TINY_TARGET)[0] is not None, "served from the cache while the other load runs"
+    finally:
+        release.set()
+        other.join(60)

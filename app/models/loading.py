@@ -156,7 +156,8 @@ def resolve(model_id: str, role: str = "target") -> str:
 
 
 _cache: dict[tuple, tuple[PreTrainedModel, object]] = {}
-_lock = threading.Lock()
+_lock = threading.Lock()  # guards _cache and _loading, never held over a load
+_loading: dict[tuple, threading.Lock] = {}  # a lock per model being loaded
 MAX_CACHED = 4  # models kept loaded at once; the oldest is dropped first
 
 
@@ -176,42 +177,57 @@ def load(
     with _lock:
         if key in _cache:
             return _cache[key]
-        _refuse_odd(name, shown)
-        multi = spread and dev.type == "cuda" and torch.cuda.device_count() > 1
-        # Offline, a Hub id may still be in the local cache; never wait on a Hub that is not there.
-        hub_id = not Path(name).exists() and not name.startswith(("/", ".", "~"))
-        offline = hub_id and not hub_reachable()
-        if hub_id and not offline:
-            hosting.check_size(name, token, torch_dtype.itemsize, str(dev))  # before any weight is fetched
+        one = _loading.setdefault(key, threading.Lock())
+    # One load per model at a time, and no lock held over all of them: a slow load never keeps a request
+    # for a model already loaded waiting.
+    with one:
+        with _lock:
+            if key in _cache:
+                return _cache[key]
         try:
-            tokenizer = AutoTokenizer.from_pretrained(
-                name, trust_remote_code=False, local_files_only=offline, token=token
-            )
-            model = AutoModelForCausalLM.from_pretrained(
-                name,
-                dtype=torch_dtype,
-                trust_remote_code=False,
-                use_safetensors=True,
-                device_map="auto" if multi else {"": str(dev)},
-                local_files_only=offline,
-                token=token,
-            )
-        except (OSError, ValueError, KeyError) as e:
-            if offline:
-                raise UserError(offline_message(shown, name)) from None
-            raise UserError(
-                f"could not load {shown!r} as a causal LM with safetensors weights: {_safe_reason(e, name)}. "
-                "Give a local directory or a Hub id (network access needed for Hub ids)."
-            ) from None
-        except torch.cuda.OutOfMemoryError:
-            torch.cuda.empty_cache()
-            raise UserError(f"out of memory loading {shown!r}: pick a smaller model") from None
-        model.eval()
-        direct_pass.parts(model)  # its probe passes run now, not in a visitor's first request
-        if len(_cache) >= MAX_CACHED:
-            _cache.pop(next(iter(_cache)))
-        _cache[key] = (model, tokenizer)
-        return model, tokenizer
+            loaded = _load_uncached(name, shown, token, dev, torch_dtype, spread)
+        finally:
+            with _lock:
+                _loading.pop(key, None)
+        with _lock:
+            if len(_cache) >= MAX_CACHED:
+                _cache.pop(next(iter(_cache)))
+            _cache[key] = loaded
+        return loaded
+
+
+def _load_uncached(name: str, shown: str, token, dev: torch.device, torch_dtype: torch.dtype, spread: bool):
+    _refuse_odd(name, shown)
+    multi = spread and dev.type == "cuda" and torch.cuda.device_count() > 1
+    # Offline, a Hub id may still be in the local cache; never wait on a Hub that is not there.
+    hub_id = not Path(name).exists() and not name.startswith(("/", ".", "~"))
+    offline = hub_id and not hub_reachable()
+    if hub_id and not offline:
+        hosting.check_size(name, token, torch_dtype.itemsize, str(dev))  # before any weight is fetched
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(name, trust_remote_code=False, local_files_only=offline, token=token)
+        model = AutoModelForCausalLM.from_pretrained(
+            name,
+            dtype=torch_dtype,
+            trust_remote_code=False,
+            use_safetensors=True,
+            device_map="auto" if multi else {"": str(dev)},
+            local_files_only=offline,
+            token=token,
+        )
+    except (OSError, ValueError, KeyError) as e:
+        if offline:
+            raise UserError(offline_message(shown, name)) from None
+        raise UserError(
+            f"could not load {shown!r} as a causal LM with safetensors weights: {_safe_reason(e, name)}. "
+            "Give a local directory or a Hub id (network access needed for Hub ids)."
+        ) from None
+    except torch.cuda.OutOfMemoryError:
+        torch.cuda.empty_cache()
+        raise UserError(f"out of memory loading {shown!r}: pick a smaller model") from None
+    model.eval()
+    direct_pass.parts(model)  # its probe passes run now, not in a visitor's first request
+    return model, tokenizer
 
 
 def preload(model_id: str, role: str = "target", device: str = "cuda:0") -> None:
@@ -231,12 +247,13 @@ def preload(model_id: str, role: str = "target", device: str = "cuda:0") -> None
 
 
 _heads: dict[tuple, object] = {}
+_heads_lock = threading.Lock()  # heads only: loading one never keeps a model lookup waiting
 
 
 def _load_head(name: str, target: PreTrainedModel):
     """A feature head for this target, loaded once; a Hub id fetches config + safetensors only."""
     key = (name, id(target))
-    with _lock:
+    with _heads_lock:
         if key not in _heads:
             path = Path(name)
             if not path.is_dir() and name.startswith(("/", ".", "~")):  # a path, not a Hub id: no Hub hint

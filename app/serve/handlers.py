@@ -13,7 +13,7 @@ import gradio as gr
 from app import models
 from app.core.config import MAX_NEW_TOKENS_CAP, RunConfig, SamplingConfig, SpecConfig, UserError
 from app.models import hosting
-from app.serve import boundary
+from app.serve import boundary, queue_limits
 from app.serve.texts import EXAMPLES, example_row  # noqa: F401 - the API's examples
 
 log = logging.getLogger(__name__)
@@ -70,8 +70,8 @@ guarded = boundary.guarded(_user_error, passthrough=(gr.Error,))
 
 
 def _pair(target: str, draft: str) -> models.Pair:
-    try:
-        return models.load_pair(target, draft)
+    try:  # a slow load goes on in the background and never holds the device slot for long
+        return queue_limits.within_load_time((target, draft), lambda: models.load_pair(target, draft))
     except UserError as e:
         raise _user_error(e) from None
 

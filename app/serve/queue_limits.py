@@ -26,12 +26,17 @@ from __future__ import annotations
 
 import asyncio
 import os
+import threading
 import time
 from collections import OrderedDict, deque
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
+from typing import TypeVar
 
 from app.core.config import UserError
 
+T = TypeVar("T")
 MAX_QUEUED = 64  # places in the whole queue
 SHARE = 4  # an address holds at most 1/SHARE of the places the other addresses leave free
 MAX_CONCURRENCY = 8  # SPECDEC_CONCURRENCY above this is refused: one device, one memory
@@ -75,6 +80,43 @@ def concurrency() -> int:
 def run_seconds() -> float:
     """The deadline of one run: past it, a generation ends as if Stop were pressed."""
     return float(_env_int("SPECDEC_RUN_SECONDS", 180, 5, 3600))
+
+
+def load_seconds() -> float:
+    """How long a request waits for a model load before the load goes on without it."""
+    return float(_env_int("SPECDEC_LOAD_SECONDS", 60, 1, 3600))
+
+
+_loads: dict[tuple, Future] = {}  # loads under way, by what they load: a second request waits on the first
+# Enough workers that a lookup of a model already loaded never waits behind slow downloads of others.
+_loader = ThreadPoolExecutor(max_workers=16, thread_name_prefix="load")
+_loads_lock = threading.RLock()  # reentrant: a load already done runs its callback at once
+
+
+def within_load_time(key: tuple, load: Callable[[], T], seconds: float | None = None) -> T:
+    """load(), waited for at most `seconds` (load_seconds()); a slower load goes on in the background.
+
+    A request therefore holds its place on the device for a bounded time however slow a download is;
+    the next request for the same key finds the load under way, or its result in the model cache.
+    """
+    with _loads_lock:
+        future = _loads.get(key)
+        if future is None:
+            future = _loads[key] = _loader.submit(load)
+            future.add_done_callback(lambda _: _forget(key, future))
+    try:
+        return future.result(timeout=load_seconds() if seconds is None else seconds)
+    except FutureTimeout:
+        raise UserError(
+            "the models are still loading (a first download can take minutes); the load goes on in the "
+            "background, so try again in a minute"
+        ) from None
+
+
+def _forget(key: tuple, future: Future) -> None:
+    with _loads_lock:
+        if _loads.get(key) is future:
+            del _loads[key]
 
 
 def behind_proxy() -> bool:
