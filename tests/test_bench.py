@@ -158,6 +158,25 @@ def test_card_still_reports_every_bundled_draft(tmp_path):
         assert doc[name]["target_decode_ms"] > 0 and doc[name]["cost_per_token_vs_target"] > 0
 
 
+@pytest.mark.slow
+def test_rules_reports_both_sampling_rules_for_every_bundled_draft(tmp_path, capsys):
+    """Both rules on the same prompts and seeds: the distilled draft keeps drafts under each, the
+    weak one fewer, and shared noise never keeps more than rejection's optimal coupling by much."""
+    out = tmp_path / "rules"
+    assert bench.main(["--rules", "--limit", "3", "--max-new-tokens", "24", "--out", str(out)]) == 0
+    doc = json.loads(out.with_suffix(".json").read_text())
+    assert doc["temperature"] == 0.7 and doc["k"] == 4
+    drafts = [v for v in doc.values() if isinstance(v, dict)]
+    assert len(drafts) == 4
+    for d in drafts:
+        assert set(d) == {"rejection", "shared-noise"}
+        assert all(0 <= r["alpha"] <= 1 and r["accepted"] + r["rejections"] > 0 for r in d.values())
+    distilled, weak = doc["assets/models/draft-distilled"], doc["assets/models/draft-weak"]
+    assert distilled["rejection"]["accepted"] > 0 and distilled["shared-noise"]["accepted"] > 0
+    assert weak["rejection"]["alpha"] < distilled["rejection"]["alpha"]
+    assert "prompt (shared-noise)" in capsys.readouterr().err  # progress, on stderr
+
+
 def test_threads_check_measures_both_counts_idle_and_busy(tmp_path):
     import psutil
 

@@ -1,7 +1,7 @@
 """Benchmarks: our engine (autoregressive, adaptive k, fixed k 1..8, prompt lookup) against
 transformers' own generate (plain; assisted and prompt lookup, each with its defaults and
-with a truly constant k), repeated and interleaved. `--card` (card.py) and `--threads-check`
-(threads_check.py) are its two other modes.
+with a truly constant k), repeated and interleaved. `--card` (card.py), `--rules`
+(rules.py) and `--threads-check` (threads_check.py) are its other modes.
 
 Every contender is warmed up, then each prompt takes its own calibration (calibrate.py, which
 "predicted for this machine" and adaptive k read) and runs every contender `--reps` times in
@@ -11,6 +11,7 @@ for token.
 
     python -m app bench [--suite code|prose|all] [--draft ...] [--k 4] [--reps 3] [--out runs/bench]
     python -m app bench --card       # acceptance and cost of every bundled draft (card.py)
+    python -m app bench --rules      # acceptance of each sampling rule (rules.py)
     python -m app bench --threads-check   # 1 thread, every core and auto, idle and busy (threads_check.py)
 """
 
@@ -284,6 +285,11 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--no-lookup", dest="lookup", action="store_false", help="skip the prompt lookup contenders")
     ap.add_argument("--card", action="store_true", help="model card figures for the bundled family")
     ap.add_argument(
+        "--rules",
+        action="store_true",
+        help="alpha of each sampling rule at a fixed k (default 4, T = 0.7) for the family's drafts (rules.py)",
+    )
+    ap.add_argument(
         "--threads-check",
         action="store_true",
         help="tokens/s with 1 thread, every core and auto, idle and beside one busy process",
@@ -303,12 +309,13 @@ def main(argv: list[str]) -> int:
         doc = threads_check(args)
     else:
         from app.bench.card import card  # the model card's figures, timed with this module's prompts
+        from app.bench.rules import rules
 
-        doc = card(args) if args.card else bench(args)
+        doc = card(args) if args.card else rules(args) if args.rules else bench(args)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     written = [args.out.with_suffix(".json")]
     written[0].write_text(json.dumps(doc, indent=1) + "\n")
-    if not (args.card or args.threads_check):
+    if not (args.card or args.rules or args.threads_check):
         written.append(args.out.with_suffix(".html"))
         written[1].write_text(html_report(doc))
     json.dump(doc.get("summary", doc), sys.stdout, indent=1)

@@ -141,7 +141,7 @@ def _prompt_row(pair, prompt: str, s: SamplingConfig, r: RunConfig) -> dict:
     )
 
 
-def _family(args) -> tuple[str, list[str], list[str], bool]:
+def family(args) -> tuple[str, list[str], list[str], bool]:
     """(target, its drafts, prompts, chat): SmolLM2's drafts on held-out chat requests with --target
     smollm2 (--suite picks code or prose), else the tiny family on held-out stdlib code."""
     if models.loading._preset(args.target or "") == models.SMOLLM2:
@@ -153,7 +153,7 @@ def _family(args) -> tuple[str, list[str], list[str], bool]:
 
 def card(args) -> dict:
     """Model card figures: greedy acceptance at k=4 on held-out prompts, and decode cost ratios."""
-    target_id, drafts, prompts, chat = _family(args)
+    target_id, drafts, prompts, chat = family(args)
     prompts = prompts[: args.limit or None]
     progress.say("card", f"loading {target_id}")
     target, tok = models.load(target_id, args.device, args.dtype)
