@@ -98,10 +98,8 @@ class _Alternate(FixedK):
 
 
 @torch.inference_mode()
-def verify_curve(
-    target, context: list[int], widths: int, cache: Callable = CachedModel, reps: int = REPS
-) -> list[float]:
-    """Fastest seconds of one target pass over n = 1..widths new tokens after `context`.
+def pass_times(target, context: list[int], widths: int, cache: Callable = CachedModel, reps: int = REPS) -> list[float]:
+    """Fastest seconds of one target pass over n = 1..widths new tokens after `context`, as timed.
 
     Widths are interleaved within each repetition so drift on a shared machine hits all alike.
     """
@@ -118,7 +116,15 @@ def verify_curve(
             if rep:  # rep 0 is the warm-up
                 times[n - 1].append(time.perf_counter() - start)
             lm.rollback(base)
-    fastest = [min(t) for t in times]
+    lm.close()
+    return [min(t) for t in times]
+
+
+def verify_curve(
+    target, context: list[int], widths: int, cache: Callable = CachedModel, reps: int = REPS
+) -> list[float]:
+    """Seconds of one target pass over n = 1..widths new tokens after `context` (pass_times, smoothed)."""
+    fastest = pass_times(target, context, widths, cache, reps)
     if widths < 3:
         return list(itertools.accumulate(fastest, max))
     # Beyond one token a pass costs about a + b n (one matrix product per layer, wider): a line

@@ -177,6 +177,20 @@ def test_rules_reports_both_sampling_rules_for_every_bundled_draft(tmp_path, cap
     assert "prompt (shared-noise)" in capsys.readouterr().err  # progress, on stderr
 
 
+def test_passes_times_each_width_in_both_dtypes_beside_the_bandwidth(tmp_path):
+    out = tmp_path / "passes"
+    args = ["--passes", "--target", models.TINY_TARGET, "--k-max", "2", "--out", str(out)]
+    assert bench.main(args) == 0
+    doc = json.loads(out.with_suffix(".json").read_text())
+    assert doc["bandwidth_gb_s"] > 0 and doc["faster_one_token_pass"] in ("fp32", "bf16")
+    fp32, bf16 = doc["fp32"], doc["bf16"]
+    assert len(fp32["ms_by_width"]) == len(bf16["ms_by_width"]) == 3
+    assert all(t > 0 for t in fp32["ms_by_width"] + bf16["ms_by_width"])
+    assert bf16["weight_mb"] == pytest.approx(fp32["weight_mb"] / 2)  # the model really was cast
+    # The floor is the weights over the bandwidth: a real pass cannot beat it by much.
+    assert 0 < fp32["share_of_bandwidth"] < 1.5
+
+
 def test_threads_check_measures_both_counts_idle_and_busy(tmp_path):
     import psutil
 

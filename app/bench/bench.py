@@ -1,7 +1,7 @@
 """Benchmarks: our engine (autoregressive, adaptive k, fixed k 1..8, prompt lookup) against
 transformers' own generate (plain; assisted and prompt lookup, each with its defaults and
 with a truly constant k), repeated and interleaved. `--card` (card.py), `--rules`
-(rules.py) and `--threads-check` (threads_check.py) are its other modes.
+(rules.py), `--passes` (passes.py) and `--threads-check` (threads_check.py) are its other modes.
 
 Every contender is warmed up, then each prompt takes its own calibration (calibrate.py, which
 "predicted for this machine" and adaptive k read) and runs every contender `--reps` times in
@@ -12,6 +12,7 @@ for token.
     python -m app bench [--suite code|prose|all] [--draft ...] [--k 4] [--reps 3] [--out runs/bench]
     python -m app bench --card       # acceptance and cost of every bundled draft (card.py)
     python -m app bench --rules      # acceptance of each sampling rule (rules.py)
+    python -m app bench --passes     # ms per target pass by width and dtype, and the bandwidth (passes.py)
     python -m app bench --threads-check   # 1 thread, every core and auto, idle and busy (threads_check.py)
 """
 
@@ -285,6 +286,11 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--no-lookup", dest="lookup", action="store_false", help="skip the prompt lookup contenders")
     ap.add_argument("--card", action="store_true", help="model card figures for the bundled family")
     ap.add_argument(
+        "--passes",
+        action="store_true",
+        help="ms per target pass by width in fp32 and bf16, beside the memory bandwidth (passes.py)",
+    )
+    ap.add_argument(
         "--rules",
         action="store_true",
         help="alpha of each sampling rule at a fixed k (default 4, T = 0.7) for the family's drafts (rules.py)",
@@ -303,19 +309,18 @@ def main(argv: list[str]) -> int:
             "--compile: the benchmark times the default path; see python -m app gpucheck for the fast path",
             file=sys.stderr,
         )
-    if args.threads_check:
-        from app.bench.threads_check import threads_check  # it times this module's contenders
+    from app.bench.card import card  # the model card's figures, timed with this module's prompts
+    from app.bench.passes import passes
+    from app.bench.rules import rules
+    from app.bench.threads_check import threads_check  # it times this module's contenders
 
-        doc = threads_check(args)
-    else:
-        from app.bench.card import card  # the model card's figures, timed with this module's prompts
-        from app.bench.rules import rules
-
-        doc = card(args) if args.card else rules(args) if args.rules else bench(args)
+    modes = [(args.card, card), (args.rules, rules), (args.passes, passes), (args.threads_check, threads_check)]
+    mode = next((fn for chosen, fn in modes if chosen), bench)
+    doc = mode(args)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     written = [args.out.with_suffix(".json")]
     written[0].write_text(json.dumps(doc, indent=1) + "\n")
-    if not (args.card or args.rules or args.threads_check):
+    if mode is bench:
         written.append(args.out.with_suffix(".html"))
         written[1].write_text(html_report(doc))
     json.dump(doc.get("summary", doc), sys.stdout, indent=1)

@@ -1,0 +1,71 @@
+"""`python -m app bench --passes`: what one target pass costs here, by width and dtype, against the
+machine's memory bandwidth.
+
+A verify pass over n tokens reads every weight once, so at small n it is bound by memory: its
+floor is the weights' bytes over the bandwidth. The report gives ms per pass for n = 1..k_max+1
+in each dtype, the bandwidth a large copy reaches, and the share of it a one-token pass uses.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import torch
+
+from app import calibrate, models
+from app.bench import progress
+from app.core import text
+from app.data.prompts import suite
+
+COPY_BYTES = 256 << 20  # larger than any cache, so the copy streams from memory
+COPY_REPS = 5
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+
+
+def bandwidth() -> float:
+    """Bytes per second a large tensor copy reaches (read plus write), the fastest of a few."""
+    src = torch.empty(COPY_BYTES // 4, dtype=torch.float32).fill_(1.0)
+    dst = torch.empty_like(src)
+    best = float("inf")
+    for _ in range(COPY_REPS + 1):
+        start = time.perf_counter()
+        dst.copy_(src)
+        best = min(best, time.perf_counter() - start)
+    return 2 * COPY_BYTES / best
+
+
+def passes(args) -> dict:
+    """ms per target pass by width for each dtype, and how close a one-token pass comes to the bandwidth."""
+    target_id = models.loading._preset(args.target or models.DEFAULT_TARGET)
+    progress.say("passes", f"loading {target_id}")
+    target, tok = models.load(target_id, args.device, "fp32")
+    chat = bool(getattr(tok, "chat_template", None))
+    context = text.prompt_ids(tok, suite("code", chat=chat)[0], chat, 1 << 20)
+    context = (context * (calibrate.CONTEXT // len(context) + 1))[: calibrate.CONTEXT]
+    widths = args.k_max + 1
+    progress.say("passes", "measuring the memory bandwidth")
+    bytes_per_s = bandwidth()
+    out = dict(
+        target=target_id,
+        device=str(target.device),
+        threads=torch.get_num_threads(),
+        context=len(context),
+        bandwidth_gb_s=bytes_per_s / 1e9,
+    )
+    for name, dtype in DTYPES.items():
+        progress.say("passes", f"timing passes of 1..{widths} tokens in {name}")
+        model = target.to(dtype)
+        ms = [1000 * t for t in calibrate.pass_times(model, context, widths)]
+        weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+        floor_ms = 1000 * weight_bytes / bytes_per_s
+        out[name] = dict(
+            ms_by_width=ms,
+            weight_mb=weight_bytes / 1e6,
+            bandwidth_floor_ms=floor_ms,
+            share_of_bandwidth=floor_ms / ms[0],
+        )
+        print(name, out[name], file=sys.stderr)
+    faster = min(DTYPES, key=lambda n: out[n]["ms_by_width"][0])
+    out["faster_one_token_pass"] = faster
+    return out
