@@ -44,8 +44,9 @@ class Run:
     def policy(self) -> KPolicy:
         return make_policy(self.settings.spec, self.costs)
 
-    def steps(self, policy: KPolicy | None = None, teach: bool = False) -> Iterator[Step]:
-        """The engine's Step stream; teach fills the teaching table of every round."""
+    def steps(self, policy: KPolicy | None = None, teach: bool = False, display: bool = True) -> Iterator[Step]:
+        """The engine's Step stream; teach fills the teaching table of every round, and display=False
+        leaves out the drafts' own text, which only a view reads (engine.generate)."""
         s = self.settings
         return engine.generate(
             self.pair.target,
@@ -59,6 +60,7 @@ class Run:
             policy=policy or self.policy(),
             teach=top_table if teach else None,
             before_round=threads.follow,
+            display=display,
         )
 
 

@@ -152,6 +152,7 @@ def run(target, tokenizer, prompt, proposer=None, **kw):
     sampling = SamplingConfig(**{k: kw.pop(k) for k in sampling_keys if k in kw})
     spec = SpecConfig(**{k: kw.pop(k) for k in ("k", "k_policy", "k_max", "ngram_max", "ngram_min") if k in kw})
     teach = kw.pop("teach", True)  # tests read the teaching table too
+    display = kw.pop("display", True)
     cache = {"target_cache": kw.pop("target_cache", CachedModel)}
     cfg = RunConfig(**kw)
     ids = prompt if isinstance(prompt, list) else tokenizer(prompt)["input_ids"]
@@ -166,6 +167,7 @@ def run(target, tokenizer, prompt, proposer=None, **kw):
             run=cfg,
             teach=top_table if teach else None,
             before_round=threads.follow,  # the thread governor, as the request path passes it
+            display=display,
             **cache,
         )
     )

@@ -160,3 +160,17 @@ def test_peek_spells_each_draft_and_the_targets_token_without_committing():
     assert pieces == [dec(window + drafts[: i + 1])[len(dec(window + drafts[:i])) :] for i in range(len(drafts))]
     assert token_text == dec(window + drafts[:3] + [token])[len(dec(window + drafts[:3])) :]
     assert (detok.ids, detok.prefix, detok.read) == before
+
+
+def test_without_display_the_tokens_are_the_same_and_no_draft_text_is_made(target, near_draft, tokenizer):
+    from conftest import ADD_PROMPT
+
+    shown, with_text = run(
+        target, tokenizer, ADD_PROMPT, ModelProposer(near_draft, "n"), k=4, k_policy="fixed", max_new_tokens=24
+    )
+    bare, without = run(
+        target, tokenizer, ADD_PROMPT, ModelProposer(near_draft, "n"), k=4, k_policy="fixed", max_new_tokens=24,
+        display=False,
+    )  # fmt: skip
+    assert bare == shown and "".join(s.text for s in without) == "".join(s.text for s in with_text)
+    assert any(s.draft_text for s in with_text) and all(t == "" for s in without for t in s.draft_text + [s.token_text])

@@ -38,7 +38,7 @@ def ours(pair, s: SamplingConfig, sp: SpecConfig, r: RunConfig, speculative: boo
         job = runs.Run(pair, ids, Settings(s, sp, RunConfig(n, r.stop, r.chat)), speculative, costs=costs)
         policy = make_policy(sp, costs) if speculative else None
         start = time.perf_counter()
-        steps = list(job.steps(policy))
+        steps = list(job.steps(policy, display=False))  # as transformers', nothing but the output is decoded
         engine.sync(pair.target.device)
         return [t for x in steps for t in x.emitted], time.perf_counter() - start, steps
 

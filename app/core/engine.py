@@ -86,15 +86,19 @@ def generate(
     policy: KPolicy | None = None,
     teach: TeachHook | None = None,
     before_round: Callable[[], None] | None = None,
+    display: bool = True,
 ) -> Iterator[Step]:
     """Speculative decoding with `proposer`, or autoregressive decoding when it is None.
 
     target_cache builds the target's per-request cache (kv/). teach fills each Step's `top` table,
     which only the teaching view reads; before_round runs ahead of every round (the thread governor).
+    display=False leaves each draft's and the target token's own text empty (Step.draft_text,
+    token_text), which only a view reads: a benchmark then times no detokenising beyond the output's.
     """
     for cfg in (sampling_cfg, spec, run):
         cfg.validate()
     loop = _Loop(target, tokenizer, proposer, sampling_cfg, run, policy or make_policy(spec), teach)
+    loop.display = display
     loop.start(prompt_ids)
     loop.lm = target_cache(target)
     if proposer is not None:
@@ -129,6 +133,7 @@ class _Loop:
         self.eos = {tokenizer.eos_token_id, *_as_list(target.generation_config.eos_token_id)} - {None}
         self.lm: KVCache | None = None
         self.ids: list[int] = []
+        self.display = True
 
     def start(self, prompt_ids: list[int]) -> None:
         self.out = _Output(self.tokenizer, prompt_ids, self.run, self.eos)
@@ -180,7 +185,7 @@ class _Loop:
         t2 = time.perf_counter()
         drafts, n = proposal.tokens, v.accepted
         self.policy.update(len(drafts), n, context=base + n + 1)
-        texts, token_text = self.out.detok.peek(drafts, n, v.token)
+        texts, token_text = self.out.detok.peek(drafts, n, v.token) if self.display else ([""] * len(drafts), "")
         kept = drafts[:n] + [v.token]
         emitted, new_text = self.out.push(kept)
         self.ids += kept
