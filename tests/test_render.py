@@ -5,6 +5,7 @@ import dataclasses
 from conftest import ADD_PROMPT, run
 
 from app.core import metrics
+from app.core.config import REJECTION
 from app.core.events import BONUS, CORRECTED, KIND_LABELS, TARGET, Decision, Step
 from app.drafts.model import ModelProposer
 from app.views import plots, render
@@ -37,12 +38,12 @@ def _step(**kw) -> Step:
 
 
 def test_greedy_table_shows_the_rule_applied_and_visible_whitespace():
-    rows = render.decision_rows(_step(), greedy=True)
+    rows = render.decision_rows(_step(), render.GREEDY)
     assert "draft == argmax p" in render.GREEDY_HEADERS and "min(1, p/q)" not in render.GREEDY_HEADERS
     assert rows[0][:4] == ["········", 1.0, 0.49, "yes"] and rows[0][-1] == "accept"
     assert rows[1][0] == "↵" and rows[1][3] == "no" and rows[1][-1] == "reject"
     assert rows[-1][0] == "else" and rows[-1][-1].startswith("corrected")
-    sampled = render.decision_rows(_step(decisions=[Decision(5, " ", 0.3, 0.6, 0.5, 0.2, True)]), greedy=False)
+    sampled = render.decision_rows(_step(decisions=[Decision(5, " ", 0.3, 0.6, 0.5, 0.2, True)]), REJECTION)
     assert sampled[0][3] == 0.5 and sampled[0][4] == 0.2
 
 
@@ -92,15 +93,15 @@ def test_residual_plot_draws_p_once_for_bonus_and_target_rounds():
 def test_check_line_while_running_after_stop_and_done(records):
     spec, ar = records
     n = sum(len(s.emitted) for s in ar[:-3])
-    running = render.greedy_check(spec, ar[:-3], greedy=True, done=False)
+    running = render.identity_check(spec, ar[:-3], render.GREEDY, done=False)
     assert "identical so far" in running
-    stopped = render.greedy_check(spec, ar[:-3], greedy=True, done=False, stopped=True)
+    stopped = render.identity_check(spec, ar[:-3], render.GREEDY, done=False, stopped=True)
     assert f"Stopped</span> after {n} tokens" in stopped and "so far" not in stopped
-    assert "Greedy check passed" in render.greedy_check(spec, ar, greedy=True)
-    assert "Stopped" in render.greedy_check(spec, ar, greedy=False, done=False, stopped=True)
-    for text in (running, stopped, render.greedy_check(spec, ar, greedy=True), render.LEGEND):
+    assert "Greedy check passed" in render.identity_check(spec, ar, render.GREEDY)
+    assert "Stopped" in render.identity_check(spec, ar, REJECTION, done=False, stopped=True)
+    for text in (running, stopped, render.identity_check(spec, ar, render.GREEDY), render.LEGEND):
         assert not set(EMOJI) & set(text), "no emoji: Debian's Chromium draws them as empty boxes"
-    assert 'class="mark ok"' in render.greedy_check(spec, ar, greedy=True)
+    assert 'class="mark ok"' in render.identity_check(spec, ar, render.GREEDY)
 
 
 def test_summary_waits_for_rounds_and_says_partial_after_stop(records):
@@ -116,9 +117,9 @@ def test_context_full_is_said_where_the_run_ends(target, tokenizer):
     # The tiny target's context is 256 positions: asking for more ends the run there.
     _, steps = run(target, tokenizer, PROMPT, max_new_tokens=400)
     assert steps[-1].stop_reason == "context_full"
-    assert "stopped: context full" in render.greedy_check(steps, steps, greedy=True)
+    assert "stopped: context full" in render.identity_check(steps, steps, render.GREEDY)
     assert "stopped: context full" in render.summary_markdown(steps, steps)
-    assert "context full" not in render.greedy_check(steps[:-1], steps[:-1], greedy=True)
+    assert "context full" not in render.identity_check(steps[:-1], steps[:-1], render.GREEDY)
 
 
 def test_capped_last_round_is_marked_in_the_k_plot(records):
@@ -127,3 +128,74 @@ def test_capped_last_round_is_marked_in_the_k_plot(records):
     fig = plots.k_per_round([*spec[:-1], capped])
     assert any(t.name.startswith("last round") for t in fig.data)
     assert not any(t.name.startswith("last round") for t in plots.k_per_round(spec[:-1]).data)
+
+
+def test_greedy_correction_plot_shows_argmax_p_not_a_residual_draw():
+    fig = plots.decision_figure(_step(), greedy=True)
+    names = [t.name for t in fig.data]
+    assert "norm(max(0, p - q))" not in names and names[-1] == "argmax p: the greedy token (no draw)"
+    assert list(fig.data[-1].y) == [0.0, 1.0]  # on the target's token ("else") alone
+    assert plots.decision_figure(_step()).data[-1].name == "norm(max(0, p - q))", "sampling keeps its residual"
+
+
+def test_the_sampling_chart_always_holds_the_rejected_draft_token(target, near_draft, tokenizer):
+    """However unlikely under p, the draft token the target turned down is among the bars, and marked."""
+    import torch
+
+    from app.core import teaching, verify
+    from app.core.contracts import Proposal
+
+    vocab = 64
+    p = torch.zeros(2, vocab)
+    p[:, :10] = torch.linspace(1, 0.1, 10)
+    p[:, 50] = 1e-4  # the rejected draft: far below p's top tokens
+    p = p / p.sum(-1, keepdim=True)
+    q = torch.zeros(2, vocab)
+    q[0, 3], q[1, 50] = 1.0, 1.0
+    residual = (p[1] - q[1]).clamp(min=0)
+    v = verify.Verdict(1, 0, [0.1], [1.0], [0.1], [0.5], residual / residual.sum())
+    names = type("Names", (), {"decode": staticmethod(lambda ids: f"t{ids[0]}")})  # a tokenizer's decode alone
+    top = teaching.top_table(names, Proposal([3, 50], q), torch.log(p), p, v)
+    ids = [t[0] for t in top]
+    assert 50 in ids and 0 in ids and len(ids) == teaching.TOP_N
+    fig = plots.decision_figure(_step(drafted=[3, 50], rejected=[50], token=0, top=top))
+    assert "t50" + plots.REJECTED_MARK in list(fig.data[0].x)
+    # And in real sampled rounds: every corrected round plots its rejected draft.
+    _, steps = run(target, tokenizer, ADD_PROMPT, ModelProposer(near_draft, "near"), temperature=1.0, seed=1, k=4)
+    corrected = [s for s in steps if s.token_kind == CORRECTED]
+    assert corrected and all(s.rejected[0] in [t[0] for t in s.top] for s in corrected)
+
+
+def test_summary_names_mean_acceptance_length_and_why_the_two_expected_speedups_differ(records):
+    from app.core.costs import Costs
+
+    spec, ar = records
+    steep = Costs(tuple(1 + 0.25 * i for i in range(17)), 0.0, 0.05, 0.0, 1.0)
+    text = render.summary_markdown(spec, ar, costs=steep)
+    assert "tokens per target pass (mean acceptance length)" in text
+    assert "a verify pass over k + 1 tokens costed as a one-token pass" in text
+    st = metrics.summarize(spec, steep)
+    assert st["theoretical_speedup"] > st["predicted_speedup"]
+    assert f"{st['theoretical_speedup']:.2f}× Leviathan's idealised" in text
+    assert "this run's α and c" in render.summary_markdown(spec, ar), "without measured costs: the formula"
+
+
+def test_each_rounds_rejected_drafts_get_one_mark_and_the_kept_text_is_intact_in_both_views(records):
+    """The page shows either the rejected drafts inline or the mark (style.css); the mark holds the
+    drafts in its tooltip and has no text, so without the drafts the pane is the kept text exactly."""
+    import html
+    import re
+
+    from app.core.events import REJECTED
+
+    spec, _ = records
+    page = render.pane_html("x", spec)
+    rejected = [[p for p, k in s.spans() if k == REJECTED] for s in spec]
+    rejected = [r for r in rejected if r]
+    marks = re.findall(r'<span class="rej-mark" title="rejected drafts: ([^"]*)"[^>]*></span>', page)
+    assert len(rejected) > 0 and marks == [html.escape(render.visible("".join(r)), quote=True) for r in rejected]
+    # Each mark sits right before its round's first rejected draft.
+    assert len(re.findall(r'class="rej-mark"[^>]*></span><span class="tok rej"', page)) == len(marks)
+    without_rejected = re.sub(r'<span class="tok rej"[^>]*>[^<]*</span>', "", page)
+    shown = html.unescape(re.sub(r"<[^>]+>", "", without_rejected))
+    assert shown == "x" + "".join(s.text for s in spec), "the kept text, newlines and indentation included"

@@ -54,11 +54,11 @@ def test_summary_and_greedy_check(records):
     text = render.summary_markdown(spec, ar)
     assert "Speedup" in text and "Leviathan's idealised" in text and "α per token" in text
     assert "predicted for this machine" not in text, "without measured costs there is no prediction"
-    assert "Greedy check passed" in render.greedy_check(spec, ar, greedy=True)
-    assert "identical so far" in render.greedy_check(spec, ar[:-1], greedy=True, done=False)
-    assert "Greedy check failed" in render.greedy_check(spec, ar[:-1], greedy=True)
+    assert "Greedy check passed" in render.identity_check(spec, ar, render.GREEDY)
+    assert "identical so far" in render.identity_check(spec, ar[:-1], render.GREEDY, done=False)
+    assert "Greedy check failed" in render.identity_check(spec, ar[:-1], render.GREEDY)
     other = [dataclasses.replace(s, emitted=[t + 1 for t in s.emitted]) for s in ar]
-    assert "differ at token 0" in render.greedy_check(spec, other, greedy=True)
+    assert "differ at token 0" in render.identity_check(spec, other, render.GREEDY)
 
 
 def test_figures_hold_the_records_values(records):
@@ -90,6 +90,16 @@ def _slider(demo, elem_id):
     return next(c for c in demo.config["components"] if c["props"].get("elem_id") == elem_id)["props"]
 
 
+def test_no_tracked_file_is_ignored():
+    """.gitignore names build output only, never a file the repository tracks (tools that honour it skip those)."""
+    if not (ROOT / ".git").exists():
+        pytest.skip("not a git checkout")
+    ignored = subprocess.run(
+        ["git", "ls-files", "--cached", "--ignored", "--exclude-standard"], cwd=ROOT, capture_output=True, text=True
+    )
+    assert ignored.returncode == 0 and ignored.stdout == "", ignored.stdout
+
+
 def test_first_screen_uses_the_first_examples_settings():
     """Bare greedy decoding loops on the bundled target: the page opens on example 1 as it is meant to run."""
     from app.serve import ui
@@ -107,11 +117,49 @@ def test_max_new_tokens_is_capped_to_the_targets_context():
     from app.serve import ui
 
     # The default target (SmolLM2, an 8,192-token context) gets the app's cap; the tiny one its own 512.
-    assert _slider(ui.build_ui(), "max-new")["maximum"] == MAX_NEW_TOKENS_CAP
+    assert f"1 to {MAX_NEW_TOKENS_CAP}" in _slider(ui.build_ui(), "max-new")["label"]
     bundled = "stdlib-code target (bundled)"
     capped = ui.cap_for_target(bundled, "", 2048)
-    assert capped.maximum == 512 and capped.value == 512 and "512" in capped.label
-    assert ui.cap_for_target("someone/unknown-model", "", 300).maximum == MAX_NEW_TOKENS_CAP
+    assert capped.value == 512 and "1 to 512" in capped.label
+    assert ui.cap_for_target(bundled, "", 0).value == 0, "a bad value stays as typed, to be refused"
+    unknown = ui.cap_for_target("someone/unknown-model", "", 300)
+    assert unknown.value == 300 and f"1 to {MAX_NEW_TOKENS_CAP}" in unknown.label
+
+
+def _check(max_new, target="stdlib-code target (bundled)", decoding="greedy"):
+    from app.serve import ui
+
+    ui.check_request(
+        PROMPT, target, "", "distilled draft (bundled)", "", False, decoding, 0.8, 0, 1.0, 0, max_new, "fixed", 4
+    )
+
+
+@pytest.mark.parametrize("max_new", [0, -5, 100000, 513, 2.5, None])
+def test_max_new_tokens_outside_its_range_is_refused_with_a_message(max_new):
+    """Never clamped in silence: 0 used to run one token, 100000 to run the cap."""
+    import gradio as gr
+
+    with pytest.raises(gr.Error, match="max new tokens") as e:
+        _check(max_new)  # 513: above the bundled target's 512-token context, which its label states
+    assert str(max_new) in str(e.value) or max_new is None
+    _check(512)  # the bounds themselves are accepted
+    _check(1)
+
+
+def test_greedy_greys_out_what_it_ignores():
+    from app.serve import ui
+
+    demo = ui.build_ui()
+    assert ui.EXAMPLES[0]["settings"]["decoding"] == "greedy"
+    by_label = {c["props"].get("label", ""): c["props"] for c in demo.config["components"]}
+    for name in ("Temperature", "Top-k", "Top-p", "Sampling rule"):
+        props = next(v for k, v in by_label.items() if k.startswith(name))
+        assert props["interactive"] is False and "sampling only" in props["label"], name
+    assert [u["interactive"] for u in ui.sampling_controls("sampling")] == [True] * 4
+    assert [u["interactive"] for u in ui.sampling_controls("greedy")] == [False] * 4
+    change = next(d for d in demo.config["dependencies"] if d["api_name"].startswith("sampling_controls"))
+    ids = {c["id"]: c["props"].get("label", "") for c in demo.config["components"]}
+    assert [ids[t[0]] for t in change["targets"]] == ["Decoding"] and len(change["outputs"]) == 4
 
 
 def test_blank_seed_is_filled_and_adaptive_ignores_k():
@@ -149,6 +197,28 @@ def test_blank_seed_keeps_stepping_the_same_sampled_run():
         session, _pane, _table, note, _fig = ui.step_round(session, *args)
         notes.append(note.split("**")[1])
     assert notes == ["Round 1", "Round 2", "Round 3"]
+
+
+def test_a_request_says_it_is_loading_and_measuring_before_its_first_tokens():
+    """The first Generate or Step loads the pair and calibrates: the page names each, not a bare timer."""
+    import inspect
+
+    import gradio as gr
+
+    from app.serve import generation, ui
+
+    seen = []
+    progress = lambda fraction, desc: seen.append(desc)  # noqa: E731
+    args = [PROMPT, "stdlib-code target (bundled)", "", "prompt lookup (n-grams)", "", False, "greedy", 0.8, 0, 1.0]
+    args += [0, 8, "adaptive", 4]
+    first = next(ui.generate_both(*args, control={"stop": False}, progress=progress))
+    assert seen == [generation.LOADING, generation.MEASURING] and "loading models" in seen[0]
+    assert "measuring this machine" in seen[1] and "tok" in first[0]
+    seen.clear()
+    ui.step_round(None, *args, progress=progress)
+    assert seen == [generation.LOADING, generation.MEASURING]
+    for handler in (ui.generate_both, ui.step_round):  # gradio fills a gr.Progress default with its tracker
+        assert isinstance(inspect.signature(handler).parameters["progress"].default, gr.Progress)
 
 
 def test_user_error_is_one_log_line_and_keeps_results(caplog):
@@ -315,6 +385,7 @@ def test_gradio_client_greedy_generation(served):
     logged = log.read_text()
     assert "user error: could not load '/no/such/model'" in logged and "Traceback" not in logged, logged[-3000:]
     assert "Loading weights" not in logged, "no progress bars in the server log"
+    assert "python app.py --share" in logged and "share=True" not in logged, "the start-up log names the app's flag"
     # A blank seed under sampling gets a fresh seed, reported in the settings (no raw Python error).
     sampled = client.predict(
         PROMPT,
@@ -443,20 +514,14 @@ SCROLLER = """id => { const box = [...document.querySelectorAll(`#${id}, #${id} 
   return box ? [box.scrollTop, box.clientHeight, box.scrollHeight] : null; }"""
 
 
-def _raise_max_new_tokens(page, at_least: int) -> None:
-    """Raise the Max new tokens slider with PageUp keys on the slider itself (the browser's own range input
-    events, which the slider always sees): typing into its number box did not always reach it, and a CI
-    run then finished its default 128 tokens before Stop. Pressed until the box shows it: on a busy machine
-    the accordion may still be opening at the first press, which then scrolls the page instead."""
-    page.locator(".label-wrap", has_text="Decoding").first.click()  # open the accordion that holds the slider
-    value = "Number(document.querySelector('#max-new input[type=number]').value)"
-    for _ in range(40):
-        page.locator("#max-new input[type=range]").focus()
-        page.keyboard.press("PageUp")
-        page.wait_for_timeout(150)
-        if page.evaluate(value) >= at_least:
-            break
-    page.wait_for_function(f"{value} >= {at_least}", timeout=10_000)
+def _set_max_new_tokens(page, n: int) -> None:
+    """Type `n` into the Max new tokens box (in the Decoding accordion, opened first) and leave the box."""
+    box = page.locator("#max-new input")
+    if not box.is_visible():
+        page.locator(".label-wrap", has_text="Decoding").first.click()
+    box.fill(str(n))
+    box.press("Tab")
+    page.wait_for_function(f"document.querySelector('#max-new input').value === '{n}'", timeout=10_000)
     page.wait_for_timeout(300)
 
 
@@ -465,7 +530,7 @@ def _raise_max_new_tokens(page, at_least: int) -> None:
 def test_browser_shows_tokens_plots_and_speedup(page, tmp_path):
     assert "Press Generate" in page.locator("#spec-pane").inner_text(), "a placeholder before the first run"
     # Enough tokens to overflow both panes.
-    _raise_max_new_tokens(page, 200)
+    _set_max_new_tokens(page, 200)
     page.get_by_role("button", name="Generate", exact=True).click()
     page.wait_for_selector("#spec-pane .tok.acc", timeout=240_000)  # first run: load and calibrate SmolLM2
     page.wait_for_selector("#greedy-check :text('token for token')", timeout=360_000)
@@ -500,7 +565,7 @@ def test_browser_shows_tokens_plots_and_speedup(page, tmp_path):
 def test_browser_stop_button_cancels_both_panes(page):
     # The weak draft makes the run several seconds long, so Stop lands before it could finish.
     page.get_by_label("or a custom draft", exact=False).fill(str(models.BUNDLED / "draft-weak"))
-    _raise_max_new_tokens(page, 500)
+    _set_max_new_tokens(page, 500)
     page.get_by_role("button", name="Generate", exact=True).click()
     page.wait_for_selector("#spec-pane .tok", timeout=240_000)
     page.get_by_role("button", name="Stop", exact=True).click()
@@ -534,3 +599,69 @@ def test_browser_phone_width_stacks_plots(page):
     widths = [el.bounding_box()["width"] for el in page.locator(".js-plotly-plot").all()]
     assert len(widths) >= 5 and min(widths) >= 300, widths
     assert page.evaluate("document.documentElement.scrollWidth") <= 420, "nothing wider than the phone"
+    # The teaching table: every column on screen and no cell cut short (each wraps instead).
+    page.get_by_role("button", name="Step one round", exact=True).click()
+    page.wait_for_selector("#step-note :text('Round 1')", timeout=240_000)
+    page.wait_for_timeout(1000)
+    cells = page.evaluate(
+        """() => [...document.querySelectorAll('#decisions [role=gridcell], #decisions th')].map(c => {
+             const r = c.getBoundingClientRect(), w = c.querySelector('.cell-wrap') || c;
+             return [r.left, r.right, w.scrollWidth - w.clientWidth, c.innerText]; })"""
+    )
+    assert cells and all(left >= 0 and right <= 420 and cut <= 1 for left, right, cut, _ in cells), cells
+    assert any("own token" in text for *_, text in cells)
+
+
+@needs_browser
+@pytest.mark.slow
+def test_browser_step_opens_the_teaching_view_in_sight(page):
+    """Step one round on a fresh page: the closed teaching view opens, scrolls into view and holds the round."""
+    from playwright.sync_api import expect
+
+    page.set_viewport_size({"width": 1400, "height": 1000})
+    assert not page.locator("#decisions").is_visible(), "the view starts closed"
+    page.get_by_role("button", name="Step one round", exact=True).click()
+    expect(page.locator("#step-note")).to_contain_text("Round 1", timeout=360_000)
+    expect(page.locator("#decisions")).to_contain_text("the target's own token")
+    expect(page.locator("#decisions")).to_be_in_viewport()
+    expect(page.locator("#step-note")).to_be_in_viewport()
+    assert page.locator("#step-pane .round").count() == 1
+
+
+@needs_browser
+@pytest.mark.slow
+def test_browser_refuses_max_new_tokens_outside_its_range(page):
+    from playwright.sync_api import expect
+
+    shown = page.locator("#spec-pane").inner_text()
+    for bad in (0, 100000):
+        _set_max_new_tokens(page, bad)
+        page.get_by_role("button", name="Generate", exact=True).click()
+        expect(
+            page.get_by_text(f"max new tokens must be a whole number from 1 to {MAX_NEW_TOKENS_CAP}, got {bad}")
+        ).to_be_visible(timeout=60_000)
+        assert page.locator("#spec-pane").inner_text() == shown, "nothing ran"
+
+
+@pytest.mark.slow
+def test_gradio_client_shared_noise_sampling_is_identical_and_steps_show_the_race(served):
+    """Under sampling with the shared-noise rule both panes hold the same tokens for a seed, the
+    check line says so, and a stepped round's table and note describe the race, not min(1, p/q)."""
+    from gradio_client import Client
+
+    client = Client(served[0], verbose=False)
+    common = dict(
+        prompt=PROMPT, target="stdlib-code target (bundled)", draft="distilled draft (bundled)",
+        chat=False, decoding="sampling", temperature=0.9, seed=5, k_policy="fixed", k=4,
+        rule="shared-noise",
+    )  # fmt: skip
+    *_, check, _summary, _f1, _f2, _f3, _f4, _f5, doc = client.predict(
+        **common, max_new_tokens=32, api_name="/generate"
+    )
+    spec, ar = doc["speculative"], doc["autoregressive"]
+    assert spec["token_ids"] == ar["token_ids"] and spec["stats"]["accepted"] > 0
+    assert "Same-seed check (shared noise) passed" in check
+    assert doc["speculative"]["settings"]["sampling"]["rule"] == "shared-noise"
+    _pane, table, note, _fig = client.predict(**common, max_new_tokens=32, api_name="/step")
+    assert table["headers"][3].startswith("draft == argmax p/E")
+    assert "Shared noise where the target chose" in note

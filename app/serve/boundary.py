@@ -20,7 +20,7 @@ import os
 import time
 from collections.abc import Callable
 
-from app.core.config import K_MAX, MAX_NEW_TOKENS_CAP, UserError
+from app.core.config import K_MAX, MAX_NEW_TOKENS_CAP, RULES, UserError
 
 log = logging.getLogger(__name__)
 INTERNAL = "internal error (logged): please try again, or report it with the time it happened"
@@ -142,6 +142,7 @@ FIELDS: dict[str, Callable] = {
     "k": whole("k", 1, K_MAX),
     "repetition_penalty": real("repetition penalty", 0, 100),
     "no_repeat_ngram_size": whole("no-repeat n-gram size", 0, 64),
+    "rule": choice("sampling rule", RULES),
 }
 
 

@@ -11,7 +11,7 @@ import torch
 
 from app import request, runs
 from app.core import metrics
-from app.core.config import Settings, UserError
+from app.core.config import REJECTION, Settings, UserError
 from app.models import threads
 from app.serve import queue_limits
 from app.serve.handlers import _configs, _model_ids, _pair, _user_error, fill_seed, guarded
@@ -22,6 +22,8 @@ from app.views import plots, render
 log = logging.getLogger(__name__)
 UPDATE_EVERY = 0.25  # seconds between streamed text updates; rendering shares the CPU
 PLOT_EVERY = 1.5  # seconds between plot updates: figures are heavier than text
+LOADING = "loading models (the first request for a pair)"
+MEASURING = "measuring this machine's round costs (once per pair and kind of sampling)"
 
 
 def _interleave(spec_it: Iterator, ar_it: Iterator) -> Iterator[tuple[str, object]]:
@@ -66,7 +68,9 @@ def generate_both(
     k,
     repetition_penalty=1.0,
     no_repeat_ngram_size=0,
+    rule=REJECTION,
     control=None,
+    progress=gr.Progress(),
 ):
     """Stream both panes; the last update carries the full records of both runs.
 
@@ -87,8 +91,9 @@ def generate_both(
             chat,
             repetition_penalty,
             no_repeat_ngram_size,
+            rule,
         )
-        yield from _stream(prompt, target, draft, Settings(s, sp, r), control)
+        yield from _stream(prompt, target, draft, Settings(s, sp, r), control, progress)
     except UserError as e:
         raise _user_error(e) from None
     except torch.cuda.OutOfMemoryError:
@@ -98,12 +103,16 @@ def generate_both(
         ) from None
 
 
-def _stream(prompt: str, target: str, draft: str, settings: Settings, control) -> Iterator[tuple]:
+def _stream(prompt: str, target: str, draft: str, settings: Settings, control, progress=None) -> Iterator[tuple]:
     """Both runs, interleaved, as screen updates; the last carries the full records."""
     s, r = settings.sampling, settings.run
+    progress = progress or (lambda *a, **k: None)
+    # A first request loads the pair and measures this machine, which takes a while: each says so.
+    progress(0.0, desc=LOADING)
     pair = _pair(target, draft)
     ids = pair.encode(prompt, r.chat)
     shown = pair.tokenizer.decode(ids, skip_special_tokens=True)
+    progress(0.5, desc=MEASURING)
     speculative = request.start(pair, ids, settings)  # calibrated once per pair and kind of sampling
     costs = speculative.costs
     streams = _interleave(speculative.steps(), runs.prepare(pair, ids, settings, speculative=False).steps())
@@ -122,7 +131,7 @@ def _stream(prompt: str, target: str, draft: str, settings: Settings, control) -
             if now - last_plot >= PLOT_EVERY:
                 figures, last_plot = _figures(spec, ar), now
             last_text = now
-            yield _outputs(shown, spec, ar, s.greedy, figures, None, done=False, costs=costs)
+            yield _outputs(shown, spec, ar, _rule(s), figures, None, done=False, costs=costs)
     # Models named as the visitor picked them: a resolved name can be an install path on this host.
     doc = {
         "speculative": metrics.report(spec, target, draft, settings.as_dict("speculative"), costs),
@@ -131,14 +140,19 @@ def _stream(prompt: str, target: str, draft: str, settings: Settings, control) -
     doc["comparison"] = metrics.compare(doc["speculative"]["stats"], doc["autoregressive"]["stats"])
     doc["stopped"] = stopped  # True: Stop ended both runs early, so every figure is partial
     doc["threads"] = threads.key()  # "auto" or the fixed count (README, "Threads")
-    yield _outputs(shown, spec, ar, s.greedy, _figures(spec, ar), doc, stopped=stopped, costs=costs)
+    yield _outputs(shown, spec, ar, _rule(s), _figures(spec, ar), doc, stopped=stopped, costs=costs)
 
 
-def _outputs(prompt, spec, ar, greedy, figures, doc, done=True, stopped=False, costs=None):
+def _rule(s) -> str:
+    """What decides whether both panes must match: greedy decoding, else the sampling rule."""
+    return render.GREEDY if s.greedy else s.rule
+
+
+def _outputs(prompt, spec, ar, rule, figures, doc, done=True, stopped=False, costs=None):
     return (
         render.pane_html(prompt, spec),
         render.pane_html(prompt, ar, kind_classes=False),
-        render.greedy_check(spec, ar, greedy, done and not stopped, stopped),
+        render.identity_check(spec, ar, rule, done and not stopped, stopped),
         render.summary_markdown(spec, ar, done and not stopped, stopped, costs),
         *figures,
         doc if doc is not None else gr.skip(),

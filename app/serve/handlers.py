@@ -11,7 +11,7 @@ from pathlib import Path
 import gradio as gr
 
 from app import models
-from app.core.config import MAX_NEW_TOKENS_CAP, RunConfig, SamplingConfig, SpecConfig, UserError
+from app.core.config import MAX_NEW_TOKENS_CAP, REJECTION, RunConfig, SamplingConfig, SpecConfig, UserError
 from app.models import hosting
 from app.serve import boundary, queue_limits
 from app.serve.texts import EXAMPLES, example_row  # noqa: F401 - the API's examples
@@ -42,6 +42,7 @@ def _configs(
     chat,
     repetition_penalty=1.0,
     no_repeat_ngram_size=0,
+    rule=REJECTION,
 ):
     greedy = decoding == "greedy"
     return (
@@ -52,6 +53,7 @@ def _configs(
             fill_seed(seed, decoding),
             float(repetition_penalty),
             int(no_repeat_ngram_size),
+            rule,
         ),
         # Adaptive chooses k itself up to the default cap: the k slider does not move that cap.
         SpecConfig(k=int(k), k_policy=k_policy, k_max=SpecConfig.k_max if k_policy == "adaptive" else max(8, int(k))),
@@ -94,6 +96,7 @@ def check_request(
     k,
     repetition_penalty=1.0,
     no_repeat_ngram_size=0,
+    rule=REJECTION,
 ) -> None:
     """Refuse bad settings, an unloadable pair or a bad prompt before a run starts.
 
@@ -113,8 +116,14 @@ def check_request(
             chat,
             repetition_penalty,
             no_repeat_ngram_size,
+            rule,
         ):
             cfg.validate()
+        cap = _context_cap(target)
+        if int(max_new_tokens) > cap:
+            raise UserError(
+                f"max new tokens must be a whole number from 1 to {cap} for this target, got {max_new_tokens}"
+            )
         _pair(target, draft).encode(prompt, bool(chat))
     except UserError as e:
         raise _user_error(e) from None
@@ -131,17 +140,24 @@ def _context_cap(model_id: str) -> int:
 
 
 def _cap_label(cap: int) -> str:
-    return f"Max new tokens (the target's context is {cap})" if cap < MAX_NEW_TOKENS_CAP else "Max new tokens"
+    """The range, in the label: the box refuses what lies outside it (check_request)."""
+    return f"Max new tokens, 1 to {cap}" + (" (the target's context)" if cap < MAX_NEW_TOKENS_CAP else "")
 
 
-def _cap_slider(cap: int, value) -> gr.Slider:
-    return gr.Slider(maximum=cap, value=min(int(value or cap), cap), label=_cap_label(cap))
+def _cap_box(cap: int, value) -> gr.Number:
+    """Max new tokens for a new cap: a value above it comes down to it, with the label saying so; any
+    other value stays as typed, so a bad one is still refused with a message."""
+    try:
+        value = min(int(value), cap)
+    except (TypeError, ValueError, OverflowError):
+        pass
+    return gr.Number(value=value, label=_cap_label(cap))
 
 
 @guarded
 def cap_for_target(target, custom_target, value) -> gr.Slider:
     """When the target changes, cap Max new tokens to its context where that is known without loading."""
-    return _cap_slider(_context_cap((custom_target or "").strip() or target), value)
+    return _cap_box(_context_cap((custom_target or "").strip() or target), value)
 
 
 def _choices(presets: dict[str, str]) -> list[tuple[str, str]]:
@@ -183,6 +199,7 @@ def export_for(
     k,
     repetition_penalty=1.0,
     no_repeat_ngram_size=0,
+    rule=REJECTION,
 ) -> str:
     """The same pair and settings as `vllm serve` and `llama-server` commands (python -m app export)."""
     from app import export
@@ -200,6 +217,7 @@ def export_for(
             chat,
             repetition_penalty,
             no_repeat_ngram_size,
+            rule,
         )
         typed = _model_ids(target, custom_target, draft, custom_draft)
         return export.for_pair(_pair(*typed), sp, s, typed=typed)  # commands name the models as picked
@@ -211,7 +229,7 @@ def export_for(
 def cap_for_loaded(target, custom_target, draft, custom_draft, value) -> gr.Slider:
     """After a load: cap Max new tokens to the loaded target's context (the pair is cached by then)."""
     pair = _pair(*_model_ids(target, custom_target, draft, custom_draft))
-    return _cap_slider(min(MAX_NEW_TOKENS_CAP, models.context_length(pair.target)), value)
+    return _cap_box(min(MAX_NEW_TOKENS_CAP, models.context_length(pair.target)), value)
 
 
 def list_presets() -> dict:

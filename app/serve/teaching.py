@@ -5,9 +5,10 @@ from __future__ import annotations
 import gradio as gr
 
 from app import request
-from app.core.config import Settings, UserError
+from app.core.config import REJECTION, Settings, UserError
 from app.core.events import KIND_LABELS
 from app.serve import sessions
+from app.serve.generation import LOADING, MEASURING
 from app.serve.handlers import _configs, _model_ids, _pair, _user_error, guarded
 from app.serve.texts import EXAMPLES, example_row  # noqa: F401 - the API's examples
 from app.serve.zerogpu import gpu
@@ -35,6 +36,8 @@ def step_round(
     k,
     repetition_penalty=1.0,
     no_repeat_ngram_size=0,
+    rule=REJECTION,
+    progress=gr.Progress(),
 ):
     """Teaching mode: run exactly one more speculative round of a stepping session."""
     target, draft = _model_ids(target, custom_target, draft, custom_draft)
@@ -56,11 +59,14 @@ def step_round(
             chat,
             repetition_penalty,
             no_repeat_ngram_size,
+            rule,
         )
         # The filled seed, not the box: a session resumes only the very run it showed (sessions.py).
         key = (prompt, target, draft, r.chat, s, sp, r)
+        progress(0.0, desc=LOADING)
         pair = _pair(target, draft)
         ids = pair.encode(prompt, r.chat)
+        progress(0.5, desc=MEASURING)
         run = request.start(pair, ids, Settings(s, sp, r))  # the same calibrated policy as Generate's
         session, steps, step = sessions.advance(session, key, lambda policy: run.steps(policy, teach=True), run.policy)
     except UserError as e:
@@ -68,14 +74,15 @@ def step_round(
     if step is None:
         return session, gr.skip(), gr.skip(), "Generation finished: press Step to start again.", gr.skip()
     session_prompt = pair.tokenizer.decode(ids, skip_special_tokens=True)
-    note = _round_note(step) + _feature_note(pair, ids, steps, step)
-    headers = render.GREEDY_HEADERS if s.greedy else render.DECISION_HEADERS
+    note = _round_note(step) + _feature_note(pair, ids, steps, step) + render.race_markdown(step)
+    rule = render.GREEDY if s.greedy else s.rule
+    headers = render.headers_for(rule)
     return (
         session,
         render.pane_html(session_prompt, steps),
-        {"headers": headers, "data": render.decision_rows(step, s.greedy)},
+        {"headers": headers, "data": render.decision_rows(step, rule)},
         note,
-        plots.decision_figure(step),
+        plots.decision_figure(step, s.greedy),
     )
 
 

@@ -11,7 +11,8 @@ CSS = (models.ROOT / "assets" / "style.css").read_text()
 TIMING_NOTE = (
     "**Timing:** both panes run on the same device, interleaved round by round. Each has its own "
     "clock that stops while the other runs, and the pane that is behind on its own clock goes "
-    "next, so neither slows the other and their progress on screen keeps the true ratio."
+    "next, so neither slows the other. On an otherwise idle machine their progress on screen keeps the "
+    "true ratio; other work on the machine slows whichever pane runs while it does."
 )
 KNOWS = (
     "*The default target is **SmolLM2-135M-Instruct**, a small instruct model that runs offline (from the "
@@ -57,3 +58,7 @@ def example_row(example: dict) -> list:
         s.get("seed", 0),
         bool(s.get("chat", False)),
     ]
+
+
+# The sampling rules as the app names them (core/config.py, RULES).
+RULE_LABELS = {"rejection": "rejection (min(1, p/q))", "shared-noise": "shared noise (same text as plain)"}

@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import gradio as gr
 
 from app import models
-from app.core.config import SpecConfig
+from app.core.config import RULES, SamplingConfig, SpecConfig
 from app.serve import queue_limits, sessions
 from app.serve.generation import generate_both, request_stop, start_run  # noqa: F401
 from app.serve.handlers import (  # noqa: F401 - the handlers are the app's API, reached through ui too
@@ -29,7 +29,7 @@ from app.serve.handlers import (  # noqa: F401 - the handlers are the app's API,
     load_pair,
 )
 from app.serve.teaching import step_round  # noqa: F401
-from app.serve.texts import CSS, EXAMPLES, EXPLANATION, KNOWS, TIMING_NOTE, example_row
+from app.serve.texts import CSS, EXAMPLES, EXPLANATION, KNOWS, RULE_LABELS, TIMING_NOTE, example_row
 from app.views import render
 
 log = logging.getLogger(__name__)
@@ -113,15 +113,27 @@ def _decoding_controls(c) -> None:
     _, decoding, t, top_k, top_p, rep, no_repeat, max_new, seed, chat = c.first
     with gr.Accordion("Decoding", open=False):
         c.decoding = gr.Radio(["greedy", "sampling"], value=decoding, label="Decoding")
-        c.temperature = gr.Slider(0.05, 2.0, t, step=0.05, label="Temperature (sampling)")
-        c.top_k = gr.Slider(0, 200, top_k, step=1, label="Top-k (0 = off)")
-        c.top_p = gr.Slider(0.05, 1.0, top_p, step=0.05, label="Top-p (1 = off)")
+        # Greedy ignores these and the rule, so they are greyed out under it (sampling_controls).
+        sampled = decoding != "greedy"
+        c.temperature = gr.Slider(0.05, 2.0, t, step=0.05, label="Temperature (sampling only)", interactive=sampled)
+        c.top_k = gr.Slider(0, 200, top_k, step=1, label="Top-k (sampling only; 0 = off)", interactive=sampled)
+        c.top_p = gr.Slider(0.05, 1.0, top_p, step=0.05, label="Top-p (sampling only; 1 = off)", interactive=sampled)
         c.seed = gr.Number(seed, precision=0, label="Seed (blank: a fresh random seed)")
+        c.rule = gr.Radio(
+            [(RULE_LABELS[r], r) for r in RULES],
+            value=SamplingConfig.rule,
+            label="Sampling rule (sampling only)",
+            info="shared noise: for a seed, plain sampling's text, whatever the draft or k. Rejection: more "
+            "drafts kept; a seed repeats its text under fixed or heuristic k, not adaptive k",
+            interactive=sampled,
+        )
         # Applied to p and q alike at every position, so speculation stays lossless.
         c.rep_penalty = gr.Slider(1.0, 2.0, rep, step=0.05, label="Repetition penalty (1 = off)")
         c.no_repeat = gr.Slider(0, 8, no_repeat, step=1, label="No-repeat n-gram size (0 = off)")
         cap = _context_cap(next(iter(models.TARGET_PRESETS)))
-        c.max_new = gr.Slider(1, cap, min(max_new, cap), step=1, elem_id="max-new", label=_cap_label(cap))
+        # A number box, not a slider: a slider clamps a typed 0 or 100000 without a word, while a
+        # value outside the range the label states is refused with a message when a run starts.
+        c.max_new = gr.Number(min(max_new, cap), precision=0, elem_id="max-new", label=_cap_label(cap))
         c.chat = gr.Checkbox(chat, label="Chat formatting: the prompt is an instruction (models with a chat template)")
     with gr.Accordion("Speculation", open=False):
         c.k_policy = gr.Radio(["adaptive", "heuristic", "fixed"], value="adaptive", label="k policy")
@@ -135,6 +147,13 @@ def _decoding_controls(c) -> None:
 
 
 def _results(c) -> None:
+    # Only the page's style changes (REJECTED_VIEW): no request, and it applies mid-run too.
+    c.rejected_view = gr.Radio(
+        list(REJECTED_VIEWS),
+        value=REJECTED_VIEWS[0],
+        label="Rejected drafts in the speculative pane",
+        elem_id="rejected-view",
+    )
     with gr.Row():
         with gr.Column(min_width=300):
             gr.Markdown("### Speculative")
@@ -160,16 +179,23 @@ def _results(c) -> None:
 
 
 def _teaching(c) -> None:
-    with gr.Accordion("Teaching mode: one round at a time", open=False):
-        c.step_note = gr.Markdown("Press **Step one round** to draft, verify and decide one round.")
+    # Step opens this view and scrolls it into sight (_wire): closed, a round's result would land out of view.
+    with gr.Accordion("Teaching mode: one round at a time", open=False, elem_id="teaching") as c.teaching:
+        c.step_note = gr.Markdown(
+            "Press **Step one round** to draft, verify and decide one round.", elem_id="step-note"
+        )
         c.step_pane = gr.HTML(render.STEP_PLACEHOLDER, elem_id="step-pane", max_height=360, autoscroll=True)
         c.decisions = gr.Dataframe(
             headers=render.DECISION_HEADERS,
             label="Each drafted token, judged in order",
             interactive=False,
             elem_id="decisions",
+            # Shares of the width and wrapped cells: on a phone every column stays in view, each cell whole.
+            wrap=True,
+            column_widths=["17%", "12%", "14%", "14%", "12%", "31%"],
         )
-        c.residual = gr.Plot(label="p, q and the distribution the target's token was drawn from")
+        # A short label: a long one wraps to two lines on a phone, over the figure's own title.
+        c.residual = gr.Plot(label="p, q and the target token's source", elem_id="residual")
     with gr.Accordion("How speculative decoding works", open=False):
         gr.Markdown(EXPLANATION)
     with gr.Accordion("Records (JSON)", open=False):
@@ -194,6 +220,7 @@ def _wire(c) -> None:
         c.k,
         c.rep_penalty,
         c.no_repeat,
+        c.rule,
     ]
     # One queue for the device; SPECDEC_CONCURRENCY runs share it at once (queue_limits.py).
     device = dict(concurrency_limit=queue_limits.concurrency(), concurrency_id="device")
@@ -209,6 +236,9 @@ def _wire(c) -> None:
         api_name="generate",
         **device,
     ).success(export_for, [*model_inputs, *settings], c.export_code, **private)
+    c.step_btn.click(lambda: gr.Accordion(open=True), None, c.teaching, queue=False, **private).then(
+        None, js=SHOW_TEACHING, **private
+    )
     c.step_btn.click(start_run, [c.seed, c.decoding, c.control], c.seed, queue=False, **private).then(
         check_request, [c.prompt, *model_inputs, *settings], None, **private, **device
     ).success(
@@ -217,7 +247,7 @@ def _wire(c) -> None:
         [c.session, c.step_pane, c.decisions, c.step_note, c.residual],
         api_name="step",
         **device,
-    )
+    ).success(None, js=SHOW_TEACHING, **private)  # again with the round in it: the page has grown
     # One round of Step is short, so Stop only ends a generation (cooperatively: see generate_both).
     c.stop_btn.click(request_stop, c.control, None, queue=False, **private)
     c.load_btn.click(load_pair, model_inputs, c.status, api_name="load_pair", **device).success(
@@ -231,7 +261,32 @@ def _wire(c) -> None:
         queue=False,
         **private,
     )
+    c.decoding.change(sampling_controls, c.decoding, [c.temperature, c.top_k, c.top_p, c.rule], queue=False, **private)
+    c.rejected_view.change(None, c.rejected_view, None, js=REJECTED_VIEW, **private)
     gr.Button(visible=False).click(list_presets, None, c.presets_json, api_name="presets")
+
+
+REJECTED_VIEWS = ("inline (whitespace as · and ↵)", "a small mark: hover it for the drafts")
+# Runs in the browser: the body's rej-marks class picks the view (style.css), for every pane at once.
+REJECTED_VIEW = f"(view) => {{ document.body.classList.toggle('rej-marks', view === '{REJECTED_VIEWS[1]}'); }}"
+# Runs in the browser after Step: once the view's contents are laid out (its open state lands a few
+# frames after the click), its top edge goes to the top of the window, or as near as the page allows.
+SHOW_TEACHING = """() => {
+  const show = (frames) => {
+    if (document.getElementById('step-note')?.offsetParent) {
+      document.getElementById('teaching').scrollIntoView({block: 'start'});
+    } else if (frames > 0) {
+      requestAnimationFrame(() => show(frames - 1));
+    }
+  };
+  show(300);
+}"""
+
+
+def sampling_controls(decoding: str) -> list[dict]:
+    """Temperature, top-k, top-p and the sampling rule: usable under sampling, greyed out under greedy,
+    which ignores them."""
+    return [gr.update(interactive=decoding != "greedy") for _ in range(4)]
 
 
 def launch(host: str | None = None, port: int | None = None, share: bool = False) -> None:
@@ -261,4 +316,12 @@ def launch(host: str | None = None, port: int | None = None, share: bool = False
         run_history=False,
         state_session_capacity=sessions.MAX_SESSIONS,  # memory stays bounded however many visit
         app_kwargs={"middleware": [Middleware(boundary.NoUploads), Middleware(boundary.ProxyWatch)]},
+        quiet=True,  # Gradio's own lines name launch(share=True); this app's switch is --share
+        prevent_thread_lock=True,
     )
+    print(f"* Running on local URL:  {demo.local_url}", flush=True)
+    print(f"* Public URL: {demo.share_url}" if demo.share_url else START_NOTE, flush=True)
+    demo.block_thread()
+
+
+START_NOTE = "* For a public link, start the app with: python app.py --share (public hosting serves presets only)"

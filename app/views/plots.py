@@ -144,24 +144,39 @@ def tokens_per_round(steps: Sequence[Step]) -> go.Figure:
     return _layout(fig, "tokens per round (per target pass)", "tokens emitted", "rounds")
 
 
-def decision_figure(step: Step) -> go.Figure:
+REJECTED_MARK = " (rejected draft)"  # the label of the draft token the target turned down
+
+
+def decision_figure(step: Step, greedy: bool = False) -> go.Figure:
     """Where the target's own token came from, over the top tokens at that position.
 
-    After a rejection: p, q and the residual norm(max(0, p - q)) it was drawn from. A bonus or
+    After a rejection: p, q and the residual norm(max(0, p - q)) it was drawn from, with the rejected
+    draft token among the bars; under greedy nothing is drawn, and the token is argmax p. A bonus or
     draftless token is drawn from p itself, so p is drawn once.
     """
     labels = []
+    rejected = step.rejected[0] if step.rejected else None
     for t in step.top:  # whitespace made visible, and never two bars under one label
         label = visible(t[1]) or f"#{t[0]}"
-        labels.append(label if label not in labels else f"{label} #{t[0]}")
+        label = label if label not in labels else f"{label} #{t[0]}"
+        labels.append(label + (REJECTED_MARK if t[0] == rejected else ""))
     if step.token_kind == CORRECTED:
+        # Under greedy the "residual" is a point mass on argmax p: no norm(max(0, p - q)) was drawn from.
+        chosen = (
+            dict(y=[float(t[0] == step.token) for t in step.top], name="argmax p: the greedy token (no draw)")
+            if greedy
+            else dict(y=[t[4] for t in step.top], name="norm(max(0, p - q))")
+        )
         fig = go.Figure(
             [
-                go.Bar(x=labels, y=[t[2] for t in step.top], name="p (target)", marker_color=COLOURS["accepted"]),
-                go.Bar(x=labels, y=[t[3] for t in step.top], name="q (draft)", marker_color=COLOURS["rejected"]),
                 go.Bar(
-                    x=labels, y=[t[4] for t in step.top], name="norm(max(0, p - q))", marker_color=COLOURS["corrected"]
+                    x=labels,
+                    y=[t[2] for t in step.top],
+                    name="p (target, softmax at T = 1)" if greedy else "p (target)",
+                    marker_color=COLOURS["accepted"],
                 ),
+                go.Bar(x=labels, y=[t[3] for t in step.top], name="q (draft)", marker_color=COLOURS["rejected"]),
+                go.Bar(x=labels, marker_color=COLOURS["corrected"], **chosen),
             ]
         )
     else:

@@ -9,6 +9,7 @@ import html
 from collections.abc import Sequence
 
 from app.core import metrics
+from app.core.config import REJECTION, SHARED_NOISE
 from app.core.events import ACCEPTED, BONUS, CORRECTED, KIND_LABELS, REJECTED, TARGET, Step
 
 CLASS = {ACCEPTED: "acc", CORRECTED: "cor", BONUS: "bon", REJECTED: "rej", TARGET: "tgt"}
@@ -50,16 +51,29 @@ def pane_html(prompt: str, steps: Sequence[Step], kind_classes: bool = True) -> 
         return parts[0] + html.escape("".join(s.text for s in steps)) + "</div>"
     for s in steps:
         # Rejected drafts show their whitespace as symbols, inline: their newlines and
-        # indentation would otherwise break the layout of the text that was kept.
-        tokens = "".join(
+        # indentation would otherwise break the layout of the text that was kept. Each round's
+        # rejected drafts also get a mark before them, which the page shows instead when the
+        # reader picks marks (style.css, .rej-marks): zero width, so no column moves.
+        spans = s.spans()
+        pieces = [
             f'<span class="tok {CLASS[kind]}" data-kind="{kind}">'
             f"{html.escape(visible(piece) if kind == REJECTED else piece)}</span>"
-            for piece, kind in s.spans()
-        )
+            for piece, kind in spans
+        ]
+        rejected = [piece for piece, kind in spans if kind == REJECTED]
+        if rejected:
+            pieces.insert([kind for _, kind in spans].index(REJECTED), _rejected_mark(rejected))
+        tokens = "".join(pieces)
         title = f"round {s.round}: k={s.k}, kept {s.accepted} of {len(s.drafted)}" if s.drafted else ""
         parts.append(f'<span class="round r{s.round % 2}" title="{title}">{tokens}</span>')
     parts.append("</div>")
     return "".join(parts)
+
+
+def _rejected_mark(pieces: Sequence[str]) -> str:
+    """A small mark where drafts were rejected; hovering it shows them, whitespace as symbols."""
+    drafts = html.escape(visible("".join(pieces)), quote=True)
+    return f'<span class="rej-mark" title="rejected drafts: {drafts}" aria-label="rejected drafts: {drafts}"></span>'
 
 
 def kind_counts(steps: Sequence[Step]) -> dict[str, int]:
@@ -94,7 +108,8 @@ def summary_markdown(
             _fmt(a["time_to_first_token_s"], ".3f", " s"),
         ),
         ("target passes", b["target_passes"], a["target_passes"]),
-        ("tokens per target pass", _fmt(b["tokens_per_pass"]), _fmt(a["tokens_per_pass"])),
+        # vLLM's name for the same figure: its spec-decode metrics report it as mean acceptance length.
+        ("tokens per target pass (mean acceptance length)", _fmt(b["tokens_per_pass"]), _fmt(a["tokens_per_pass"])),
         ("acceptance rate (accepted ÷ drafted)", pct(b["acceptance_rate"]), "–"),
         ("α per token (accepted ÷ (accepted + rejections))", pct(b["alpha"]), "–"),
         ("mean k", _fmt(b["mean_k"]), "–"),
@@ -104,11 +119,13 @@ def summary_markdown(
     table = "| | speculative | autoregressive |\n|---|---|---|\n" + "\n".join(
         f"| {name} | {x} | {y} |" for name, x, y in rows
     )
-    theory = (
-        f"{_fmt(b['theoretical_speedup'], '.2f', '×')} Leviathan's idealised (a verify pass costed as one plain step)"
-    )
-    if b.get("predicted_speedup") is not None:
+    theory = f"{_fmt(b['theoretical_speedup'], '.2f', '×')} Leviathan's idealised"
+    if b.get("predicted_speedup") is None:
+        theory += " (this run's α and c, a verify pass costed as one plain step)"
+    else:
+        # Both from the same α, rounds and measured costs (metrics.summarize): idealised ≥ predicted.
         theory += (
+            " (as predicted, but a verify pass over k + 1 tokens costed as a one-token pass)"
             f" · {_fmt(b['predicted_speedup'], '.2f', '×')} predicted for this machine "
             "(the same α over this machine's measured verify and draft times, "
             "plus this run's prefill as measured)"
@@ -139,50 +156,61 @@ def _ending(spec: Sequence[Step], ar: Sequence[Step]) -> str:
     return " · stopped: context full" if "context_full" in reasons else ""
 
 
-def greedy_check(
-    spec: Sequence[Step], ar: Sequence[Step], greedy: bool, done: bool = True, stopped: bool = False
+GREEDY = "greedy"  # identity_check's rule when nothing is sampled
+
+
+def identity_check(
+    spec: Sequence[Step], ar: Sequence[Step], rule: str, done: bool = True, stopped: bool = False
 ) -> str:
-    """Under greedy decoding both panes must be identical, token for token."""
+    """Whether both panes hold the same tokens, where they must: under greedy decoding, and under the
+    shared-noise rule, where a seed fixes the text (rule: GREEDY, or the sampling rule of the run)."""
     a = [t for s in ar for t in s.emitted]
     b = [t for s in spec for t in s.emitted]
-    if not greedy:
+    if rule not in (GREEDY, SHARED_NOISE):
         text = (
-            "Sampling: the two panes use different random draws, so their texts differ; "
-            "each has exactly the target's distribution."
+            "Sampling with the rejection rule: the drafts' tests read the seed's draws too, so the two "
+            "panes' texts differ, and each has exactly the target's distribution. The shared-noise rule "
+            "gives the same text on both sides."
         )
         if stopped:
             return f"{_mark('stop', 'Stopped')} after {len(b)} speculative and {len(a)} autoregressive tokens. {text}"
         return text + (_ending(spec, ar) if done else "")
+    name = "Greedy check" if rule == GREEDY else "Same-seed check (shared noise)"
     n = min(len(a), len(b))
     if a[:n] != b[:n]:
         first = next(i for i in range(n) if a[i] != b[i])
-        return f"{_mark('fail', 'Greedy check failed')}: the outputs differ at token {first}."
+        return f"{_mark('fail', name + ' failed')}: the outputs differ at token {first}."
     if stopped:
         return (
             f"{_mark('stop', 'Stopped')} after {_tokens(n)}: the outputs were identical up to there "
             f"(speculative {len(b)}, autoregressive {len(a)})."
         )
     if not done:
-        return f"{_mark('run', 'Greedy check running')}: identical so far ({n} tokens)."
+        return f"{_mark('run', name + ' running')}: identical so far ({n} tokens)."
     if len(a) != len(b):
-        return f"{_mark('fail', 'Greedy check failed')}: {len(b)} speculative tokens against {len(a)} autoregressive."
+        return f"{_mark('fail', name + ' failed')}: {len(b)} speculative tokens against {len(a)} autoregressive."
     return (
-        f"{_mark('ok', 'Greedy check passed')}: the two outputs are identical, token for token "
+        f"{_mark('ok', name + ' passed')}: the two outputs are identical, token for token "
         f"({n} tokens){_ending(spec, ar)}."
     )
 
 
 DECISION_HEADERS = ["draft token", "q(x)", "p(x)", "min(1, p/q)", "u", "decision"]
+# Under shared noise the token at each position is argmax(p / E) for the position's keyed noise E.
+SHARED_HEADERS = ["draft token", "q(x)", "p(x)", "draft == argmax p/E (both race E)", "u", "decision"]
 # Under greedy nothing is random: a draft is kept exactly when it is the target's argmax.
 GREEDY_HEADERS = ["draft token", "q(x)", "p(x) (softmax, T = 1)", "draft == argmax p", "u", "decision"]
 
 
-def decision_rows(step: Step, greedy: bool = False) -> list[list]:
+def decision_rows(step: Step, rule: str = REJECTION) -> list[list]:
     """One table row per judged draft: token, q(x), p(x), the rule applied, u, decision.
 
-    The rule column is min(1, p/q) under sampling and "draft == argmax p" (yes/no) under greedy.
+    The rule column (headers_for) is min(1, p/q) under the rejection rule, and yes/no under greedy
+    ("draft == argmax p") and shared noise ("draft wins the race"), where nothing is drawn per draft.
     """
-    rule = (lambda d: "yes" if d.accept_prob >= 1 else "no") if greedy else (lambda d: round(d.accept_prob, 4))
+    rule = (
+        (lambda d: "yes" if d.accept_prob >= 1 else "no") if rule != REJECTION else (lambda d: round(d.accept_prob, 4))
+    )
     cell = lambda text: visible(text) or "(no text yet)"  # noqa: E731 - a byte of a multi-byte character
     rows = [
         [
@@ -206,3 +234,36 @@ def decision_rows(step: Step, greedy: bool = False) -> list[list]:
     }.get(step.token_kind, "")
     rows.append([cell(step.token_text), "–", "–", "–", "–", f"{step.token_kind}: the target's own token ({why})"])
     return rows
+
+
+def headers_for(rule: str) -> list[str]:
+    """The decision table's headers for GREEDY or a sampling rule."""
+    return {GREEDY: GREEDY_HEADERS, SHARED_NOISE: SHARED_HEADERS}.get(rule, DECISION_HEADERS)
+
+
+def race_markdown(step: Step) -> str:
+    """The shared-noise rule's two races where the target chose this round, as a table: the target's
+    pick is its argmax p/E, the draft's its argmax q/E over the same noise E, and they agree or not."""
+    if not step.race:
+        return ""
+    target_pick = max(step.race, key=lambda r: r[4])[0]
+    draft_pick = max(step.race, key=lambda r: r[5])[0] if any(r[5] > 0 for r in step.race) else None
+    rows = [
+        f"| `{visible(text) or '(no text yet)'}` | {p:.4f} | {q:.4f} | {ps:.3f} | {qs:.3f} | "
+        + " ".join(m for m, hit in (("target's pick", i == target_pick), ("draft's pick", i == draft_pick)) if hit)
+        + " |"
+        for i, text, p, q, ps, qs in step.race
+    ]
+    if draft_pick is None:
+        verdict = "Every draft was kept, so only the target raced here: its pick is the bonus token."
+    elif draft_pick == target_pick:
+        verdict = "Both races have the same winner."
+    else:
+        verdict = "The races have different winners: the draft's token is rejected and the target's is emitted."
+    return (
+        "\n\n**Shared noise where the target chose.** Each token's noise E is fixed by the seed and the "
+        "position; the target picks the largest p/E, the draft the largest q/E. "
+        + verdict
+        + "\n\n| token | p | q | p/E | q/E | |\n|---|---|---|---|---|---|\n"
+        + "\n".join(rows)
+    )
