@@ -181,7 +181,7 @@ def test_git_grep_finds_no_lab_notes():
     keep the commands that made them, as run)."""
     pattern = (
         r"(first|second|third|fourth|fifth|sixth|seventh|eighth|ninth|tenth|eleventh|twelfth|thirteenth|"
-        r"fourteenth|fifteenth) session|build/s[0-9]"
+        r"fourteenth|fifteenth) session\b|build/s[0-9]"
     )
     where = ["*.md", "*.py", "*.sh", "*.txt", "*.toml", "*.css", ".ci/*"]
     proc = subprocess.run(["git", "grep", "-niE", pattern, "--", *where], cwd=ROOT, capture_output=True, text=True)
