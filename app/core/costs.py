@@ -96,14 +96,11 @@ class Costs:
     def best_k(self, alpha: float, k_max: int, context: int | None = None, k_min: int = 1) -> int:
         """The k in k_min..k_max with the most expected tokens per second (the smallest on a tie).
 
-        k = 0 is a plain step, costed as one: it wins where every k that drafts loses to it.
+        k = 0 is a round that drafts nothing: one token for what this model says such a round costs
+        (as predicted_speedup counts it), so it wins where every k that drafts loses to it.
         """
         verify = self.verify_curve(context)  # once: adaptive k asks every round
-
-        def rate(k: int) -> float:
-            return 1 / self._plain_s(verify) if k == 0 else self._tokens_per_s(alpha, k, verify)
-
-        return max(range(k_min, k_max + 1), key=lambda k: (rate(k), -k))
+        return max(range(k_min, k_max + 1), key=lambda k: (self._tokens_per_s(alpha, k, verify), -k))
 
     def predicted_speedup(
         self,
