@@ -19,11 +19,26 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+class Url(str):
+    """The server's URL, carrying the server's process id (for tests that read its memory)."""
+
+    def __new__(cls, url: str, pid: int):
+        self = super().__new__(cls, url)
+        self.pid = pid
+        return self
+
+
+def rss_mib(pid: int) -> float:
+    """Resident memory of a process, in MiB."""
+    status = Path(f"/proc/{pid}/status").read_text()
+    return int(next(line for line in status.splitlines() if line.startswith("VmRSS")).split()[1]) / 1024
+
+
 @contextlib.contextmanager
 def serve(log: Path, **env: str):
-    """Start the app with extra environment `env`; yield its URL; stop it afterwards."""
+    """Start the app with extra environment `env`; yield its URL (a Url, with .pid); stop it afterwards."""
     port = free_port()
-    full_env = dict(os.environ, GRADIO_ANALYTICS_ENABLED="False", HF_HUB_OFFLINE="1", **env)
+    full_env = {**os.environ, "GRADIO_ANALYTICS_ENABLED": "False", "HF_HUB_OFFLINE": "1", **env}
     with log.open("w") as out:
         proc = subprocess.Popen(
             [sys.executable, "app.py", "--port", str(port)],
@@ -43,7 +58,7 @@ def serve(log: Path, **env: str):
                     if proc.poll() is not None or time.time() > deadline:
                         raise RuntimeError(log.read_text()) from None
                     time.sleep(0.5)
-            yield f"http://127.0.0.1:{port}/"
+            yield Url(f"http://127.0.0.1:{port}/", proc.pid)
         finally:
             proc.terminate()
             proc.wait(timeout=30)

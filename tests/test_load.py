@@ -143,3 +143,24 @@ def test_uploads_are_refused_and_no_run_history_is_kept(server):
         r = httpx.post(f"{url}gradio_api/upload", files={"files": ("a.txt", b"x" * size)}, timeout=30)
         assert r.status_code == 403 and "/" not in r.text, r.text[:200]
     assert httpx.get(f"{url}config", timeout=30).json()["run_history"] is False
+
+
+@pytest.mark.slow  # 250 requests
+def test_server_memory_levels_off_over_many_generations_and_abandoned_steps(tmp_path):
+    """Each raw call is a new visitor session; 200 generations and 50 Steps nobody continues."""
+    from app_server import rss_mib
+
+    raw = [json.dumps(v) for v in BASE]
+    with serve(tmp_path / "soak.log") as url:
+        for api in ["generate"] * 20 + ["step"] * 10:  # warm-up: models, calibration, first sessions
+            assert _raw_call(url, api, raw)[0] == "complete"
+        start, marks = rss_mib(url.pid), []
+        for i in range(200):
+            assert _raw_call(url, "generate", raw)[0] == "complete"
+            if i % 50 == 49:
+                marks.append(rss_mib(url.pid) - start)
+        for _ in range(50):
+            assert _raw_call(url, "step", raw)[0] == "complete"
+        grown = rss_mib(url.pid) - start
+    assert grown <= 30, (grown, marks)
+    assert marks[-1] - marks[1] <= 10, f"it levels off: {marks} MiB after each 50 generations"

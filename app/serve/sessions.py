@@ -31,8 +31,9 @@ from app.core.policy import KPolicy
 MAX_LIVE = int(os.environ.get("SPECDEC_TEACH_LIVE") or ("0" if os.environ.get("SPACES_ZERO_GPU") else "4"))
 TTL = 600.0  # seconds a live run outlives its last step; after that the next Step replays
 # Visitor sessions Gradio keeps in memory (each holds a copy of the page's values, its plots and records
-# included, so about half a MiB after a run); the least recently used go first. Gradio's default is 10,000.
-MAX_SESSIONS = int(os.environ.get("SPECDEC_SESSIONS") or 64)
+# included, so about half a MiB after a run); the least recently used go first, and such a visitor's next
+# Step starts again at round 1. Gradio's default of 10,000 let memory grow with every new visitor.
+MAX_SESSIONS = int(os.environ.get("SPECDEC_SESSIONS") or 32)
 STATE_TTL = 3600.0  # seconds the visitor's gr.State (bytes of plain data) outlives its last step
 
 
