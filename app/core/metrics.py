@@ -71,21 +71,28 @@ def summarize(steps: Sequence[Step], costs: Costs | None = None) -> dict:
         stop_reason=steps[-1].stop_reason if steps else None,
     )
     if alpha is not None and drafted:
-        stats["expected_tokens_per_pass"] = expected_tokens_per_pass(min(alpha, 1.0), mean_k)
-        if c is not None:
-            stats["theoretical_speedup"] = expected_speedup(min(alpha, 1.0), c, mean_k)
-        if costs is not None:
-            # Round 1 holds the prompt's prefill, which plain decoding pays too: it counts as measured.
-            # Both figures read the same inputs, so only the width of a verify pass sets them apart.
-            inputs = dict(
-                alpha=min(alpha, 1.0),
-                draft_lengths=[len(s.drafted) for s in steps[1:]],
-                first_round_s=steps[0].elapsed,
-                contexts=[s.context for s in steps[1:]],
-            )
-            stats["predicted_speedup"] = costs.predicted_speedup(**inputs)
-            stats["theoretical_speedup"] = costs.idealised_speedup(**inputs)
+        stats |= _expected(steps, min(alpha, 1.0), c, mean_k, costs)
     return stats
+
+
+def _expected(steps: Sequence[Step], alpha: float, c: float | None, mean_k: float, costs: Costs | None) -> dict:
+    """What the formulas expect of a run that drafted: tokens per pass, and the idealised and
+    predicted speedups (the machine's cost model's, with `costs`)."""
+    out = dict(expected_tokens_per_pass=expected_tokens_per_pass(alpha, mean_k))
+    if c is not None:
+        out["theoretical_speedup"] = expected_speedup(alpha, c, mean_k)
+    if costs is not None:
+        # Round 1 holds the prompt's prefill, which plain decoding pays too: it counts as measured.
+        # Both figures read the same inputs, so only the width of a verify pass sets them apart.
+        inputs = dict(
+            alpha=alpha,
+            draft_lengths=[len(s.drafted) for s in steps[1:]],
+            first_round_s=steps[0].elapsed,
+            contexts=[s.context for s in steps[1:]],
+        )
+        out["predicted_speedup"] = costs.predicted_speedup(**inputs)
+        out["theoretical_speedup"] = costs.idealised_speedup(**inputs)
+    return out
 
 
 def compare(spec: dict, ar: dict) -> dict:

@@ -73,14 +73,17 @@ def step_round(
         raise _user_error(e) from None
     if step is None:
         return session, gr.skip(), gr.skip(), "Generation finished: press Step to start again.", gr.skip()
+    return (session, *_shown(pair, ids, steps, step, s))
+
+
+def _shown(pair, ids, steps, step, s) -> tuple:
+    """The step pane, the decision table, the round's note and the plot of one stepped round."""
     session_prompt = pair.tokenizer.decode(ids, skip_special_tokens=True)
     note = _round_note(step) + _feature_note(pair, ids, steps, step) + render.race_markdown(step)
     rule = render.GREEDY if s.greedy else s.rule
-    headers = render.headers_for(rule)
     return (
-        session,
         render.pane_html(session_prompt, steps),
-        {"headers": headers, "data": render.decision_rows(step, rule)},
+        {"headers": render.headers_for(rule), "data": render.decision_rows(step, rule)},
         note,
         plots.decision_figure(step, s.greedy),
     )
