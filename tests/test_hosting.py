@@ -88,6 +88,7 @@ def test_odd_ids_are_refused_in_the_apps_own_words(monkeypatch, target, draft, m
     assert "hf download" not in str(err.value) and "instantiate" not in str(err.value)
 
 
+@pytest.mark.slow  # two CLI processes, one a generation
 def test_export_and_json_name_models_as_picked_never_by_install_path():
     run = dict(cwd=ROOT, capture_output=True, text=True, timeout=300, env=dict(os.environ, HF_HUB_OFFLINE="1"))
     pair = ["--target", "stdlib-code target (bundled)", "--draft", "feature draft (EAGLE-style, bundled)"]
