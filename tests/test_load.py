@@ -30,6 +30,7 @@ BASE = [
     4,
     1.0,
     0,
+    "rejection",
 ]
 
 

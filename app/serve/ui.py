@@ -26,6 +26,7 @@ from app.serve.handlers import (  # noqa: F401 - the handlers are the app's API,
     check_request,
     export_for,
     fill_seed,
+    guarded,
     list_presets,
     load_pair,
 )
@@ -291,6 +292,7 @@ def _prepare(model_id: str) -> None:
         log.warning("could not prepare %s at start-up: %s", model_id, e)
 
 
+@guarded
 def sampling_controls(decoding: str) -> list[dict]:
     """Temperature, top-k, top-p and the sampling rule: usable under sampling, greyed out under greedy,
     which ignores them."""
