@@ -144,7 +144,7 @@ def _prompt_row(pair, prompt: str, s: SamplingConfig, r: RunConfig) -> dict:
 def family(args) -> tuple[str, list[str], list[str], bool]:
     """(target, its drafts, prompts, chat): SmolLM2's drafts on held-out chat requests with --target
     smollm2 (--suite picks code or prose), else the tiny family on held-out stdlib code."""
-    if models.loading._preset(args.target or "") == models.SMOLLM2:
+    if models.presets.id_of(args.target or "") == models.SMOLLM2:
         prompts = suite(args.suite, chat=True)
         return models.SMOLLM2, [models.SMOLLM2_FEATURE, models.SMOLLM2_SMALL], prompts, True
     names = ("draft-distilled", "draft-feature", "draft-small", "draft-weak")

