@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 
-from app.core.config import RULES, RunConfig, SamplingConfig, Settings, SpecConfig
+from app.core.config import RULES, RunConfig, SamplingConfig, Settings, SpecConfig, UserError
 from app.models import threads
 
 
@@ -65,8 +65,15 @@ def add_generation_args(ap: argparse.ArgumentParser) -> None:
     )
 
 
+# The longest run a command asks for unless told otherwise: a typo such as 99999 would otherwise run
+# until the model's context is full (the app's own cap is in serve/boundary.py).
+MAX_NEW_TOKENS = 2048
+
+
 def settings(args) -> Settings:
     """The options as one validated Settings (a bad value raises UserError with what to change)."""
+    if not 1 <= args.max_new_tokens <= MAX_NEW_TOKENS:
+        raise UserError(f"max new tokens must be between 1 and {MAX_NEW_TOKENS}, got {args.max_new_tokens}")
     policy = args.k_policy or ("fixed" if args.k is not None else "adaptive")
     k = args.k if args.k is not None else 4
     return Settings(

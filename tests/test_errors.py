@@ -39,10 +39,20 @@ def test_empty_prompt(tokenizer):
         text.prompt_ids(tokenizer, "   ", chat=False, context=64)
 
 
-@pytest.mark.parametrize("n", [0, -3, 5000])
-def test_max_new_tokens_out_of_range(target, tokenizer, n):
-    with pytest.raises(UserError, match="max new tokens must be between 1 and 2048"):
+@pytest.mark.parametrize("n", [0, -3])
+def test_max_new_tokens_below_one(target, tokenizer, n):
+    with pytest.raises(UserError, match="max new tokens must be at least 1"):
         run(target, tokenizer, "abc", max_new_tokens=n)
+
+
+def test_the_cap_on_a_visitors_run_is_the_servers_not_the_engines(target, tokenizer):
+    """The engine runs past the server's cap (the context ends it); a visitor's request is refused."""
+    from app.serve import boundary
+
+    ids, steps = run(target, tokenizer, "abc", max_new_tokens=boundary.MAX_NEW_TOKENS_CAP + 1)
+    assert steps[-1].stop_reason in ("context_full", "eos")
+    with pytest.raises(UserError, match="max new tokens"):
+        boundary.FIELDS["max_new_tokens"](boundary.MAX_NEW_TOKENS_CAP + 1)
 
 
 def test_prompt_longer_than_context(tokenizer):

@@ -14,8 +14,8 @@ import pytest
 from conftest import ADD_PROMPT
 
 from app import models
-from app.core.config import MAX_NEW_TOKENS_CAP
 from app.core.events import ACCEPTED, BONUS, CORRECTED, REJECTED, TARGET
+from app.serve.boundary import MAX_NEW_TOKENS_CAP
 from app.views import plots, render
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from app import models
-from app.core.config import MAX_NEW_TOKENS_CAP
 from app.serve import sessions, zerogpu
+from app.serve.boundary import MAX_NEW_TOKENS_CAP
 
 ARGS = [
     "def f(a):\n    return a",

@@ -20,11 +20,13 @@ import os
 import time
 from collections.abc import Callable
 
-from app.core.config import K_MAX, MAX_NEW_TOKENS_CAP, RULES, UserError
+from app.core.config import K_MAX, RULES, UserError
 
 log = logging.getLogger(__name__)
 INTERNAL = "internal error (logged): please try again, or report it with the time it happened"
 MAX_PROMPT_CHARS = 200_000  # far beyond any bundled context; refuses megabytes before tokenising
+# The longest run a visitor may ask for: a shared server's policy, not the engine's (the CLI has none).
+MAX_NEW_TOKENS_CAP = 2048
 MAX_SEED = 2**63 - 1  # torch.Generator.manual_seed takes a 64-bit seed
 
 

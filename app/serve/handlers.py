@@ -11,9 +11,10 @@ from pathlib import Path
 import gradio as gr
 
 from app import models
-from app.core.config import MAX_NEW_TOKENS_CAP, REJECTION, RunConfig, SamplingConfig, SpecConfig, UserError
+from app.core.config import REJECTION, RunConfig, SamplingConfig, SpecConfig, UserError
 from app.models import hosting
 from app.serve import boundary, queue_limits
+from app.serve.boundary import MAX_NEW_TOKENS_CAP
 from app.serve.texts import EXAMPLES, example_row  # noqa: F401 - the API's examples
 
 log = logging.getLogger(__name__)
