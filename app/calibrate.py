@@ -67,7 +67,7 @@ REPS = 5  # timed passes per width, after one warm-up
 # then lowers the prediction rather than raising it. The engine's own work per round is a
 # difference of timings, so it keeps the median too.
 # Plain and speculative runs take turns for the same reason: a burst that outlasts one short run
-# then slows some rounds of each kind, not all rounds of one (README, "predicted for this machine").
+# then slows some rounds of each kind, not all rounds of one (docs/how-it-works.md, the cost model).
 
 _cache: dict[tuple, Costs] = {}
 _lock = threading.Lock()

@@ -59,7 +59,7 @@ def cmd_generate(args) -> int:
     # Models named as typed (a preset's label, the default by its name), never by an install path.
     draft = (args.draft or models.default_draft(args.target)) if speculative else None
     doc = metrics.report(steps, args.target or models.DEFAULT_TARGET, draft, s.as_dict(args.mode), run.costs)
-    doc["threads"] = threads.key()  # "auto" or the fixed count (README, "Threads")
+    doc["threads"] = threads.key()  # "auto" or the fixed count (docs/threads.md)
     if args.json:
         json.dump(doc, sys.stdout)
         print()

@@ -153,7 +153,7 @@ def test_server_memory_levels_off_over_many_generations_and_abandoned_steps(tmp_
 
     raw = [json.dumps(v) for v in BASE]
     with serve(tmp_path / "soak.log") as url:
-        for api in ["generate"] * 20 + ["step"] * 10:  # warm-up: models, calibration, first sessions
+        for api in ["generate"] * 20 + ["step"] * 10:  # warm-up: models, calibration, the first visitors' state
             assert _raw_call(url, api, raw)[0] == "complete"
         start, marks = rss_mib(url.pid), []
         for i in range(200):

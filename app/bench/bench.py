@@ -284,7 +284,11 @@ def main(argv: list[str]) -> int:
         help="skip the fixed-k sweep 1..8 (ours still runs at --k, the partner of transformers' constant-k run)",
     )
     ap.add_argument("--no-lookup", dest="lookup", action="store_false", help="skip the prompt lookup contenders")
-    ap.add_argument("--card", action="store_true", help="model card figures for the bundled family")
+    ap.add_argument(
+        "--card",
+        action="store_true",
+        help="model card figures for a family's drafts: the tiny family's, or SmolLM2's with --target smollm2",
+    )
     ap.add_argument(
         "--passes",
         action="store_true",

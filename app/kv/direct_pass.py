@@ -1,7 +1,7 @@
 """Passes of a decoder through its own modules, without the model wrapper.
 
 The wrapper's per-call work (argument merging, output recording, dataclasses) is a large share
-of a small model's pass on a CPU (README, benchmarks). A direct pass runs the same modules with the
+of a small model's pass on a CPU (docs/benchmarks.md). A direct pass runs the same modules with the
 same arguments as the model's own forward, the causal mask included (built by transformers'
 own `create_causal_mask`), so its logits are the same bits. That matters for the target, whose
 logits decide the output: a model is admitted only after probe passes of one and of several

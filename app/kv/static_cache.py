@@ -7,7 +7,7 @@ as a CUDA graph: passes over few tokens (draft steps, verify over k+1) are padde
 bucket width, so a handful of graphs serve every k. Longer passes (the prompt) run eagerly.
 
 CUDA only and behind --compile: on CPU the static cache is correct (the greedy tests run
-it) but was not faster than the dynamic one (README), and ZeroGPU does not support it.
+it) but was not faster than the dynamic one, and ZeroGPU does not support it.
 A feature-level draft's head keeps its own small dynamic cache; the target's passes, which
 also hand it their hidden states, run on the static cache like any other.
 """

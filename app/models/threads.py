@@ -1,6 +1,6 @@
 """How many threads torch uses inside one operation (intra-op), chosen for a shared machine.
 
-Measured on this project's 2-core CPU with the bundled pair (README, "Threads"): with another
+Measured on this project's 2-core CPU with the bundled pair (docs/threads.md): with another
 process busy, every core's worth of threads collapses to a third of one thread's speed or less
 (OpenMP workers wait on a core that is taken), while one thread keeps going; with the machine
 idle, every core is up to a fifth faster for speculation, whose verify passes multiply several
@@ -33,7 +33,7 @@ os.environ.setdefault("MKL_CBWR", "AUTO,STRICT")
 
 ENV = "SPECDEC_THREADS"
 AUTO = "auto"
-DEFAULT = AUTO  # the best worst case and, within a tenth, the best idle speed (README, "Threads")
+DEFAULT = AUTO  # the best worst case and, within a tenth, the best idle speed (docs/threads.md)
 INTERVAL = 0.2  # seconds between two readings of the load: a neighbour that starts costs at most this
 HEADROOM = 0.25  # a core counts as free when others use at most this much of it
 

@@ -139,7 +139,7 @@ def _stream(prompt: str, target: str, draft: str, settings: Settings, control, p
     }
     doc["comparison"] = metrics.compare(doc["speculative"]["stats"], doc["autoregressive"]["stats"])
     doc["stopped"] = stopped  # True: Stop ended both runs early, so every figure is partial
-    doc["threads"] = threads.key()  # "auto" or the fixed count (README, "Threads")
+    doc["threads"] = threads.key()  # "auto" or the fixed count (docs/threads.md)
     yield _outputs(shown, spec, ar, _rule(s), _figures(spec, ar), doc, stopped=stopped, costs=costs)
 
 
