@@ -5,6 +5,7 @@ import json
 import os
 import subprocess
 import sys
+import types
 
 import pytest
 import torch
@@ -20,7 +21,7 @@ from app.drafts.feature import FeatureProposer
 from app.drafts.lookup import PromptLookup
 from app.drafts.model import ModelProposer, early_exit
 from app.training import train
-from app.views import render
+from app.views import plots, render
 
 SEEDS = range(20)
 # Top-k, top-p and a repetition control too: each must be applied before the race, on both sides.
@@ -195,10 +196,12 @@ def test_a_draft_equal_to_the_target_races_the_same_noise(target, tokenizer):
 
 def test_the_teaching_view_shows_both_races_and_who_won(target, tokenizer):
     draft = noisy_copy(target, 0.3)
-    _, steps = run(
-        target, tokenizer, ADD_PROMPT, ModelProposer(draft, "d"), seed=3, k=4, k_policy="fixed", max_new_tokens=24,
-        **SAMPLED,
-    )  # fmt: skip
+    steps = []
+    for seed in range(4):  # rounds of both kinds: some with a rejection, some with every draft kept
+        steps += run(
+            target, tokenizer, ADD_PROMPT, ModelProposer(draft, "d"), seed=seed, k=4, k_policy="fixed",
+            max_new_tokens=24, **SAMPLED,
+        )[1]  # fmt: skip
     rejected = [s for s in steps if s.accepted < len(s.drafted)]
     kept = [s for s in steps if s.drafted and s.accepted == len(s.drafted)]
     assert rejected and kept
@@ -208,6 +211,8 @@ def test_the_teaching_view_shows_both_races_and_who_won(target, tokenizer):
         assert "different winners" in render.race_markdown(s)
         assert render.decision_rows(s, SHARED_NOISE)[s.accepted][3] == "no"
     assert "Every draft was kept" in render.race_markdown(kept[0])
+    # The plot names the race's p, not the rejection rule's residual.
+    assert plots.decision_figure(rejected[0], shared_noise=True).data[-1].name.startswith("p: its race's winner")
     assert render.headers_for(SHARED_NOISE) == render.SHARED_HEADERS
 
 
@@ -218,3 +223,33 @@ def test_the_side_by_side_check_under_each_rule(target, near_draft, tokenizer):
     other_ids, other = run(target, tokenizer, ADD_PROMPT, seed=1, max_new_tokens=NEW, **SAMPLED)
     assert other_ids != ar_ids and "failed" in render.identity_check(spec, other, SHARED_NOISE)
     assert "distribution" in render.identity_check(spec, ar, REJECTION)
+
+
+def test_a_cross_tokenizer_draft_races_at_the_targets_positions(monkeypatch):
+    """The target itself as a cross-tokenizer draft (one tokenizer on both sides, so q = p on the
+    shared ids): it picks the target's winners, and keeps most drafts; racing one position off, as a
+    planted bug does, keeps few."""
+    from app.drafts import cross_tokenizer
+
+    tok = char_tokenizer("ab")
+    model = tiny_llama(len(tok), layers=2, hidden=16, seed=11, scale=8.0)
+    bridge = TokenBridge(tok, tok)
+
+    def kept() -> float:
+        accepted = drafted = 0
+        for seed in range(10):
+            proposer = CrossTokenizerProposer(model, bridge, "itself")
+            _, steps = run(
+                model, tok, "abba", proposer, seed=seed, k=4, k_policy="fixed", temperature=1.0, rule=SHARED_NOISE,
+                max_new_tokens=12,
+            )  # fmt: skip
+            accepted += sum(s.accepted for s in steps)
+            drafted += sum(len(s.drafted) for s in steps)
+        return accepted / drafted
+
+    assert kept() > 0.75
+    # The draft's own view of the sampling module, shifted: the verifier keeps racing the true positions.
+    shifted = types.SimpleNamespace(**vars(sampling))
+    shifted.race_noise = lambda seed, at, width, device=None: sampling.race_noise(seed, at + 1, width, device)
+    monkeypatch.setattr(cross_tokenizer, "sampling", shifted)
+    assert kept() < 0.5

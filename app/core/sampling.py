@@ -99,13 +99,16 @@ def race_noise(seed: int, position: int, width: int, device=None) -> torch.Tenso
     """
     key = hashlib.blake2b(f"{seed}:{position}".encode(), digest_size=8).digest()
     gen = torch.Generator().manual_seed(int.from_bytes(key, "little") >> 1)
-    # E = -log U. U is kept above 0 so E stays finite (an infinite E would never win, a tiny bias);
+    # E = -log U. U is kept above 0 so E stays finite (an infinite E would never win);
     # E is never 0, as U < 1, so p / E is never NaN. (torch's exponential_ is several times slower.)
-    e = torch.rand(width, generator=gen).clamp_min_(torch.finfo(torch.float32).tiny).log_().neg_()
+    # Drawn in float64: in float32 every win probability would sit on a 2^-24 grid, and a token far
+    # less likely than that would almost never win, a bias of up to V * 2^-24 in all.
+    e = torch.rand(width, generator=gen, dtype=torch.float64).clamp_min_(torch.finfo(torch.float64).tiny)
+    e = e.log_().neg_()
     return e if device is None else e.to(device)
 
 
 def race(p: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
     """argmax(p / E) over the last axis: with E i.i.d. Exp(1), a token drawn from p (the exponential
     race, Gumbel-max in another form), and one that depends on the noise alone for a given p."""
-    return (p.float() / noise[..., : p.shape[-1]]).argmax(-1)
+    return (p.double() / noise[..., : p.shape[-1]].to(p.device, torch.float64)).argmax(-1)

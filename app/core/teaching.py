@@ -52,7 +52,9 @@ def race_table(tokenizer, proposal: Proposal, p: torch.Tensor, v: verify.Verdict
         q_row = verify.one_hot_q(proposal.tokens[n : n + 1], len(p_row), p.device)[0]
     else:  # every draft kept: the draft ran no race here
         q_row = torch.zeros_like(p_row)
-    width = min(len(p_row), len(q_row), len(noise))
+    # A narrower q (a smaller draft vocabulary) is 0 beyond its width, as verify.align pads it.
+    q_row = torch.nn.functional.pad(q_row, (0, max(0, len(p_row) - len(q_row))))[: len(p_row)]
+    width = min(len(p_row), len(noise))
     p_score, q_score = p_row[:width] / noise[:width], q_row[:width] / noise[:width]
     k = min(size, width)
     ids = torch.cat([p_score.topk(k).indices, q_score.topk(k).indices]).tolist() + [int(v.token)]

@@ -32,6 +32,8 @@ def draw(
         return int(logits.argmax()), None
     q = sampling.probs(logits, cfg)
     if cfg.shared_noise:
+        if position is None and history is None:
+            raise ValueError("a shared-noise draw needs the token's position, or the history it follows")
         at = len(history) if position is None else position
         return int(sampling.race(q, sampling.race_noise(cfg.seed, at, q.shape[-1], q.device))), q
     return sampling.sample(q, gen), q

@@ -85,7 +85,7 @@ def _shown(pair, ids, steps, step, s) -> tuple:
         render.pane_html(session_prompt, steps),
         {"headers": render.headers_for(rule), "data": render.decision_rows(step, rule)},
         note,
-        plots.decision_figure(step, s.greedy),
+        plots.decision_figure(step, s.greedy, s.shared_noise),
     )
 
 

@@ -147,11 +147,12 @@ def tokens_per_round(steps: Sequence[Step]) -> go.Figure:
 REJECTED_MARK = " (rejected draft)"  # the label of the draft token the target turned down
 
 
-def decision_figure(step: Step, greedy: bool = False) -> go.Figure:
+def decision_figure(step: Step, greedy: bool = False, shared_noise: bool = False) -> go.Figure:
     """Where the target's own token came from, over the top tokens at that position.
 
     After a rejection: p, q and the residual norm(max(0, p - q)) it was drawn from, with the rejected
-    draft token among the bars; under greedy nothing is drawn, and the token is argmax p. A bonus or
+    draft token among the bars; under greedy nothing is drawn, and the token is argmax p; under shared
+    noise the token wins p's race over the position's noise (the teaching note shows the race). A bonus or
     draftless token is drawn from p itself, so p is drawn once.
     """
     labels = []
@@ -165,6 +166,9 @@ def decision_figure(step: Step, greedy: bool = False) -> go.Figure:
         chosen = (
             dict(y=[float(t[0] == step.token) for t in step.top], name="argmax p: the greedy token (no draw)")
             if greedy
+            # Under shared noise the token is the winner of p's race: p itself, no residual.
+            else dict(y=[t[4] for t in step.top], name="p: its race's winner, argmax p/E (no residual)")
+            if shared_noise
             else dict(y=[t[4] for t in step.top], name="norm(max(0, p - q))")
         )
         fig = go.Figure(
