@@ -4,6 +4,7 @@ import json
 import time
 
 import pytest
+import torch
 
 from app import models
 from app.bench import bench, contenders
@@ -189,6 +190,8 @@ def test_passes_times_each_width_in_both_dtypes_beside_the_bandwidth(tmp_path):
     assert bf16["weight_mb"] == pytest.approx(fp32["weight_mb"] / 2)  # the model really was cast
     # The floor is the weights over the bandwidth: a real pass cannot beat it by much.
     assert 0 < fp32["share_of_bandwidth"] < 1.5
+    # The loaded model is shared: timing it in bf16 must not leave it in bf16 for everyone else.
+    assert models.load(models.TINY_TARGET)[0].dtype == torch.float32
 
 
 def test_threads_check_measures_both_counts_idle_and_busy(tmp_path):

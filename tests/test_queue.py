@@ -30,6 +30,7 @@ ARGS = [
     4,
     1.0,
     0,
+    "rejection",
 ]
 
 

@@ -8,6 +8,7 @@ in each dtype, the bandwidth a large copy reaches, and the share of it a one-tok
 
 from __future__ import annotations
 
+import copy
 import sys
 import time
 
@@ -55,7 +56,7 @@ def passes(args) -> dict:
     )
     for name, dtype in DTYPES.items():
         progress.say("passes", f"timing passes of 1..{widths} tokens in {name}")
-        model = target.to(dtype)
+        model = copy.deepcopy(target).to(dtype)  # the loaded model is shared (models.load caches it)
         ms = [1000 * t for t in calibrate.pass_times(model, context, widths)]
         weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
         floor_ms = 1000 * weight_bytes / bytes_per_s
