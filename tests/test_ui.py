@@ -516,12 +516,23 @@ SCROLLER = """id => { const box = [...document.querySelectorAll(`#${id}, #${id} 
 
 def _set_max_new_tokens(page, n: int) -> None:
     """Type `n` into the Max new tokens box (in the Decoding accordion, opened first) and leave the box."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
     box = page.locator("#max-new input")
     if not box.is_visible():
         page.locator(".label-wrap", has_text="Decoding").first.click()
-    box.fill(str(n))
-    box.press("Tab")
-    page.wait_for_function(f"document.querySelector('#max-new input').value === '{n}'", timeout=10_000)
+    box.wait_for(state="visible", timeout=30_000)
+    # A slow page may still be opening the accordion or settling the box when the first fill lands:
+    # type again until the box holds the value.
+    for _ in range(3):
+        box.fill(str(n))
+        box.press("Tab")
+        try:
+            page.wait_for_function(f"document.querySelector('#max-new input').value === '{n}'", timeout=10_000)
+            break
+        except PlaywrightTimeout:
+            continue
+    assert box.input_value() == str(n)
     page.wait_for_timeout(300)
 
 
