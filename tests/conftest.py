@@ -153,6 +153,7 @@ def run(target, tokenizer, prompt, proposer=None, **kw):
     spec = SpecConfig(**{k: kw.pop(k) for k in ("k", "k_policy", "k_max", "ngram_max", "ngram_min") if k in kw})
     teach = kw.pop("teach", True)  # tests read the teaching table too
     display = kw.pop("display", True)
+    policy = kw.pop("policy", None)
     cache = {"target_cache": kw.pop("target_cache", CachedModel)}
     cfg = RunConfig(**kw)
     ids = prompt if isinstance(prompt, list) else tokenizer(prompt)["input_ids"]
@@ -168,6 +169,7 @@ def run(target, tokenizer, prompt, proposer=None, **kw):
             teach=top_table if teach else None,
             before_round=threads.follow,  # the thread governor, as the request path passes it
             display=display,
+            policy=policy,
             **cache,
         )
     )

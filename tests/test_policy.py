@@ -361,25 +361,15 @@ def test_adaptive_k_takes_plain_steps_where_every_k_loses_and_probes_now_and_the
 @pytest.mark.parametrize("temperature", [0.0, 0.9])
 def test_plain_steps_leave_the_text_as_it_was(target, near_draft, tokenizer, temperature):
     """Greedy: the same text as the target alone. Sampled: the same text for the same seed, twice."""
-    ids = tokenizer(PROMPT)["input_ids"]
-    sampling = SamplingConfig(temperature=temperature, seed=5)
-    spec, cfg = SpecConfig(k=4, k_policy="adaptive", k_max=8), RunConfig(max_new_tokens=48)
+
+    spec = SpecConfig(k=4, k_policy="adaptive", k_max=8)
 
     def once(proposer, policy=None):
-        steps = list(
-            engine.generate(
-                target,
-                tokenizer,
-                ids,
-                proposer,
-                target_cache=CachedModel,
-                sampling_cfg=sampling,
-                spec=spec,
-                run=cfg,
-                policy=policy,
-            )
-        )
-        return [t for s in steps for t in s.emitted], [s.k for s in steps]
+        ids, steps = run(
+            target, tokenizer, PROMPT, proposer, temperature=temperature, seed=5, k=4, k_policy="adaptive", k_max=8,
+            max_new_tokens=48, policy=policy,
+        )  # fmt: skip
+        return ids, [s.k for s in steps]
 
     out, ks = once(ModelProposer(near_draft, "near"), AdaptiveK(spec, LOSING))
     assert ks.count(0) >= len(ks) // 2 and any(ks[1:]), ks  # mostly plain steps, with probes
