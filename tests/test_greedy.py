@@ -174,3 +174,24 @@ def test_without_display_the_tokens_are_the_same_and_no_draft_text_is_made(targe
     )  # fmt: skip
     assert bare == shown and "".join(s.text for s in without) == "".join(s.text for s in with_text)
     assert any(s.draft_text for s in with_text) and all(t == "" for s in without for t in s.draft_text + [s.token_text])
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_a_draft_with_a_shorter_window_drafts_less_and_the_target_still_runs_to_its_own_end(tokenizer, temperature):
+    """The target's context ends the run, as in plain decoding; past the draft's window, plain steps."""
+    import copy
+
+    from conftest import noisy_copy
+
+    target = tiny_llama(len(tokenizer), layers=2, hidden=32, seed=5, scale=30.0, ctx=96)
+    target.generation_config.eos_token_id = None
+    draft = noisy_copy(target, 0.02)
+    draft.config = copy.deepcopy(draft.config)
+    draft.config.max_position_embeddings = 40
+    prompt = "def add(a, b):\n  return a"
+    kw = dict(max_new_tokens=200, temperature=temperature, seed=3, rule="shared-noise")
+    ar, ar_steps = run(target, tokenizer, prompt, **kw)
+    spec, steps = run(target, tokenizer, prompt, ModelProposer(draft, "short"), k=4, k_policy="fixed", **kw)
+    assert spec == ar and steps[-1].stop_reason == ar_steps[-1].stop_reason == "context_full"
+    assert any(s.drafted for s in steps), "it drafts while the draft's window has room"
+    assert all(s.k == 0 for s in steps if s.context + 1 >= 40), "and takes plain steps after"

@@ -128,8 +128,10 @@ class _Loop:
         self.target, self.tokenizer, self.proposer = target, tokenizer, proposer
         self.cfg, self.run, self.policy, self.teach = sampling_cfg, run, policy, teach
         self.gen = torch.Generator().manual_seed(sampling_cfg.seed)
-        own = proposer.context_limit if proposer is not None else None
-        self.limit = min(getattr(target.config, "max_position_embeddings", None) or 1 << 20, own or 1 << 20)
+        # The target's window ends the run, as it ends plain decoding; a draft with a shorter window
+        # only drafts less (down to plain steps), so the text stays the target's own.
+        self.limit = getattr(target.config, "max_position_embeddings", None) or 1 << 20
+        self.draft_limit = (proposer.context_limit if proposer is not None else None) or 1 << 20
         self.eos = {tokenizer.eos_token_id, *_as_list(target.generation_config.eos_token_id)} - {None}
         self.lm: KVCache | None = None
         self.ids: list[int] = []
@@ -140,12 +142,11 @@ class _Loop:
         self.ids = list(prompt_ids)
 
     def _k(self) -> int:
-        """Never draft more than can be emitted or than fits in the context."""
+        """Never draft more than can be emitted or than fits in the target's context or the draft's."""
         if self.proposer is None:
             return 0
-        return min(
-            self.policy.next_k(), self.run.max_new_tokens - len(self.out.ids) - 1, self.limit - len(self.ids) - 1
-        )
+        room = min(self.limit, self.draft_limit) - len(self.ids) - 1
+        return max(0, min(self.policy.next_k(), self.run.max_new_tokens - len(self.out.ids) - 1, room))
 
     def _verify(self, proposal: Proposal) -> tuple[verify.Verdict, torch.Tensor, torch.Tensor | None, int]:
         """One target pass over the uncached ids and the drafts; roll back what it rejected."""
