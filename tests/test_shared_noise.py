@@ -136,11 +136,30 @@ def test_the_race_alone_draws_from_p():
 
 def test_the_noise_depends_on_seed_and_position_only():
     a = sampling.race_noise(7, 40, 1000)
-    assert torch.equal(a, sampling.race_noise(7, 40, 1000))
+    assert torch.equal(a, sampling._race_noise.__wrapped__(7, 40, 1000)), "a fresh draw, not the memo's"
     assert not torch.equal(a, sampling.race_noise(7, 41, 1000))
     assert not torch.equal(a, sampling.race_noise(8, 40, 1000))
     assert torch.equal(sampling.race_noise(7, 40, 300), a[:300])  # a narrower vocabulary races the same noise
     assert bool((a > 0).all()) and bool(torch.isfinite(a).all())
+
+
+def test_each_position_s_noise_is_drawn_once_for_the_draft_and_the_verify(target, near_draft, tokenizer):
+    sampling._race_noise.cache_clear()
+    ids, steps = run(
+        target,
+        tokenizer,
+        ADD_PROMPT,
+        ModelProposer(near_draft, "near"),
+        k=4,
+        k_policy="fixed",
+        max_new_tokens=40,
+        temperature=0.8,
+        seed=5,
+        rule=SHARED_NOISE,
+    )
+    info = sampling._race_noise.cache_info()
+    # Positions read: every emitted one, plus at most the k past the end that the last verify raced.
+    assert info.misses <= len(ids) + 4 + 1 and info.hits >= sum(len(s.drafted) for s in steps)
 
 
 @pytest.fixture(scope="module")

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 
 import torch
 from transformers import NoRepeatNGramLogitsProcessor, RepetitionPenaltyLogitsProcessor
 
-from app.core.config import SamplingConfig
+from app.core.config import K_MAX, SamplingConfig
 
 
 def penalise(logits: torch.Tensor, context: list[int], drafts: list[int], cfg: SamplingConfig) -> torch.Tensor:
@@ -96,7 +97,16 @@ def race_noise(seed: int, position: int, width: int, device=None) -> torch.Tenso
 
     Drawn on the CPU from a generator of their own, so every reader (the target's verify, any draft,
     plain decoding) gets the same values on any device, in any process, whatever came before.
+    The tensor may be shared with other readers: never change it in place.
     """
+    e = _race_noise(seed, position, width)
+    return e if device is None else e.to(device)
+
+
+# A round's draft reads positions i..i+k-1 and its verify i..i+k: kept, each draw is made once.
+# Room for two requests' rounds at the largest k.
+@functools.lru_cache(maxsize=2 * (K_MAX + 1))
+def _race_noise(seed: int, position: int, width: int) -> torch.Tensor:
     key = hashlib.blake2b(f"{seed}:{position}".encode(), digest_size=8).digest()
     gen = torch.Generator().manual_seed(int.from_bytes(key, "little") >> 1)
     # E = -log U. U is kept above 0 so E stays finite (an infinite E would never win);
@@ -104,8 +114,7 @@ def race_noise(seed: int, position: int, width: int, device=None) -> torch.Tenso
     # Drawn in float64: in float32 every win probability would sit on a 2^-24 grid, and a token far
     # less likely than that would almost never win, a bias of up to V * 2^-24 in all.
     e = torch.rand(width, generator=gen, dtype=torch.float64).clamp_min_(torch.finfo(torch.float64).tiny)
-    e = e.log_().neg_()
-    return e if device is None else e.to(device)
+    return e.log_().neg_()
 
 
 def race(p: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
