@@ -6,7 +6,8 @@ step, eager (dynamic cache) and compiled (static cache + CUDA graphs), and runs 
 with the target as its own draft (alpha = 1) to measure what a round costs outside the
 model's passes. Then, unless --no-equality, it runs the bundled family on the same device and
 dtype through each cache kind and checks every greedy output against the target's own
-generate(), with the tokens/s of each. Prints one JSON report. `--shapes tiny` runs the same
+generate(), and every shared-noise output against plain decoding with the same seed, with the
+tokens/s of each. Prints one JSON report. `--shapes tiny` runs the same
 on CPU in seconds.
 """
 
@@ -29,7 +30,7 @@ from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast, Qwen2Con
 from app import models, request
 from app.bench import progress
 from app.core import engine
-from app.core.config import RunConfig, SamplingConfig, Settings, SpecConfig
+from app.core.config import SHARED_NOISE, RunConfig, SamplingConfig, Settings, SpecConfig
 from app.drafts.model import ModelProposer
 from app.kv import static_cache
 from app.kv.cache import CachedModel
@@ -223,9 +224,10 @@ EQUALITY_SPECS = (
 
 
 def equality(device: torch.device, dtype: str, n_prompts: int, new_tokens: int, compiled_on: bool) -> dict:
-    """The bundled family's greedy outputs on this device, each cache kind against generate().
+    """The bundled family's outputs on this device, each cache kind against its reference.
 
-    Each prompt runs bare greedy and with its example's repetition settings. A mismatch is
+    Each prompt runs bare greedy and with its example's repetition settings, against generate(),
+    and shared-noise sampling against the engine's plain decoding with the same seed. A mismatch is
     reported with the first position that differs; under bf16 a verify pass over k+1 tokens
     and a one-token step may round differently, so a rare flip there is numerics, not logic.
     """
@@ -249,19 +251,33 @@ def equality(device: torch.device, dtype: str, n_prompts: int, new_tokens: int, 
     return out
 
 
+def _cases(pair, ids: list[int], example: dict, new_tokens: int, compiled: bool):
+    """(what is set, the sampling settings, the reference, whether plain decoding is checked too).
+
+    Greedy, bare and with the example's repetition controls, is checked against generate().
+    Shared-noise sampling has no generate() counterpart: its reference is the engine's own plain
+    decoding on this cache kind, which a seed fixes, so the speculative runs are held to it.
+    """
+    penalty = {key: example["settings"][key] for key in ("repetition_penalty", "no_repeat_ngram_size")}
+    for extra in ({}, penalty):
+        ref = pair.target.generate(
+            torch.tensor([ids], device=pair.target.device), do_sample=False, max_new_tokens=new_tokens, **extra
+        )[0, len(ids) :].tolist()
+        yield extra, SamplingConfig(**extra), ref, True
+    noise = dict(temperature=0.8, seed=11, rule=SHARED_NOISE)
+    settings = Settings(SamplingConfig(**noise), SpecConfig(), RunConfig(new_tokens))
+    plain = request.start(pair, ids, settings, speculative=False, compile=compiled)
+    yield noise, settings.sampling, [t for step in plain.steps() for t in step.emitted], False
+
+
 def _equal_runs(pair, examples: list[dict], new_tokens: int, compiled: bool) -> dict:
-    """Every run of one draft and cache kind, against generate(): counts, first mismatches, speeds."""
+    """Every run of one draft and cache kind, against its reference: counts, first mismatches, speeds."""
     checked = matched = 0
     mismatches, speeds = [], {"autoregressive": [], "speculative": []}
     for example in examples:
         ids = pair.encode(example["prompt"])
-        penalty = {key: example["settings"][key] for key in ("repetition_penalty", "no_repeat_ngram_size")}
-        for extra in ({}, penalty):
-            ref = pair.target.generate(
-                torch.tensor([ids], device=pair.target.device), do_sample=False, max_new_tokens=new_tokens, **extra
-            )[0, len(ids) :].tolist()
-            s = SamplingConfig(**extra)  # greedy, with or without the example's repetition controls
-            for label, sp in (("autoregressive", None),) + EQUALITY_SPECS:
+        for shown, s, ref, with_plain in _cases(pair, ids, example, new_tokens, compiled):
+            for label, sp in ((("autoregressive", None),) if with_plain else ()) + EQUALITY_SPECS:
                 settings = Settings(s, sp or SpecConfig(), RunConfig(new_tokens))
                 # Only adaptive k reads the machine's costs; a fixed k's output needs no calibration.
                 adaptive = sp is not None and sp.k_policy == "adaptive"
@@ -277,9 +293,9 @@ def _equal_runs(pair, examples: list[dict], new_tokens: int, compiled: bool) -> 
                 if got != ref:
                     same = [a == b for a, b in zip(got, ref, strict=False)] + [False]
                     mismatches.append(
-                        dict(prompt=example["prompt"][:30], run=label, settings=extra, position=same.index(False))
+                        dict(prompt=example["prompt"][:30], run=label, settings=shown, position=same.index(False))
                     )
-                if label in ("autoregressive", "adaptive"):
+                if s.greedy and label in ("autoregressive", "adaptive"):
                     speeds["autoregressive" if sp is None else "speculative"].append(len(got) / seconds)
     # The first runs include warm-up (and graph capture when compiled): the median discounts them.
     ar, spec = (statistics.median(v) for v in speeds.values())
