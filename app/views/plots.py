@@ -21,18 +21,47 @@ COLOURS = {
 }
 
 
-def _layout(fig: go.Figure, title: str, x: str, y: str) -> go.Figure:
-    # The legend sits under the plot, left-aligned: above it, it collides with the title on narrow screens.
-    fig.update_layout(
-        title=dict(text=title, x=0.02, font=dict(size=14)),
-        height=300,
-        margin=dict(l=45, r=10, t=40, b=40),
-        xaxis_title=x,
-        yaxis_title=y,
-        template="plotly_white",
-        legend=dict(orientation="h", y=-0.38, x=0, xanchor="left", yanchor="top"),
+# plotly_white's look for the cartesian plots drawn here, and nothing else: the full template
+# is copied and validated into every figure, several times the cost of the figure itself, on
+# every streamed update.
+_AXIS = dict(
+    gridcolor="#EBF0F8",
+    linecolor="#EBF0F8",
+    zerolinecolor="#EBF0F8",
+    zerolinewidth=2,
+    ticks="",
+    automargin=True,
+    title=dict(standoff=15),
+)
+TEMPLATE = go.layout.Template(
+    layout=dict(
+        font=dict(color="#2a3f5f"),
+        paper_bgcolor="white",
+        plot_bgcolor="white",
+        hovermode="closest",
+        hoverlabel=dict(align="left"),
+        xaxis=_AXIS,
+        yaxis=_AXIS,
     )
-    return fig
+)
+
+
+def _figure(data, title: str, x: str, y: str, y_range=None, **layout) -> go.Figure:
+    """A figure with its whole layout given at construction (updating a layout afterwards costs more)."""
+    # The legend sits under the plot, left-aligned: above it, it collides with the title on narrow screens.
+    return go.Figure(
+        data,
+        layout=dict(
+            template=TEMPLATE,
+            title=dict(text=title, x=0.02, font=dict(size=14)),
+            height=300,
+            margin=dict(l=45, r=10, t=40, b=40),
+            xaxis=dict(title=dict(text=x)),
+            yaxis=dict(title=dict(text=y), **({} if y_range is None else {"range": y_range})),
+            legend=dict(orientation="h", y=-0.38, x=0, xanchor="left", yanchor="top"),
+            **layout,
+        ),
+    )
 
 
 def capped_last_round(steps: Sequence[Step]) -> Step | None:
@@ -44,7 +73,7 @@ def capped_last_round(steps: Sequence[Step]) -> Step | None:
 
 def k_per_round(steps: Sequence[Step]) -> go.Figure:
     """k asked of the draft each round; draftless rounds and a capped last round are marked."""
-    fig = go.Figure(
+    data = [
         go.Scatter(
             x=[s.round for s in steps],
             y=[s.k for s in steps],
@@ -53,10 +82,10 @@ def k_per_round(steps: Sequence[Step]) -> go.Figure:
             name="k",
             marker_color=COLOURS["bonus"],
         )
-    )
+    ]
     empty = [s for s in steps if not s.drafted and s.k > 0]
     if empty:  # asked for k, got nothing (prompt lookup without a match)
-        fig.add_trace(
+        data.append(
             go.Scatter(
                 x=[s.round for s in empty],
                 y=[s.k for s in empty],
@@ -67,7 +96,7 @@ def k_per_round(steps: Sequence[Step]) -> go.Figure:
         )
     last = capped_last_round(steps)
     if last is not None:
-        fig.add_trace(
+        data.append(
             go.Scatter(
                 x=[last.round],
                 y=[last.k],
@@ -76,7 +105,7 @@ def k_per_round(steps: Sequence[Step]) -> go.Figure:
                 marker=dict(color=COLOURS["corrected"], symbol="diamond-open", size=11),
             )
         )
-    return _layout(fig, "k per round", "round", "k")
+    return _figure(data, "k per round", "round", "k")
 
 
 def acceptance_per_round(steps: Sequence[Step]) -> go.Figure:
@@ -88,7 +117,7 @@ def acceptance_per_round(steps: Sequence[Step]) -> go.Figure:
         if s.drafted:
             acc, drafted = acc + s.accepted, drafted + len(s.drafted)
             running.append(acc / drafted)
-    fig = go.Figure(
+    return _figure(
         [
             go.Bar(
                 x=rounds, y=per, name="accepted / drafted this round", marker_color=COLOURS["accepted"], opacity=0.5
@@ -100,39 +129,42 @@ def acceptance_per_round(steps: Sequence[Step]) -> go.Figure:
                 mode="lines",
                 line=dict(color=COLOURS["corrected"], width=2),
             ),
-        ]
+        ],
+        "acceptance per round",
+        "round",
+        "accepted / drafted",
+        y_range=[0, 1.05],
     )
-    fig.update_yaxes(range=[0, 1.05])
-    return _layout(fig, "acceptance per round", "round", "accepted / drafted")
 
 
 def tokens_vs_time(spec: Sequence[Step], ar: Sequence[Step]) -> go.Figure:
     """Cumulative tokens against each pane's own elapsed time: the gap is the speedup."""
-    fig = go.Figure()
+    data = []
     for name, steps in (("speculative", spec), ("autoregressive", ar)):
         total, xs, ys = 0, [0.0], [0]
         for s in steps:
             total += len(s.emitted)
             xs.append(s.elapsed), ys.append(total)
-        fig.add_trace(go.Scatter(x=xs, y=ys, name=name, mode="lines", line=dict(color=COLOURS[name], width=2)))
-    return _layout(fig, "tokens generated over time", "seconds", "tokens")
+        data.append(go.Scatter(x=xs, y=ys, name=name, mode="lines", line=dict(color=COLOURS[name], width=2)))
+    return _figure(data, "tokens generated over time", "seconds", "tokens")
 
 
 def acceptance_by_position(steps: Sequence[Step]) -> go.Figure:
     rates = metrics.acceptance_by_position(steps)
-    fig = go.Figure(go.Bar(x=list(range(1, len(rates) + 1)), y=rates, marker_color=COLOURS["accepted"]))
-    fig.update_yaxes(range=[0, 1.05])
-    return _layout(fig, "acceptance by draft position", "position in the draft (1..k)", "share accepted")
+    bars = go.Bar(x=list(range(1, len(rates) + 1)), y=rates, marker_color=COLOURS["accepted"])
+    return _figure(
+        bars, "acceptance by draft position", "position in the draft (1..k)", "share accepted", y_range=[0, 1.05]
+    )
 
 
 def tokens_per_round(steps: Sequence[Step]) -> go.Figure:
     """Histogram of tokens emitted per round, stacked by how the round's own token came about."""
     top = max((len(s.emitted) for s in steps), default=1)
-    fig = go.Figure()
+    data = []
     for kind in (CORRECTED, BONUS, TARGET):
         counts = [len(s.emitted) for s in steps if s.token_kind == kind]
         if counts or kind != TARGET:
-            fig.add_trace(
+            data.append(
                 go.Histogram(
                     x=counts,
                     xbins=dict(start=0.5, end=top + 0.5, size=1),
@@ -140,8 +172,7 @@ def tokens_per_round(steps: Sequence[Step]) -> go.Figure:
                     marker_color=COLOURS[kind],
                 )
             )
-    fig.update_layout(barmode="stack")
-    return _layout(fig, "tokens per round (per target pass)", "tokens emitted", "rounds")
+    return _figure(data, "tokens per round (per target pass)", "tokens emitted", "rounds", barmode="stack")
 
 
 REJECTED_MARK = " (rejected draft)"  # the label of the draft token the target turned down
@@ -171,36 +202,32 @@ def decision_figure(step: Step, greedy: bool = False, shared_noise: bool = False
             if shared_noise
             else dict(y=[t[4] for t in step.top], name="norm(max(0, p - q))")
         )
-        fig = go.Figure(
-            [
-                go.Bar(
-                    x=labels,
-                    y=[t[2] for t in step.top],
-                    name="p (target, softmax at T = 1)" if greedy else "p (target)",
-                    marker_color=COLOURS["accepted"],
-                ),
-                go.Bar(x=labels, y=[t[3] for t in step.top], name="q (draft)", marker_color=COLOURS["rejected"]),
-                go.Bar(x=labels, marker_color=COLOURS["corrected"], **chosen),
-            ]
-        )
-    else:
-        fig = go.Figure(
+        data = [
             go.Bar(
                 x=labels,
                 y=[t[2] for t in step.top],
-                name=f"p: the {step.token_kind} token's source",
-                marker_color=COLOURS[step.token_kind],
-            )
+                name="p (target, softmax at T = 1)" if greedy else "p (target)",
+                marker_color=COLOURS["accepted"],
+            ),
+            go.Bar(x=labels, y=[t[3] for t in step.top], name="q (draft)", marker_color=COLOURS["rejected"]),
+            go.Bar(x=labels, marker_color=COLOURS["corrected"], **chosen),
+        ]
+    else:
+        data = go.Bar(
+            x=labels,
+            y=[t[2] for t in step.top],
+            name=f"p: the {step.token_kind} token's source",
+            marker_color=COLOURS[step.token_kind],
         )
-    fig.update_layout(barmode="group")
     missing = step.token not in [t[0] for t in step.top]
     # A short title: plotly never wraps one, and the plot may be a phone's width.
-    return _layout(
-        fig,
+    return _figure(
+        data,
         f"round {step.round}: where “{visible(step.token_text)}” came from"
         + (" (not in the top tokens)" if missing else ""),
         "",
         "probability",
+        barmode="group",
     )
 
 
@@ -208,16 +235,16 @@ def bench_figure(doc: dict) -> go.Figure:
     """Per-prompt speedup of a benchmark document (and HF assisted when measured)."""
     rows = doc["prompts"]
     xs = [f"prompt {r['prompt']}" for r in rows]
-    fig = go.Figure(
+    data = [
         go.Bar(
             x=xs,
             y=[r["speedup"] for r in rows],
             name="ours: speculative / autoregressive",
             marker_color=COLOURS["speculative"],
         )
-    )
+    ]
     if any("hf" in r for r in rows):
-        fig.add_trace(
+        data.append(
             go.Bar(
                 x=xs,
                 y=[r.get("hf", {}).get("assisted_speedup") for r in rows],
@@ -225,6 +252,7 @@ def bench_figure(doc: dict) -> go.Figure:
                 marker_color=COLOURS["bonus"],
             )
         )
+    title = f"speedup on {doc['suite']} prompts: {doc['target']} + {doc['draft']}"
+    fig = _figure(data, title, "", "speedup (x)", barmode="group")
     fig.add_hline(y=1.0, line_dash="dot")
-    fig.update_layout(barmode="group")
-    return _layout(fig, f"speedup on {doc['suite']} prompts: {doc['target']} + {doc['draft']}", "", "speedup (x)")
+    return fig
