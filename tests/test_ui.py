@@ -4,9 +4,7 @@ answers gradio_client and a real browser with the bundled models."""
 import dataclasses
 import logging
 import os
-import socket
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -297,41 +295,14 @@ def test_dropdowns_mark_presets_that_need_a_download_and_status_names_presets():
     assert bundled in status and "weak draft (bundled)" in status and str(models.BUNDLED) not in status
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
     """python app.py on localhost with the bundled models, as a user starts it: (url, its log file)."""
-    port = _free_port()
-    env = dict(os.environ, GRADIO_ANALYTICS_ENABLED="False", HF_HUB_OFFLINE="1")
+    from app_server import serve
+
     log = tmp_path_factory.mktemp("server") / "server.log"
-    out = log.open("w")
-    proc = subprocess.Popen(
-        [sys.executable, "app.py", "--port", str(port)],
-        cwd=ROOT,
-        env=env,
-        stdout=out,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    url = f"http://127.0.0.1:{port}/"
-    deadline = time.time() + 180
-    while time.time() < deadline:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            break
-        except OSError:
-            if proc.poll() is not None:
-                pytest.fail(log.read_text())
-            time.sleep(0.5)
-    yield url, log
-    proc.terminate()
-    proc.wait(timeout=30)
-    out.close()
+    with serve(log) as url:
+        yield url, log
 
 
 @pytest.fixture(scope="module")
