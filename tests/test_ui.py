@@ -197,6 +197,30 @@ def test_blank_seed_keeps_stepping_the_same_sampled_run():
     assert notes == ["Round 1", "Round 2", "Round 3"]
 
 
+def test_a_round_that_drafts_nothing_says_why():
+    """The feature head's first round is the target's prefill; lookup without a match; k = 0."""
+    from types import SimpleNamespace
+
+    from app.drafts.draft_spec import DraftSpec
+    from app.serve import teaching, ui
+
+    args = [PROMPT, "stdlib-code target (bundled)", "", "feature draft (EAGLE-style, bundled)", "", False]
+    args += ["greedy", 0.8, 0, 1.0, 0, 24, "fixed", 3]
+    session, notes = None, []
+    for _ in range(2):
+        session, _pane, _table, note, _fig = ui.step_round(session, *args)
+        notes.append(note)
+    assert "drafted 0" in notes[0] and "the prefill" in notes[0]
+    assert "drafted 3" in notes[1] and "prefill" not in notes[1] and "The head read" in notes[1]
+
+    def why(draft: str, k: int, drafted=()):
+        pair = SimpleNamespace(draft_spec=DraftSpec.parse(draft))
+        return teaching._no_draft_note(pair, SimpleNamespace(k=k, drafted=list(drafted), feature_position=None))
+
+    assert "nothing to propose" in why("prompt-lookup", 3) and "a plain step" in why("prompt-lookup", 0)
+    assert why("some/draft", 3, [5, 6]) == "" and "cost model" in why("some/draft", 0)
+
+
 def test_a_request_says_it_is_loading_and_measuring_before_its_first_tokens():
     """The first Generate or Step loads the pair and calibrates: the page names each, not a bare timer."""
     import inspect

@@ -7,6 +7,7 @@ import gradio as gr
 from app import request
 from app.core.config import REJECTION, Settings, UserError
 from app.core.events import KIND_LABELS
+from app.drafts.draft_spec import Kind
 from app.serve import sessions
 from app.serve.generation import LOADING, MEASURING
 from app.serve.handlers import _configs, _model_ids, _pair, _user_error, guarded
@@ -79,7 +80,8 @@ def step_round(
 def _shown(pair, ids, steps, step, s) -> tuple:
     """The step pane, the decision table, the round's note and the plot of one stepped round."""
     session_prompt = pair.tokenizer.decode(ids, skip_special_tokens=True)
-    note = _round_note(step) + _feature_note(pair, ids, steps, step) + render.race_markdown(step)
+    note = _round_note(step) + _no_draft_note(pair, step) + _feature_note(pair, ids, steps, step)
+    note += render.race_markdown(step)
     rule = render.GREEDY if s.greedy else s.rule
     return (
         render.pane_html(session_prompt, steps),
@@ -95,6 +97,29 @@ def _round_note(step) -> str:
         f"target token: **{KIND_LABELS[step.token_kind]}** `{visible(step.token_text)}`"
         + (f" · stopped: {step.stop_reason.replace('_', ' ')}" if step.stop_reason else "")
     )
+
+
+def _no_draft_note(pair, step) -> str:
+    """Why a round drafted nothing: a round with no drafts is a plain step, and it is worth saying why."""
+    if step.drafted:
+        return ""
+    if step.k == 0:
+        why = (
+            "k = 0, a plain step: adaptive k takes one where its cost model predicts that any draft would "
+            "lose on this machine (it probes again after a few), and no round drafts past the last token "
+            "or the draft's context window."
+        )
+    elif pair.draft_spec.kind == Kind.FEATURE_HEAD and step.feature_position is None:
+        why = (
+            "The feature head drafts from the target's own features, and the target has not run yet: this "
+            "round is its first pass over the prompt (the prefill), which gives the first token and the "
+            "features the head starts from next round."
+        )
+    elif pair.draft_spec.kind == Kind.PROMPT_LOOKUP:
+        why = "No n-gram ending the text so far occurs earlier in it, so prompt lookup had nothing to propose."
+    else:
+        return ""
+    return "\n\n" + why
 
 
 def _feature_note(pair, ids, steps, step) -> str:
