@@ -3,8 +3,6 @@
 import pytest
 from conftest import run, tiny_llama
 
-from app.core import engine
-from app.core.config import RunConfig, SamplingConfig, SpecConfig
 from app.drafts.lookup import PromptLookup
 from app.drafts.model import ModelProposer
 from app.kv.static_cache import BUCKETS, StaticCachedModel, StaticCaches, available, cache_length
@@ -13,20 +11,9 @@ PROMPT = "def add(a, b):\n  return a"
 
 
 def static_run(target, tokenizer, proposer, k_policy="fixed", k=4, n=40):
-    ids = tokenizer(PROMPT)["input_ids"]
-    steps = list(
-        engine.generate(
-            target,
-            tokenizer,
-            ids,
-            proposer,
-            sampling_cfg=SamplingConfig(),
-            spec=SpecConfig(k=k, k_policy=k_policy),
-            run=RunConfig(n),
-            target_cache=StaticCaches(cache_length(len(ids), n)),
-        )
-    )
-    return [t for s in steps for t in s.emitted], steps
+    """One greedy engine run on the static cache."""
+    cache = StaticCaches(cache_length(len(tokenizer(PROMPT)["input_ids"]), n))
+    return run(target, tokenizer, PROMPT, proposer, k=k, k_policy=k_policy, max_new_tokens=n, target_cache=cache)
 
 
 @pytest.mark.parametrize("k_policy,k", [("fixed", 1), ("fixed", 4), ("fixed", 8), ("adaptive", 4)])
