@@ -192,7 +192,7 @@ def test_each_rounds_rejected_drafts_get_one_mark_and_the_kept_text_is_intact_in
     page = render.pane_html("x", spec)
     rejected = [[p for p, k in s.spans() if k == REJECTED] for s in spec]
     rejected = [r for r in rejected if r]
-    marks = re.findall(r'<span class="rej-mark" title="rejected drafts: ([^"]*)"[^>]*></span>', page)
+    marks = re.findall(r'<span class="rej-mark" tabindex="0" role="note" data-drafts="([^"]*)"[^>]*></span>', page)
     assert len(rejected) > 0 and marks == [html.escape(render.visible("".join(r)), quote=True) for r in rejected]
     # Each mark sits right before its round's first rejected draft.
     assert len(re.findall(r'class="rej-mark"[^>]*></span><span class="tok rej"', page)) == len(marks)

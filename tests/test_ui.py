@@ -568,6 +568,27 @@ def test_browser_shows_tokens_plots_and_speedup(page, tmp_path):
 
 @needs_browser
 @pytest.mark.slow
+def test_browser_rejected_drafts_as_marks_keep_the_text_and_show_the_drafts_on_a_tap(page):
+    from app.serve.ui import REJECTED_VIEWS
+
+    _set_max_new_tokens(page, 48)
+    page.get_by_role("button", name="Generate", exact=True).click()
+    page.wait_for_selector("#greedy-check :text('token for token')", timeout=360_000)
+    page.get_by_label(REJECTED_VIEWS[1]).check()
+    mark, rejected = page.locator("#spec-pane .rej-mark").first, page.locator("#spec-pane .tok.rej").first
+    mark.wait_for(state="visible", timeout=10_000)
+    assert rejected.is_hidden() and page.locator("#spec-pane .rej-mark").count() > 0
+    after = "el => getComputedStyle(el, '::after').content"
+    assert mark.evaluate(after) in ("none", "normal"), "the drafts show only when asked"
+    mark.focus()  # what a tap on a touch screen does to it (a title tooltip never shows there)
+    shown = mark.evaluate(after)
+    assert shown.startswith('"rejected: ') and mark.get_attribute("data-drafts") in shown
+    page.get_by_label(REJECTED_VIEWS[0]).check()
+    assert rejected.is_visible() and mark.is_hidden(), "and back inline"
+
+
+@needs_browser
+@pytest.mark.slow
 def test_browser_stop_button_cancels_both_panes(page):
     # The weak draft makes the run several seconds long, so Stop lands before it could finish.
     page.get_by_label("or a custom draft", exact=False).fill(str(models.BUNDLED / "draft-weak"))

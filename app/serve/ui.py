@@ -268,7 +268,7 @@ def _wire(c) -> None:
     gr.Button(visible=False).click(list_presets, None, c.presets_json, api_name="presets")
 
 
-REJECTED_VIEWS = ("inline (whitespace as · and ↵)", "a small mark: hover it for the drafts")
+REJECTED_VIEWS = ("inline (whitespace as · and ↵)", "a small mark: hover or tap it for the drafts")
 # Runs in the browser: the body's rej-marks class picks the view (style.css), for every pane at once.
 REJECTED_VIEW = f"(view) => {{ document.body.classList.toggle('rej-marks', view === '{REJECTED_VIEWS[1]}'); }}"
 # Runs in the browser after Step: once the view's contents are laid out (its open state lands a few
