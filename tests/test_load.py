@@ -9,6 +9,7 @@ import pytest
 from app_server import serve
 
 from app import models
+from app.serve import sessions
 
 pytestmark = pytest.mark.slow  # a server and 40 requests
 
@@ -155,7 +156,8 @@ def test_server_memory_levels_off_over_many_generations_and_abandoned_steps(tmp_
     raw = [json.dumps(v) for v in BASE]
     # A server of its own, so the baseline holds only this test's visitors; one address, no join limit.
     with serve(tmp_path / "soak.log", SPECDEC_JOINS_PER_MINUTE="100000") as url:
-        for api in ["generate"] * 20 + ["step"] * 10:  # warm-up: models, calibration, the first visitors' state
+        # Warm-up: models, calibration, and twice the sessions Gradio keeps, so the oldest have made way.
+        for api in ["generate"] * (2 * sessions.MAX_SESSIONS) + ["step"] * 10:
             assert _raw_call(url, api, raw)[0] == "complete"
         start, marks = rss_mib(url.pid), []
         for i in range(200):

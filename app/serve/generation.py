@@ -13,7 +13,7 @@ from app import request, runs
 from app.core import metrics
 from app.core.config import REJECTION, Settings, UserError
 from app.models import threads
-from app.serve import queue_limits
+from app.serve import heap, queue_limits
 from app.serve.handlers import _configs, _model_ids, _pair, _user_error, fill_seed, guarded
 from app.serve.texts import EXAMPLES, example_row  # noqa: F401 - the API's examples
 from app.serve.zerogpu import gpu
@@ -101,6 +101,8 @@ def generate_both(
         raise _user_error(
             UserError("out of memory: try a smaller model, fewer new tokens or a shorter prompt")
         ) from None
+    finally:
+        heap.release()  # a finished, failed or cancelled run leaves its freed memory to the OS
 
 
 def _stream(prompt: str, target: str, draft: str, settings: Settings, control, progress=None) -> Iterator[tuple]:

@@ -8,7 +8,7 @@ from app import request
 from app.core.config import REJECTION, Settings, UserError
 from app.core.events import KIND_LABELS
 from app.drafts.draft_spec import Kind
-from app.serve import sessions
+from app.serve import heap, sessions
 from app.serve.generation import LOADING, MEASURING
 from app.serve.handlers import _configs, _model_ids, _pair, _user_error, guarded
 from app.serve.texts import EXAMPLES, example_row  # noqa: F401 - the API's examples
@@ -72,6 +72,8 @@ def step_round(
         session, steps, step = sessions.advance(session, key, lambda policy: run.steps(policy, teach=True), run.policy)
     except UserError as e:
         raise _user_error(e) from None
+    finally:
+        heap.release()  # what the round allocated and freed goes back to the OS
     if step is None:
         return session, gr.skip(), gr.skip(), "Generation finished: press Step to start again.", gr.skip()
     return (session, *_shown(pair, ids, steps, step, s))
