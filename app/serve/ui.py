@@ -194,7 +194,7 @@ def _teaching(c) -> None:
             elem_id="decisions",
             # Shares of the width and wrapped cells: on a phone every column stays in view, each cell whole.
             wrap=True,
-            column_widths=["17%", "12%", "14%", "14%", "12%", "31%"],
+            column_widths=["16%", "13%", "16%", "18%", "13%", "24%"],
         )
         # A short label: a long one wraps to two lines on a phone, over the figure's own title.
         c.residual = gr.Plot(label="p, q and the target token's source", elem_id="residual")

@@ -202,8 +202,9 @@ def identity_check(
 DECISION_HEADERS = ["draft token", "q(x)", "p(x)", "min(1, p/q)", "u", "decision"]
 # Under shared noise the token at each position is argmax(p / E) for the position's keyed noise E.
 SHARED_HEADERS = ["draft token", "q(x)", "p(x)", "draft == argmax p/E (both race E)", "u", "decision"]
-# Under greedy nothing is random: a draft is kept exactly when it is the target's argmax.
-GREEDY_HEADERS = ["draft token", "q(x)", "p(x) (softmax, T = 1)", "draft == argmax p", "u", "decision"]
+# Under greedy nothing is random: a draft is kept exactly when it is the target's argmax, and p is
+# shown as the plain softmax (greedy has no temperature).
+GREEDY_HEADERS = ["draft token", "q(x)", "p(x) at T = 1", "draft == argmax p", "u", "decision"]
 
 
 def decision_rows(step: Step, rule: str = REJECTION) -> list[list]:
