@@ -3,16 +3,13 @@
 from __future__ import annotations
 
 import ctypes
+import os
 from pathlib import Path
 
 import pytest
+from app_server import rss_mib
 
 from app.serve import heap
-
-
-def _rss_mib() -> float:
-    line = next(x for x in Path("/proc/self/status").read_text().splitlines() if x.startswith("VmRSS"))
-    return int(line.split()[1]) / 1024
 
 
 def test_release_hands_free_pages_between_live_blocks_back_to_the_os():
@@ -27,8 +24,8 @@ def test_release_hands_free_pages_between_live_blocks_back_to_the_os():
         ctypes.memset(b, 1, size)
     for b in blocks[:-1]:  # the last block stays live above the freed space, as a live request's would
         libc.free(b)
-    freed = _rss_mib()
+    freed = rss_mib(os.getpid())
     heap.release()
-    released = _rss_mib()
+    released = rss_mib(os.getpid())
     libc.free(blocks[-1])
     assert freed - released >= 150, f"{freed:.0f} MiB resident after free, {released:.0f} MiB after release"
