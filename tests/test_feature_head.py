@@ -277,3 +277,25 @@ def test_a_head_for_a_sliding_window_target_is_one_full_attention_layer(tokenize
     with torch.inference_mode():
         head(torch.randn(1, 9, 32), torch.randn(1, 9, 32), cache)
     assert cache.get_seq_length() == 9  # nothing fell out of a window
+
+
+def test_the_training_time_test_unrolls_as_drafting_does(target):
+    """Depth j of the training-time test gives, at each position, the feature a drafting round
+    computes there j steps after the target's last one: true pairs in the cache, then its own."""
+    from app.training.train_drafts import unrolled
+
+    torch.manual_seed(0)
+    head = FeatureHead(target.config).eval()
+    t, hidden = 12, target.config.hidden_size
+    embeds, features = torch.randn(1, t, hidden), torch.randn(1, t, hidden)
+    with torch.no_grad():
+        deep = unrolled(head, embeds, features, depth=3)
+        assert torch.allclose(deep[0], head(embeds, features), atol=1e-5), "depth 0 is the plain causal pass"
+        for start in (0, 4, 7):  # a round whose last true pair sits at `start`
+            cache = head.new_cache()
+            f = head(embeds[:, : start + 1], features[:, : start + 1], cache)[:, -1:]
+            for j in (1, 2):
+                f = head(embeds[:, start + j : start + j + 1], f, cache)
+                assert torch.allclose(f[0, -1], deep[j][0, start + j], atol=1e-5), (start, j)
+        broken = unrolled(head, embeds, features.roll(1, dims=1), depth=3)
+        assert not torch.allclose(broken[2][0, 9], deep[2][0, 9], atol=1e-3), "the check must bite"

@@ -1,5 +1,6 @@
-"""The instructions the drafts of an instruct target learn from: code tasks, structured answers and
-open-ended writing, built from templates so that the set is reproducible and has a held-out part.
+"""The instructions the drafts of an instruct target learn from: code tasks, structured answers,
+open-ended writing, explanations, translation-like rewriting, summaries and second turns of a chat,
+built from templates so that the set is reproducible and has a held-out part.
 
 The target answers these itself (self-distillation), so a draft learns the text it will be asked
 to predict. Held-out tasks and subjects never appear in training; the benchmark's chat suites read them.
@@ -170,6 +171,93 @@ CONCEPTS = (
     "what electricity is",
     "how plants grow",
 )
+EXPLAIN = ("Explain {concept} in simple terms.", "What is {term}? Answer in two or three sentences.")
+TERMS = (
+    "a variable in programming",
+    "a neural network",
+    "inflation",
+    "a black hole",
+    "the water cycle",
+    "a database",
+    "recursion",
+    "democracy",
+    "an API",
+    "compound interest",
+)
+
+# Translation-like rewriting: the answer restates the input, so most of it is predictable from the prompt.
+REWRITE = (
+    "Rewrite this sentence in formal English: {sentence}",
+    "Translate this sentence into French: {sentence}",
+    "Correct the grammar of this sentence: {sentence}",
+    "Rewrite this sentence in the passive voice: {sentence}",
+)
+SENTENCES = (
+    "the cat sat on the mat and watched the birds outside",
+    "we was going to the shop but it were closed",
+    "my brother fixed the old bike last summer",
+    "can you send me the report by friday",
+    "the children played in the park until it got dark",
+    "i think this movie is really good and everyone should see it",
+    "the teacher explained the lesson twice",
+    "our team won the game in the last minute",
+    "she don't like coffee in the morning",
+    "the company will open a new office next year",
+    "they painted the house blue",
+    "he forgot his keys at home again",
+    "the storm broke many trees in the town",
+    "we need to finish this project soon",
+    "the chef cooked a delicious dinner for the guests",
+    "my friends and me went to the beach",
+    "the students wrote an essay about climate change",
+    "please tell me when the train leaves",
+    "the dog chased the ball across the garden",
+    "the scientists discovered a new species of frog",
+)
+SUMMARY = (
+    "Summarize this text in one sentence: {paragraph}",
+    "Give the main points of this text as a short bullet list: {paragraph}",
+)
+PARAGRAPHS = (
+    "Bees live in colonies with a single queen. Worker bees collect nectar and pollen from flowers, "
+    "and while they do so they carry pollen from plant to plant. Many crops depend on this pollination, "
+    "so farmers sometimes rent hives to place near their fields.",
+    "The city council voted to close the main street to cars on Sundays. Shop owners were worried at "
+    "first, but after three months most of them reported more customers. Families now walk, cycle and "
+    "eat outside where traffic used to be.",
+    "Python is a programming language known for its readable syntax. It is used for web development, "
+    "data analysis, automation and machine learning. Its large standard library and many third-party "
+    "packages let programmers build useful tools quickly.",
+    "Sleep helps the body repair itself and the brain store memories. Adults need about seven to nine "
+    "hours a night. Screens before bed, caffeine late in the day and irregular hours can all make it "
+    "harder to fall asleep.",
+    "The first bicycles had no pedals: riders pushed themselves along with their feet. Pedals, chains "
+    "and air-filled tyres came later and made cycling faster and more comfortable. Today bicycles are "
+    "one of the most common ways to travel in many cities.",
+    "A volcano forms where molten rock from deep inside the Earth reaches the surface. When pressure "
+    "builds up, the volcano can erupt and throw out lava, ash and gas. Some volcanoes erupt often, while "
+    "others stay quiet for thousands of years.",
+    "The library started lending tools as well as books. People can now borrow drills, ladders and "
+    "sewing machines for a week at a time. The service is popular with students and with people who "
+    "only need a tool once.",
+    "Recycling saves raw materials and energy. Paper, glass, metal and some plastics can be processed "
+    "into new products. However, recycling only works well when items are clean and sorted correctly.",
+    "Our team moved the weekly meeting from Monday to Wednesday. Many members said Mondays were too busy "
+    "with emails from the weekend. The new day gives everyone time to prepare updates.",
+    "Tomatoes grow best in warm, sunny places. They need regular watering and support from a stick or "
+    "cage as they get taller. Most varieties are ready to pick about two months after planting.",
+)
+
+# Second turns of a chat: the target answers a first instruction, then this follow-up after its own answer.
+FOLLOW_UPS = (
+    "Can you explain that in simpler words?",
+    "Now make it shorter.",
+    "Can you give one more example?",
+    "Please add comments to explain each step.",
+    "Can you summarize your answer in one sentence?",
+    "What would you change to make it better?",
+)
+
 PROSE_HELD_OUT = (
     "Write a short story about a clockmaker.",
     "Write a poem about mountains.",
@@ -179,9 +267,29 @@ PROSE_HELD_OUT = (
     "Describe a busy market in a few sentences.",
 )
 
+REWRITE_HELD_OUT = (
+    "Translate this sentence into French: the museum opens at nine in the morning",
+    "Correct the grammar of this sentence: him and his sister goes to school by bus",
+    "Rewrite this sentence in formal English: the new phone is super cool and pretty cheap",
+    "Rewrite this sentence in the passive voice: the wind blew the leaves across the road",
+    "Summarize this text in one sentence: Owls hunt mostly at night. Their large eyes and excellent "
+    "hearing help them find mice and insects in the dark, and soft feathers let them fly almost silently.",
+    "Explain how a refrigerator keeps food cold in simple terms.",
+)
+# (first turn, follow-up): the second turn is asked after the target's own answer to the first.
+CHAT_HELD_OUT = (
+    ("Write a Python function that checks whether a list is sorted.", "Now make it shorter."),
+    ("List five kinds of bread.", "Can you explain that in simpler words?"),
+    ("Give a numbered list of steps to wash a car.", "Can you summarize your answer in one sentence?"),
+    ("Write a Python function that interleaves two lists.", "Please add comments to explain each step."),
+    ("Describe a busy market in a few sentences.", "Can you give one more example?"),
+    ("What is a compiler? Answer in two or three sentences.", "What would you change to make it better?"),
+)
+
 
 def training_instructions(seed: int = 0) -> list[tuple[str, str]]:
-    """(kind, instruction) pairs, shuffled by seed: 'code', 'structured' or 'writing'."""
+    """(kind, instruction) pairs, shuffled by seed: 'code', 'structured', 'writing', 'explain',
+    'rewrite' or 'summary'. Second turns (chat_follow_ups) are built on the target's answers to these."""
     rows = [("code", t.format(task=task)) for task in CODE_TASKS for t in CODE_TEMPLATES]
     fill = {"things": THINGS, "activity": ACTIVITIES, "entity": ENTITIES, "choice": CHOICES}
     for t in STRUCTURED:
@@ -190,8 +298,19 @@ def training_instructions(seed: int = 0) -> list[tuple[str, str]]:
     for t in WRITING:
         key, values = ("concept", CONCEPTS) if "{concept}" in t else ("subject", SUBJECTS)
         rows += [("writing", t.format(**{key: v})) for v in values]
+    rows += [("explain", EXPLAIN[0].format(concept=c)) for c in CONCEPTS]
+    rows += [("explain", EXPLAIN[1].format(term=t)) for t in TERMS]
+    rows += [("rewrite", t.format(sentence=s)) for s in SENTENCES for t in REWRITE]
+    rows += [("summary", t.format(paragraph=p)) for p in PARAGRAPHS for t in SUMMARY]
     random.Random(seed).shuffle(rows)
     return rows
+
+
+def chat_follow_ups(first_turns: list[tuple[str, str]], seed: int = 0) -> list[tuple[str, str]]:
+    """(kind of the first turn, follow-up) for each first turn: the follow-ups cycle in a seeded order."""
+    order = list(FOLLOW_UPS)
+    random.Random(seed).shuffle(order)
+    return [(kind, order[i % len(order)]) for i, (kind, _) in enumerate(first_turns)]
 
 
 def held_out_code() -> list[str]:
@@ -200,3 +319,13 @@ def held_out_code() -> list[str]:
 
 def held_out_prose() -> list[str]:
     return list(PROSE_HELD_OUT)
+
+
+def held_out_rewrite() -> list[str]:
+    """Held-out translation-like rewriting, a summary and an explanation: text close to its prompt."""
+    return list(REWRITE_HELD_OUT)
+
+
+def held_out_chat() -> list[tuple[str, str]]:
+    """Held-out two-turn chats: (first turn, follow-up)."""
+    return list(CHAT_HELD_OUT)

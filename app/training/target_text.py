@@ -1,10 +1,12 @@
 """The text a pretrained target's drafts learn from, with what the target computed on it: its answers to the
-instructions (data/instructions.py), greedy and sampled, and windows of standard-library code, each with the
-target's last-layer features and its top-k next-token distribution. Built once and kept on disk."""
+instructions (data/instructions.py), greedy and sampled, its second turns of a chat after its own first
+answers, and windows of standard-library code, each with the target's last-layer features and its top-k
+next-token distribution. Built once and kept on disk, one file a phase, so a stopped build resumes."""
 
 from __future__ import annotations
 
 import random
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,7 +19,8 @@ from app.data.corpus import split_corpus, stdlib_files
 TOP_K = 16  # the target's next-token distribution is kept as its 16 likeliest tokens, renormalised
 ANSWER_TOKENS = 224  # new tokens per answer (most answers end sooner, at the end-of-turn token)
 GEN_BATCH = 48
-SAMPLED_ANSWERS = 1  # per instruction, beside the greedy one: the drafts also see sampled text
+SAMPLED_ANSWERS = 2  # per instruction, beside the greedy one: the drafts also see sampled text
+CHAT_TURNS = 160  # first turns whose greedy answer gets a follow-up, answered as a second turn
 SAMPLE_TEMPERATURE = 0.8
 CODE_WINDOWS, CODE_CTX = 320, 256  # standard-library windows, for code outside a chat
 
@@ -61,23 +64,31 @@ def top_k_of(target, features: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor
     return torch.cat(out_ids), torch.cat(out_lp)
 
 
-def chat_prompt(tokenizer, instruction: str) -> list[int]:
-    text = tokenizer.apply_chat_template(
-        [{"role": "user", "content": instruction}], tokenize=False, add_generation_prompt=True
-    )
+def chat_prompt(tokenizer, turns: str | list[dict]) -> list[int]:
+    """Ids of one instruction, or of a list of chat messages, through the chat template."""
+    messages = [{"role": "user", "content": turns}] if isinstance(turns, str) else turns
+    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     return tokenizer(text, add_special_tokens=False)["input_ids"]
 
 
 @torch.inference_mode()
 def answer_rows(
-    target, tokenizer, todo: list[tuple[str, str]], sample: bool, seed: int, log, new_tokens: int = ANSWER_TOKENS
+    target,
+    tokenizer,
+    todo: list[tuple[str, str | list[dict]]],
+    sample: bool,
+    seed: int,
+    log,
+    new_tokens: int = ANSWER_TOKENS,
 ) -> list[Row]:
-    """The target's answers to instructions, with the features it computed while writing them."""
+    """The target's answers to instructions (or chats), with the features it computed while writing them.
+    Batches are left-padded; the log records the throughput in new tokens a second."""
     eos = tokenizer.eos_token_id
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos
     hook, rows = FinalNorm(target), []
     torch.manual_seed(seed)
     desc = "target answers (sampled)" if sample else "target answers (greedy)"
+    began, written = time.time(), 0
     for start in tqdm(range(0, len(todo), GEN_BATCH), desc=desc, mininterval=10):
         batch = todo[start : start + GEN_BATCH]
         prompts = [chat_prompt(tokenizer, text) for _, text in batch]
@@ -104,7 +115,19 @@ def answer_rows(
             f = features[b, lo:hi].half()
             top_ids, top_logp = top_k_of(target, features[b, lo:hi])
             rows.append(Row(kind, out[b, lo:hi].clone(), f, top_ids, top_logp))
-        log(dict(phase="answers", sampled=sample, done=start + len(batch), of=len(todo)))
+            written += n
+        elapsed = time.time() - began
+        log(
+            dict(
+                phase="answers",
+                sampled=sample,
+                done=start + len(batch),
+                of=len(todo),
+                new_tokens=written,
+                tokens_per_s=round(written / elapsed, 1),
+                eta_s=round(elapsed / (start + len(batch)) * (len(todo) - start - len(batch))),
+            )
+        )
     hook.close()
     return rows
 
@@ -135,19 +158,50 @@ def code_rows(target, tokenizer, n: int, seed: int, ctx: int = CODE_CTX) -> list
     return rows
 
 
+def second_turns(tokenizer, todo: list[tuple[str, str]], first: list[Row], seed: int) -> list[tuple[str, list[dict]]]:
+    """Chats of two turns: an instruction, the target's own greedy answer to it, and a follow-up."""
+    eos = tokenizer.eos_token_id
+    chats = []
+    follow_ups = instructions.chat_follow_ups(todo, seed)
+    for (_, instruction), (_, follow_up), row in zip(todo, follow_ups, first, strict=True):
+        prompt = len(chat_prompt(tokenizer, instruction))
+        answer = [t for t in row.ids[prompt:].tolist() if t != eos]
+        said = tokenizer.decode(answer, skip_special_tokens=True).strip()
+        turns = [
+            {"role": "user", "content": instruction},
+            {"role": "assistant", "content": said},
+            {"role": "user", "content": follow_up},
+        ]
+        chats.append(("chat", turns))
+    return chats
+
+
+def _phase(out: Path, name: str, make) -> list[Row]:
+    """One phase's rows, read from out/NAME.pt when an earlier build wrote it."""
+    path = out / f"{name}.pt"
+    if path.is_file():
+        return [Row(**r) for r in torch.load(path)]
+    rows = make()
+    out.mkdir(parents=True, exist_ok=True)
+    torch.save([r.__dict__ for r in rows], path)
+    return rows
+
+
 def build_rows(target, tokenizer, out: Path, seed: int, scale: float, log) -> list[Row]:
-    """Every training row, computed once and kept in out/rows.pt (reused when present)."""
-    cache = out / "rows.pt"
-    if cache.is_file():
-        return [Row(**r) for r in torch.load(cache)]
+    """Every training row, computed once and kept in out/ one phase a file (reused when present)."""
     todo = instructions.training_instructions(seed)
     todo = todo[: max(GEN_BATCH // 4, round(len(todo) * min(scale, 1.0)))]
     # A tiny slice (the tests' --scale) also writes short answers and windows, so it runs in seconds.
     new, ctx = (ANSWER_TOKENS, CODE_CTX) if scale >= 0.05 else (24, 64)
-    rows = answer_rows(target, tokenizer, todo, False, seed, log, new)
+    greedy = _phase(out, "answers-greedy", lambda: answer_rows(target, tokenizer, todo, False, seed, log, new))
+    rows = list(greedy)
     for i in range(SAMPLED_ANSWERS if scale >= 1 else 1):
-        rows += answer_rows(target, tokenizer, todo, True, seed + 1 + i, log, new)
-    rows += code_rows(target, tokenizer, max(8, round(CODE_WINDOWS * min(scale, 1.0))), seed, ctx)
-    out.mkdir(parents=True, exist_ok=True)
-    torch.save([r.__dict__ for r in rows], cache)
+        rows += _phase(
+            out, f"answers-sampled-{i}", lambda i=i: answer_rows(target, tokenizer, todo, True, seed + 1 + i, log, new)
+        )
+    n_chat = max(2, round(CHAT_TURNS * min(scale, 1.0)))
+    chats = second_turns(tokenizer, todo[:n_chat], greedy[:n_chat], seed)
+    rows += _phase(out, "answers-chat", lambda: answer_rows(target, tokenizer, chats, False, seed, log, new))
+    n_code = max(8, round(CODE_WINDOWS * min(scale, 1.0)))
+    rows += _phase(out, "stdlib-windows", lambda: code_rows(target, tokenizer, n_code, seed, ctx))
     return rows

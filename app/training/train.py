@@ -168,7 +168,12 @@ def save(model: LlamaForCausalLM, tokenizer, out: Path, info: dict) -> None:
 
 def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="python -m app train", description=__doc__.splitlines()[0])
-    ap.add_argument("--out", type=Path, default=Path("assets/models"), help="where the family is written")
+    ap.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="where the models are written (default assets/models, with --target smollm2 assets/models/smollm2)",
+    )
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--vocab-size", type=int, default=4096)
     ap.add_argument("--ctx", type=int, default=512, help="training context length")
@@ -194,7 +199,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         "--only",
         nargs="*",
         default=None,
-        help="train only these members (distillation reads the saved target; with --target: feature-head, small)",
+        help="train only these members (distillation reads the saved target; with --target: draft-feature, "
+        "draft-small)",
     )
     ap.add_argument(
         "--target",
@@ -314,6 +320,8 @@ def main(argv=None) -> dict:
     command = " ".join(["python -m app train", *map(shlex.quote, sys.argv[2:] if argv is None else argv)])
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.out is None:
+        args.out = Path("assets/models/smollm2" if args.target == "smollm2" else "assets/models")
     if args.target:
         from app.training import train_drafts
 

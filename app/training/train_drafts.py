@@ -2,7 +2,8 @@
 (EAGLE-style, reading the target's own hidden states, with a frequency-ranked draft vocabulary as
 in FR-Spec and EAGLE-3) and a small draft model with the target's tokenizer, distilled from it.
 
-    python -m app train --target smollm2 --out assets/models/smollm2
+    python -m app train --target smollm2                        # both, into assets/models/smollm2
+    python -m app train --target smollm2 --only draft-feature   # the feature head alone
 
 The training text is the target's own answers to the instructions in `instructions.py`
 (self-distillation: the text the drafts will be asked to predict), plus windows of standard
@@ -14,19 +15,25 @@ from __future__ import annotations
 
 import json
 import time
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from tqdm import tqdm
-from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
+from transformers import DynamicCache, GenerationConfig, LlamaConfig, LlamaForCausalLM
 
 from app.training.steps import log_step, optimiser, update
 from app.training.target_text import ANSWER_TOKENS, SAMPLE_TEMPERATURE, SAMPLED_ANSWERS, TOP_K, Row, build_rows
 
 DRAFT_VOCAB = 8192  # the feature head drafts among the target's most frequent tokens only
-HEAD_STEPS, HEAD_LR, HEAD_BATCH = 1500, 1e-3, 8
+HEAD_STEPS, HEAD_LR, HEAD_BATCH = 2000, 1e-3, 8
 HEAD_WEIGHTS = (1.0, 0.1)  # (feature regression, token cross-entropy), EAGLE-1's weights
 HEAD_NOISE = 0.1  # uniform noise on input features, in units of their standard deviation
+# EAGLE-3's training-time test: the head is unrolled on its own predicted features, each depth seeing
+# what drafting shows it (the target's features up to the round's start, its own ones after), so it
+# learns to draft deep and not only the first token. Depth j's loss weighs TTT_DECAY ** j.
+TTT_DEPTH, TTT_DECAY = 3, 0.8
+CHECKPOINT_EVERY = 100  # head steps between checkpoints in the work folder (a stopped run resumes there)
 SMALL = dict(hidden=192, layers=2, ffn=512, heads=3, kv_heads=1)
 SMALL_STEPS, SMALL_LR, SMALL_BATCH = 600, 2e-3, 8
 SMALL_CROP = 128  # tokens a row: the full-vocabulary softmax is the small draft's whole training cost
@@ -80,23 +87,66 @@ def soft_ce(q_logits: torch.Tensor, top_ids: torch.Tensor, top_logp: torch.Tenso
     return (-(p * lq).sum(-1) * valid).sum() / valid.sum().clamp(min=1)
 
 
-def head_loss(head, embed, w_sub, to_draft, b, noise_scale: float) -> tuple[torch.Tensor, dict]:
-    """EAGLE-1's loss: SmoothL1 on the next feature plus CE to the target's top-k, on the draft vocabulary."""
+def ttt_mask(t: int, depth: int, device=None) -> torch.Tensor:
+    """(1, 1, t, (depth + 1) t) additive mask of depth `depth`'s queries over the keys of depths 0..depth.
+
+    A pair drafted at depth j and position u sees the pairs of the target's features at positions up to
+    u - j, and at each depth i in 1..j the one pair at u - j + i: exactly what a drafting round's cache
+    holds. Depth 0 is the causal mask."""
+    u = torch.arange(t, device=device)[:, None]
+    s = torch.arange(t, device=device)[None]
+    allowed = torch.cat([s <= u - depth] + [s == u - depth + i for i in range(1, depth + 1)], dim=-1)
+    return torch.zeros(allowed.shape, device=device).masked_fill(~allowed, torch.finfo(torch.float32).min)[None, None]
+
+
+def unrolled(head, token_embeds: torch.Tensor, features: torch.Tensor, depth: int) -> list[torch.Tensor]:
+    """The head's (B, T, H) predicted features at depths 0..depth-1: depth 0 reads `features`, each
+    later depth the depth before's predictions, one position on, through the same decoder layer."""
+    layer, rotary = head.body.layers[0], head.body.rotary_emb
+    position = torch.arange(features.shape[1], device=features.device)[None]
+    position_embeddings = rotary(token_embeds, position)
+    cache, f, out = DynamicCache(), features, []
+    for j in range(depth):
+        fused = head.fc(torch.cat([token_embeds, f.to(token_embeds.dtype)], dim=-1))
+        h = layer(
+            fused,
+            attention_mask=ttt_mask(features.shape[1], j, features.device),
+            position_embeddings=position_embeddings,
+            position_ids=position,
+            cache=cache,
+            use_cache=True,
+        )
+        out.append(h)
+        f = F.pad(h[:, :-1], (0, 0, 1, 0))  # the feature a pair at u reads is the prediction made at u - 1
+    return out
+
+
+def head_loss(head, embed, w_sub, to_draft, b, noise_scale: float, depth: int = 1) -> tuple[torch.Tensor, dict]:
+    """EAGLE-1's loss (SmoothL1 on the next feature plus CE to the target's top-k, on the draft vocabulary)
+    at each depth of the training-time test, weighted TTT_DECAY ** j; top1 is depth 0's, top1_deep the last's."""
     f, ids, mask = b["features"], b["ids"], b["mask"]
     valid = mask[:, 1:] * mask[:, :-1]
     inputs = f[:, :-1] + (torch.rand_like(f[:, :-1]) * 2 - 1) * noise_scale
-    pred = head(embed(ids[:, 1:]).detach(), inputs)
-    reg = (F.smooth_l1_loss(pred, f[:, 1:], reduction="none").mean(-1) * valid).sum() / valid.sum()
-    q_logits = pred @ w_sub.T
     top = to_draft[b["top_ids"][:, 1:]]  # target ids -> draft-vocabulary rows, -1 where absent
-    ce = soft_ce(q_logits, top, b["top_logp"][:, 1:], valid)
-    hit = ((q_logits.argmax(-1) == top[..., 0]).float() * valid).sum() / valid.sum()
     w_reg, w_ce = HEAD_WEIGHTS
-    return w_reg * reg + w_ce * ce, dict(reg=reg.item(), ce=ce.item(), top1=hit.item())
+    total, weights, parts = 0.0, 0.0, {}
+    for j, pred in enumerate(unrolled(head, embed(ids[:, 1:]).detach(), inputs, depth)):
+        v = valid.clone()
+        v[:, :j] = 0  # depth j drafts from position j on
+        reg = (F.smooth_l1_loss(pred, f[:, 1:], reduction="none").mean(-1) * v).sum() / v.sum()
+        q_logits = pred @ w_sub.T
+        ce = soft_ce(q_logits, top, b["top_logp"][:, 1:], v)
+        hit = ((q_logits.argmax(-1) == top[..., 0]).float() * v).sum() / v.sum()
+        total = total + TTT_DECAY**j * (w_reg * reg + w_ce * ce)
+        weights += TTT_DECAY**j
+        parts |= dict(reg=reg.item(), ce=ce.item(), top1=hit.item()) if j == 0 else dict(top1_deep=hit.item())
+    return total / weights, parts
 
 
-def train_head(target, rows: list[Row], vocab: torch.Tensor, steps: int, seed: int, log):
-    """A FeatureHead for the target, trained on its stored features; returns (head, info)."""
+def train_head(target, rows: list[Row], vocab: torch.Tensor, steps: int, seed: int, log, work: Path | None = None):
+    """A FeatureHead for the target, trained on its stored features; returns (head, info).
+    With `work`, a checkpoint is kept there every CHECKPOINT_EVERY steps, and a run with the same
+    settings resumes from it."""
     from app.drafts.feature_head import FeatureHead
 
     torch.manual_seed(seed)
@@ -108,20 +158,45 @@ def train_head(target, rows: list[Row], vocab: torch.Tensor, steps: int, seed: i
     to_draft[vocab] = torch.arange(len(vocab))
     noise = HEAD_NOISE * float(torch.cat([r.features[:64].float() for r in rows[:256]]).std())
     opt, sched = optimiser(head, HEAD_LR, steps, weight_decay=0.0)
-    data, start = batches(rows, HEAD_BATCH, torch.Generator().manual_seed(seed)), time.time()
+    gen = torch.Generator().manual_seed(seed)
+    data, start, first = batches(rows, HEAD_BATCH, gen), time.time(), 0
+    settings = dict(steps=steps, depth=TTT_DEPTH, rows=len(rows), vocab=len(vocab), seed=seed)
+    checkpoint = work / "head-checkpoint.pt" if work is not None else None
+    if checkpoint is not None and checkpoint.is_file():
+        saved = torch.load(checkpoint, weights_only=False)
+        if saved["settings"] == settings:
+            head.load_state_dict(saved["head"])
+            opt.load_state_dict(saved["opt"])
+            sched.load_state_dict(saved["sched"])
+            gen.set_state(saved["gen"])
+            torch.set_rng_state(saved["rng"])
+            first = saved["step"]
+            log(dict(model="feature head", resumed_at=first))
     head.train()
-    for step in tqdm(range(steps), desc="feature head", mininterval=10):
-        loss, parts = head_loss(head, embed, w_sub, to_draft, next(data), noise)
+    for step in tqdm(range(first, steps), desc="feature head", mininterval=10, initial=first, total=steps):
+        b = next(data)
+        with torch.autocast("cpu", dtype=torch.bfloat16):  # AMX and AVX-512 CPUs step several times faster
+            loss, parts = head_loss(head, embed, w_sub, to_draft, b, noise, TTT_DEPTH)
         update(head, opt, sched, loss)
         if step % 50 == 0 or step == steps - 1:
-            log_step(log, "feature head", step, loss, parts, start)
+            rate = (time.time() - start) / (step + 1 - first)
+            log_step(log, "feature head", step, loss, parts | dict(eta_s=rate * (steps - step - 1)), start)
+        if checkpoint is not None and (step + 1) % CHECKPOINT_EVERY == 0 and step + 1 < steps:
+            state = dict(settings=settings, step=step + 1, head=head.state_dict(), opt=opt.state_dict())
+            state |= dict(sched=sched.state_dict(), gen=gen.get_state(), rng=torch.get_rng_state())
+            torch.save(state, checkpoint.with_suffix(".tmp"))
+            checkpoint.with_suffix(".tmp").replace(checkpoint)
     head.eval()
+    if checkpoint is not None:
+        checkpoint.unlink(missing_ok=True)
     info = dict(
         steps=steps,
         lr=HEAD_LR,
         batch=HEAD_BATCH,
         loss_weights=HEAD_WEIGHTS,
         noise=HEAD_NOISE,
+        ttt_depth=TTT_DEPTH,
+        ttt_decay=TTT_DECAY,
         draft_vocab=len(vocab),
         train_seconds=round(time.time() - start, 1),
         params=sum(p.numel() for p in head.parameters()),
@@ -190,6 +265,21 @@ def train_small(target, tokenizer, rows: list[Row], steps: int, seed: int, log):
     return model, info
 
 
+ALIASES = {"draft-feature": "feature-head", "draft-small": "small"}  # --only takes the folders' names too
+
+
+def measured_acceptance(target_dir, head_dir: Path, scale: float) -> dict:
+    """Greedy α at k = 4 in decoding on every held-out suite (acceptance.py); a small --scale (the
+    tests') measures one short request a suite, as a smoke check of the written head."""
+    from app import models
+    from app.training import acceptance
+
+    pair = models.load_pair(str(target_dir), str(head_dir))
+    if scale >= 1:
+        return acceptance.suites(pair)
+    return acceptance.suites(pair, new_tokens=16, limit=1)
+
+
 def main(args, command: str) -> dict:
     """Build the rows once, then train the members asked for (`--only`: feature-head, small)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -220,14 +310,18 @@ def main(args, command: str) -> dict:
         sampled_answers=SAMPLED_ANSWERS,
         sample_temperature=SAMPLE_TEMPERATURE,
     )
-    only = set(args.only or ("feature-head", "small"))
+    only = {ALIASES.get(name, name) for name in args.only or ("feature-head", "small")}
     if "feature-head" in only:
         special = [i for i in (tokenizer.eos_token_id, tokenizer.bos_token_id, tokenizer.pad_token_id) if i is not None]
         vocab = draft_vocabulary(rows, min(DRAFT_VOCAB, target.config.vocab_size), target.config.vocab_size, special)
-        head, info = train_head(target, rows, vocab, max(1, round(HEAD_STEPS * args.scale)), args.seed, log)
+        steps = max(1, round(HEAD_STEPS * args.scale))
+        head, info = train_head(target, rows, vocab, steps, args.seed, log, work)
         info |= dict(data=data, reads=args.target, command=command)
         head.draft_vocab = vocab
         head.save(out / "draft-feature", info)
+        info["acceptance"] = measured_acceptance(source, out / "draft-feature", args.scale)
+        head.save(out / "draft-feature", info)
+        log(dict(model="feature head", acceptance=info["acceptance"]))
         results["draft-feature"] = info
     if "small" in only:
         model, info = train_small(target, tokenizer, rows, max(1, round(SMALL_STEPS * args.scale)), args.seed, log)
