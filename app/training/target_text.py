@@ -52,12 +52,18 @@ class FinalNorm:
         self.handle.remove()
 
 
-def top_k_of(target, features: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(T, K) ids and renormalised log-probs of the target's likeliest next tokens at each position."""
+def lm_head_fp32(target) -> torch.Tensor:
+    """The target's LM head weight in fp32, read once per phase: top-k is computed in fp32 whatever
+    the dtype the target writes in."""
+    return target.get_output_embeddings().weight.detach().float()
+
+
+def top_k_of(head: torch.Tensor, features: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(T, K) ids and renormalised log-probs of the target's likeliest next tokens at each position,
+    from its (V, H) LM head weight."""
     out_ids, out_lp = [], []
-    head = target.get_output_embeddings()
     for chunk in features.split(512):
-        logits = head(chunk.float())
+        logits = torch.nn.functional.linear(chunk.float(), head)
         lp, ids = logits.log_softmax(-1).topk(TOP_K, dim=-1)
         out_ids.append(ids.int())
         out_lp.append((lp - lp.logsumexp(-1, keepdim=True)).half())
@@ -85,7 +91,7 @@ def answer_rows(
     Batches are left-padded; the log records the throughput in new tokens a second."""
     eos = tokenizer.eos_token_id
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos
-    hook, rows = FinalNorm(target), []
+    hook, rows, head = FinalNorm(target), [], lm_head_fp32(target)
     torch.manual_seed(seed)
     desc = "target answers (sampled)" if sample else "target answers (greedy)"
     began, written = time.time(), 0
@@ -113,7 +119,7 @@ def answer_rows(
             n = min(n, features.shape[1] - width)  # the last generated token was never fed
             lo, hi = width - len(prompts[b]), width + n
             f = features[b, lo:hi].half()
-            top_ids, top_logp = top_k_of(target, features[b, lo:hi])
+            top_ids, top_logp = top_k_of(head, features[b, lo:hi])
             rows.append(Row(kind, out[b, lo:hi].clone(), f, top_ids, top_logp))
             written += n
         elapsed = time.time() - began
@@ -146,13 +152,13 @@ def code_rows(target, tokenizer, n: int, seed: int, ctx: int = CODE_CTX) -> list
             windows.append(ids[s : s + ctx])
         if len(windows) == n:
             break
-    hook, rows = FinalNorm(target), []
+    hook, rows, head = FinalNorm(target), [], lm_head_fp32(target)
     for start in tqdm(range(0, len(windows), 8), desc="target features (code)", mininterval=10):
         x = torch.tensor(windows[start : start + 8])
         target.model(input_ids=x)
         features = hook.take()
         for b in range(len(x)):
-            top_ids, top_logp = top_k_of(target, features[b])
+            top_ids, top_logp = top_k_of(head, features[b])
             rows.append(Row("stdlib", x[b].clone(), features[b].half(), top_ids, top_logp))
     hook.close()
     return rows
