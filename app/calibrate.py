@@ -23,7 +23,7 @@ from app import runs
 from app.core import engine
 from app.core.config import RunConfig, SamplingConfig, Settings, SpecConfig
 from app.core.costs import Costs, by_width
-from app.core.policy import FixedK, KPolicy, make_policy
+from app.core.policy import FixedK
 from app.kv import static_cache
 from app.kv.cache import CachedModel
 from app.models import context_length, threads
@@ -222,7 +222,9 @@ def measure(pair, k_max: int, target_cache: Callable = CachedModel, sampling: Sa
 def _window(pair, k_max: int, target_cache: Callable) -> tuple[int, int]:
     """(the context the calibration may use, new tokens a run may emit)."""
     # The draft's window too: runs stop where the smaller window ends, and then no round is timed.
-    limit = context_length(pair.target, *filter(None, [pair.draft_model]))
+    # The window as the engine reads it: the proposer's own context_limit (None: no limit of its own).
+    own = pair.proposer(SpecConfig(k_max=k_max)).context_limit
+    limit = min(context_length(pair.target), own or 1 << 20)
     new_tokens = 16 * (k_max + 1)  # a cap: runs stop after a few blocks of rounds
     if isinstance(target_cache, static_cache.StaticCaches):
         # A static cache (the GPU path) holds only its own request's length, which may be less than the
@@ -364,11 +366,3 @@ def costs_for(
             _cache[key] = measure(pair, spec.k_max, target_cache, sampling=sampling)
         _cache[key] = _cache.pop(key)  # now the most recently used
         return _cache[key]
-
-
-def policy_for(
-    pair, spec: SpecConfig, target_cache: Callable = CachedModel, sampling: SamplingConfig | None = None
-) -> KPolicy:
-    """A fresh k policy for one request; adaptive k is guided by this machine's measured costs."""
-    costs = costs_for(pair, spec, target_cache, sampling) if spec.k_policy == "adaptive" else None
-    return make_policy(spec, costs)

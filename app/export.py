@@ -12,7 +12,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from app.core.config import SamplingConfig, SpecConfig, UserError
-from app.drafts.draft_spec import EAGLE_PREFIX, DraftSpec, Kind
+from app.drafts import kinds
+from app.drafts.draft_spec import DraftInfo
 
 RUNS = Path("runs")
 
@@ -29,22 +30,6 @@ class Export:
 
     def text(self) -> str:
         return "\n".join([self.shell(), *(f"# {n}" for n in self.notes)])
-
-
-@dataclass(frozen=True)
-class DraftInfo:
-    """What the exporters need to know about the draft, without loading it."""
-
-    spec: DraftSpec
-    different_tokenizer: bool = False  # its drafts are re-tokenised for the target
-
-    @property
-    def kind(self) -> str:
-        return self.spec.kind
-
-    @property
-    def name(self) -> str:
-        return str(self.spec)
 
 
 def best_fixed_k(target: str, draft: str, runs: Path = RUNS) -> tuple[int, str] | None:
@@ -78,28 +63,7 @@ def choose_k(target: str, draft: DraftInfo, spec: SpecConfig, runs: Path = RUNS)
 def vllm(target: str, draft: DraftInfo, spec: SpecConfig, sampling: SamplingConfig, runs: Path = RUNS) -> Export:
     """`vllm serve` with --speculative-config: a draft model, ngram, or eagle."""
     k, k_notes = choose_k(target, draft, spec, runs)
-    notes: list[str] = []
-    config: dict | None = {"num_speculative_tokens": k}
-    if draft.kind == Kind.PROMPT_LOOKUP:
-        config = {"method": "ngram", **config, "prompt_lookup_max": spec.ngram_max, "prompt_lookup_min": spec.ngram_min}
-    elif draft.kind == Kind.FEATURE_HEAD:
-        config = {"method": "eagle", "model": draft.spec.source, **config}
-        if _trained_here(draft.spec.source):
-            notes.append(
-                "this head has a fusion bias and a draft vocabulary vLLM's EAGLE-1 model has no place for: "
-                "--head-out DIR writes the copy vLLM reads"
-            )
-    elif draft.kind == Kind.EARLY_EXIT:
-        config = None
-        notes.append(f"early exit ({draft.name}) has no counterpart in vLLM: the command serves the target alone")
-    elif draft.different_tokenizer:
-        config = None
-        notes.append(
-            "a draft with a different tokenizer has no counterpart in vLLM (its draft model must share "
-            "the target's vocabulary): the command serves the target alone"
-        )
-    else:
-        config = {"method": "draft_model", "model": draft.name, **config}
+    config, notes = draft.kind.vllm(draft, k, spec)
     argv = ["vllm", "serve", target]
     if config:
         argv += ["--speculative-config", json.dumps(config, separators=(",", ":"))]
@@ -136,32 +100,9 @@ def llama_server(
     k, k_notes = choose_k(target, draft, spec, runs)
     notes: list[str] = []
     argv = ["llama-server", "-m", _gguf(target, notes)]
-    if draft.kind == Kind.PROMPT_LOOKUP:
-        argv += [
-            "--spec-type",
-            "ngram-simple",
-            "--spec-ngram-size-n",
-            str(spec.ngram_max),
-            "--spec-ngram-size-m",
-            str(k),
-            "--draft-max",
-            str(k),
-        ]
-        if spec.ngram_min < spec.ngram_max:
-            notes.append(
-                f"llama.cpp matches {spec.ngram_max}-grams only; this app also falls back to shorter "
-                f"n-grams down to {spec.ngram_min}"
-            )
-    elif draft.kind == Kind.MODEL and not draft.different_tokenizer:
-        argv += ["-md", _gguf(draft.name, notes), "--draft-max", str(k), "--draft-min", "0"]
-    elif draft.kind == Kind.MODEL:
-        notes.append(
-            "a draft with a different tokenizer has no counterpart in llama.cpp (it requires compatible "
-            "vocabularies): the command serves the target alone"
-        )
-    else:
-        what = "early exit" if draft.kind == Kind.EARLY_EXIT else "a feature-head (EAGLE) draft"
-        notes.append(f"{what} ({draft.name}) has no counterpart in llama-server: the command serves the target alone")
+    draft_args, draft_notes = draft.kind.llama_server(draft, k, spec, _gguf)
+    argv += draft_args
+    notes += draft_notes
     if "--draft-max" in argv:
         notes = k_notes + notes
     argv += [
@@ -221,7 +162,7 @@ def for_pair(
     """
     if not pair.draft_name:
         return ""
-    info = DraftInfo(pair.draft_spec, different_tokenizer=pair.bridge is not None)
+    info = pair.draft.info()
     text = "\n\n".join(e.text() for e in export_all(pair.target_name, info, spec, sampling, runs))
     return named(text, {pair.target_name: typed[0], pair.draft_spec.source: typed[1]} if typed else {})
 
@@ -238,8 +179,8 @@ def named(text: str, typed: dict[str, str]) -> str:
 
 def describe(target: str, draft_name: str) -> DraftInfo:
     """DraftInfo for a resolved draft name; tokenizers are compared only when both load locally."""
-    spec = DraftSpec.parse(draft_name)
-    if spec.kind != Kind.MODEL:
+    spec = kinds.parse(draft_name)
+    if not spec.kind.can_be_target:  # only a model has a tokenizer of its own to compare
         return DraftInfo(spec)
     return DraftInfo(spec, different_tokenizer=_different_tokenizers(target, spec.source))
 
@@ -259,26 +200,17 @@ def _different_tokenizers(target: str, draft: str) -> bool:
         return True
 
 
-def _trained_here(source: str) -> bool:
-    """Whether a head directory is in this app's own layout (python -m app train writes it)."""
-    config = Path(source) / "config.json"
-    try:
-        return config.is_file() and "feature_head" in json.loads(config.read_text())
-    except (OSError, ValueError):
-        return False
-
-
 def _write_head(target: str, draft: DraftInfo, out: Path) -> tuple[DraftInfo, list[str]]:
     """The feature head written for vLLM into `out`, as the draft the vllm command names, and notes."""
     from transformers import AutoConfig
 
-    from app.drafts import vllm_head
+    from app.drafts import feature, vllm_head
 
-    if draft.kind != Kind.FEATURE_HEAD or not Path(draft.spec.source).is_dir():
+    if draft.kind is not feature.KIND or not Path(draft.spec.source).is_dir():
         raise UserError("--head-out needs a feature-head draft in a local directory (eagle:DIR)")
     config = AutoConfig.from_pretrained(target, local_files_only=True)
     notes = vllm_head.write(draft.spec.source, config, out)
-    written = DraftInfo(DraftSpec.parse(EAGLE_PREFIX + str(out.resolve())))
+    written = DraftInfo(kinds.parse(feature.EAGLE_PREFIX + str(out.resolve())))
     return written, [f"the head was written for vLLM into {out}"] + notes
 
 

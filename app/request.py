@@ -1,5 +1,10 @@
-"""One request, typed and validated once, turned into a calibrated Run. The UI, the CLI and the
-benchmarks all start here."""
+"""One request, typed and validated once, turned into a calibrated Run.
+
+`open_request` is the whole path from a prompt and settings to a Run: the CLI's generate
+starts there. The UI, the model card and gpucheck already hold a loaded pair and encoded prompt, and
+call `start`, its second half, for every run they stream (plain runs too). The bench's timed
+contenders are the one exception: they build `runs.Run` with costs measured once per pair
+(calibrate.costs_for, as `start` does), so the timed loop repeats none of the set-up."""
 
 from __future__ import annotations
 
@@ -40,7 +45,8 @@ def start(
 ) -> runs.Run:
     """A Run whose policy is guided by this machine's measured costs (measured once per kind of request)."""
     run = runs.prepare(pair, ids, settings, speculative=speculative, compile=compile)
-    if speculative and calibrated:
+    # The calibrated cost model plans chains; a tree's shape is fixed by its settings.
+    if speculative and calibrated and not settings.spec.tree:
         run.costs = calibrate.costs_for(pair, settings.spec, run.target_cache, sampling=settings.sampling)
     return run
 

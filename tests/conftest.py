@@ -150,7 +150,7 @@ def run(target, tokenizer, prompt, proposer=None, **kw):
 
     sampling_keys = ("temperature", "top_k", "top_p", "seed", "repetition_penalty", "no_repeat_ngram_size", "rule")
     sampling = SamplingConfig(**{k: kw.pop(k) for k in sampling_keys if k in kw})
-    spec = SpecConfig(**{k: kw.pop(k) for k in ("k", "k_policy", "k_max", "ngram_max", "ngram_min") if k in kw})
+    spec = SpecConfig(**{k: kw.pop(k) for k in ("k", "k_policy", "k_max", "ngram_max", "ngram_min", "tree") if k in kw})
     teach = kw.pop("teach", True)  # tests read the teaching table too
     display = kw.pop("display", True)
     policy = kw.pop("policy", None)
@@ -191,3 +191,16 @@ def hf_greedy_until_eos(model, tokenizer, prompt, n, **kw):
     out = model.generate(ids, max_new_tokens=n, do_sample=False, eos_token_id=None, pad_token_id=2, **kw)
     ref = out[0, ids.shape[1] :].tolist()
     return ref[: ref.index(1) + 1] if 1 in ref else ref
+
+
+def pair_of(target, tokenizer, name: str, draft_model=None, draft_name: str = "near"):
+    """A Pair built without the loader: a draft model sharing the target's tokenizer, or prompt
+    lookup when draft_model is None."""
+    from app.drafts import lookup, model
+    from app.drafts.draft_spec import DraftSpec
+    from app.models import Pair
+
+    if draft_model is None:
+        return Pair(target, tokenizer, name, lookup.KIND.load(DraftSpec(lookup.KIND), None))
+    spec = DraftSpec(model.KIND, source=draft_name)
+    return Pair(target, tokenizer, name, model.ModelDraft(model.KIND, spec, draft_name, model=draft_model))

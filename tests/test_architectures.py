@@ -204,7 +204,7 @@ def test_draft_with_another_embedding_size(tmp_path, rows):
         model.save_pretrained(tmp_path / name)
         tok.save_pretrained(tmp_path / name)
     pair = models.load_pair(str(tmp_path / "target"), str(tmp_path / "draft"))
-    assert pair.draft_model.get_input_embeddings().weight.shape[0] == rows
+    assert pair.draft.model.get_input_embeddings().weight.shape[0] == rows
     ids = pair.encode(PROMPT + tok.decode([3100, 3500, 4000]))
     assert max(ids) >= 3000, "the prompt must hold ids the smaller draft cannot embed"
     got, steps, _ = speculate(pair, ids)

@@ -219,8 +219,8 @@ def test_forward_clock_counts_a_feature_heads_passes():
 
     pair = models.load_pair(models.TINY_TARGET, str(models.BUNDLED / "draft-feature"))
     h = pair.target.config.hidden_size
-    with bench.forward_clock(pair.target, pair.draft_model, pair.head) as inside, torch.inference_mode():
-        pair.head(torch.zeros(1, 3, h), torch.zeros(1, 3, h))
+    with bench.forward_clock(pair.target, *pair.draft.modules()) as inside, torch.inference_mode():
+        pair.draft.head(torch.zeros(1, 3, h), torch.zeros(1, 3, h))
     assert inside[0] > 0
 
 
@@ -284,7 +284,7 @@ def test_forward_clock_counts_direct_passes_whole_and_lets_go_of_them():
     real = direct_pass.forward, direct_pass.step
     lm = CachedModel(pair.target)
     assert lm.direct is not None  # the bundled target runs direct passes, not its forward
-    with bench.forward_clock(pair.target, pair.draft_model) as inside:
+    with bench.forward_clock(pair.target, pair.draft.assistant) as inside:
         start = time.perf_counter()
         lm.extend(list(range(5, 60)), keep=1), lm.step(7)
         seconds = time.perf_counter() - start

@@ -122,7 +122,7 @@ def test_bundled_feature_draft_is_an_eagle1_head_of_the_target():
     path = models.BUNDLED / train.FEATURE_HEAD
     assert is_head_dir(path) and json.loads((path / "config.json").read_text())["num_hidden_layers"] == 1
     pair = models.load_pair(models.TINY_TARGET, "feature draft (EAGLE-style, bundled)")
-    assert pair.head is not None and pair.head.fc.in_features == 2 * pair.target.config.hidden_size
+    assert pair.draft.head is not None and pair.draft.head.fc.in_features == 2 * pair.target.config.hidden_size
     info = json.loads((path / "training.json").read_text())
     assert info["reads"] == "target" and info["held_out_top1"] > 0.5, "it must really be trained"
 
@@ -162,7 +162,7 @@ def test_training_command_runs_end_to_end(tmp_path):
     assert head["held_out_top1"] >= 0 and head["reads"] == "target"
     assert head["on_policy_steps"] > 0 and head["on_policy_rows"] > 0  # it also read the target's own text
     pair = models.load_pair(str(out / "target"), str(out / train.FEATURE_HEAD))
-    assert pair.head is not None
+    assert pair.draft.head is not None
     log = [json.loads(line) for line in (out / "training_log.jsonl").read_text().splitlines()]
     # The target logs two phases (unlikelihood last), the distilled draft two, plus the head.
     assert sum("done" in r for r in log) == len(NAMES) + 3

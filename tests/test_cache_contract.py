@@ -103,3 +103,17 @@ def test_a_static_cache_goes_back_to_its_pool_when_the_run_ends(target, tokenize
     lm.close()
     lm.close()  # twice is harmless
     assert len(_pool.get(key, [])) == max(before, taken + 1) and lm.cache is None
+
+
+def test_a_regrown_growing_cache_keeps_every_position(tokenizer):
+    """Growing layers with room for two positions regrow on nearly every pass; after each regrowth the
+    keys and values held are exactly those fed, the newest included."""
+    from app.kv.growing_cache import GrowingLayer
+
+    layer, keys, values = GrowingLayer(room=2), [], []
+    g = torch.Generator().manual_seed(0)
+    for width in (3, 1, 2, 1, 4, 1):
+        k, v = torch.randn(1, 2, width, 8, generator=g), torch.randn(1, 2, width, 8, generator=g)
+        keys.append(k), values.append(v)
+        held_k, held_v = layer.update(k, v)
+        assert torch.equal(held_k, torch.cat(keys, dim=-2)) and torch.equal(held_v, torch.cat(values, dim=-2))

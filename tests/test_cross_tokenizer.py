@@ -241,7 +241,7 @@ def test_pair_with_another_tokenizer_loads_and_samples(tmp_path, target_tok, dra
     ids = pair.encode(PROMPTS[0])
     got, steps = run(pair.target, pair.tokenizer, ids, proposer, 30, SamplingConfig(temperature=1.0, seed=1))
     assert len(got) == 30 or steps[-1].stop_reason == "eos"
-    shared = pair.bridge.shared()
+    shared = pair.draft.bridge.shared()
     targets = set(shared[shared >= 0].tolist())
     assert any(s.drafted for s in steps)
     assert all(x in targets for s in steps for x in s.drafted)
@@ -255,7 +255,7 @@ def test_pair_with_another_tokenizer_loads_and_samples(tmp_path, target_tok, dra
     # The first row is the draft's own distribution renormalised over the shared tokens, at target ids.
     context, _ = proposer._context()
     with torch.no_grad():
-        logits = pair.draft_model(torch.tensor([context])).logits[0, -1].float()
+        logits = pair.draft.model(torch.tensor([context])).logits[0, -1].float()
     allowed = shared >= 0
     expected = torch.zeros(proposal.q.shape[-1])
     expected[shared[allowed]] = torch.softmax(logits.masked_fill(~allowed, float("-inf")), -1)[allowed]

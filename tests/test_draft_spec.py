@@ -8,37 +8,33 @@ from safetensors.torch import save_file
 
 from app import models
 from app.core.config import UserError
-from app.drafts import draft_spec
+from app.drafts import feature, kinds
+from app.drafts import lookup as lookup_kind
+from app.drafts import model as model_kind
 from app.drafts.draft_spec import DraftSpec
 
 
 @pytest.mark.parametrize(
     "text, kind, source, layers, canonical",
     [
-        ("prompt-lookup", draft_spec.Kind.PROMPT_LOOKUP, "", 0, "prompt-lookup"),
-        (" Prompt lookup ", draft_spec.Kind.PROMPT_LOOKUP, "", 0, "prompt-lookup"),
-        ("early-exit:2", draft_spec.Kind.EARLY_EXIT, "", 2, "early-exit:2"),
+        ("prompt-lookup", "prompt_lookup", "", 0, "prompt-lookup"),
+        (" Prompt lookup ", "prompt_lookup", "", 0, "prompt-lookup"),
+        ("early-exit:2", "early_exit", "", 2, "early-exit:2"),
         (
             "eagle:yuhuili/EAGLE-LLaMA3-Instruct-8B",
-            draft_spec.Kind.FEATURE_HEAD,
+            "feature_head",
             "yuhuili/EAGLE-LLaMA3-Instruct-8B",
             0,
             "eagle:yuhuili/EAGLE-LLaMA3-Instruct-8B",
         ),
-        (
-            "Qwen/Qwen2.5-0.5B-Instruct",
-            draft_spec.Kind.MODEL,
-            "Qwen/Qwen2.5-0.5B-Instruct",
-            0,
-            "Qwen/Qwen2.5-0.5B-Instruct",
-        ),
+        ("Qwen/Qwen2.5-0.5B-Instruct", "model", "Qwen/Qwen2.5-0.5B-Instruct", 0, "Qwen/Qwen2.5-0.5B-Instruct"),
     ],
 )
 def test_parse_and_canonical_text(text, kind, source, layers, canonical):
-    spec = DraftSpec.parse(text)
-    assert (spec.kind, spec.source, spec.layers) == (kind, source, layers)
-    assert str(spec) == canonical and DraftSpec.parse(str(spec)) == spec
-    assert spec.loads_model == (kind in (draft_spec.Kind.MODEL, draft_spec.Kind.FEATURE_HEAD))
+    spec = kinds.parse(text)
+    assert (spec.kind.name, spec.source, spec.layers) == (kind, source, layers)
+    assert str(spec) == canonical and kinds.parse(str(spec)) == spec
+    assert spec.loads_model == (kind in ("model", "feature_head"))
 
 
 @pytest.mark.parametrize(
@@ -52,7 +48,7 @@ def test_parse_and_canonical_text(text, kind, source, layers, canonical):
 )
 def test_bad_text_is_refused_with_what_to_type(text, message):
     with pytest.raises(UserError, match=message):
-        DraftSpec.parse(text)
+        kinds.parse(text)
 
 
 def test_a_directory_is_a_feature_head_only_when_it_holds_one(tmp_path):
@@ -60,16 +56,16 @@ def test_a_directory_is_a_feature_head_only_when_it_holds_one(tmp_path):
     head.mkdir(), model.mkdir()
     save_file({"fc.weight": torch.zeros(2, 4)}, str(head / "model.safetensors"))
     save_file({"lm_head.weight": torch.zeros(2, 4)}, str(model / "model.safetensors"))
-    assert DraftSpec.parse(str(head)) == DraftSpec(draft_spec.Kind.FEATURE_HEAD, source=str(head))
-    assert str(DraftSpec.parse(str(head))) == str(head)
-    assert DraftSpec.parse(str(model)).kind == draft_spec.Kind.MODEL
+    assert kinds.parse(str(head)) == DraftSpec(feature.KIND, source=str(head))
+    assert str(kinds.parse(str(head))) == str(head)
+    assert kinds.parse(str(model)).kind is model_kind.KIND
 
 
 def test_pairs_read_the_spec_not_the_string():
     pair = models.load_pair(models.TINY_TARGET, "early-exit:3")
-    assert pair.draft_spec == DraftSpec(draft_spec.Kind.EARLY_EXIT, layers=3)
+    assert pair.draft_spec == DraftSpec(model_kind.EARLY_EXIT, layers=3)
     assert pair.proposer().name == "early-exit:3"
     lookup = models.load_pair(models.TINY_TARGET, "prompt-lookup")
-    assert lookup.draft_spec.kind == draft_spec.Kind.PROMPT_LOOKUP
+    assert lookup.draft_spec.kind is lookup_kind.KIND
     with pytest.raises(UserError, match="early exit needs a layer count"):
         models.load_pair(models.TINY_TARGET, "early-exit:x")

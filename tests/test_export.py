@@ -9,8 +9,9 @@ import pytest
 
 from app import cli, models
 from app.core.config import SamplingConfig, SpecConfig
-from app.drafts.draft_spec import DraftSpec
-from app.export import DraftInfo, export_all, llama_server, vllm
+from app.drafts import kinds
+from app.drafts.draft_spec import DraftInfo
+from app.export import export_all, llama_server, vllm
 
 TARGET, DRAFT = "Qwen/Qwen2.5-7B-Instruct", "Qwen/Qwen2.5-0.5B-Instruct"
 FIXED = SpecConfig(k=5, k_policy="fixed")
@@ -18,7 +19,7 @@ GREEDY = SamplingConfig()
 
 
 def info(draft: str, different_tokenizer: bool = False) -> DraftInfo:
-    return DraftInfo(DraftSpec.parse(draft), different_tokenizer)
+    return DraftInfo(kinds.parse(draft), different_tokenizer)
 
 
 def spec_config(argv: list[str]) -> dict | None:
@@ -181,7 +182,7 @@ def test_head_out_writes_what_vllms_eagle_reads_and_the_app_reads_it_back(tmp_pa
     pair = models.load_pair(models.TINY_TARGET, models.FEATURE_DRAFT)
     back = load_head(out, pair.target)
     assert back.fc.bias is None
-    original = {k: v for k, v in pair.head.state_for_disk().items() if k != "fc.bias"}
+    original = {k: v for k, v in pair.draft.head.state_for_disk().items() if k != "fc.bias"}
     assert set(back.state_for_disk()) == set(original)
     for name, t in back.state_for_disk().items():
         assert torch.equal(t, original[name].to(torch.float16).to(t.dtype)), name

@@ -161,7 +161,7 @@ def test_a_published_eagle1_head_loads_from_its_layout(tmp_path):
         assert torch.equal(loaded.state_for_disk()[name], t.to(torch.float16).float()), name
     for draft in (str(tmp_path / "EAGLE-bundled"), "eagle:" + str(tmp_path / "EAGLE-bundled")):
         fpair = models.load_pair(models.TINY_TARGET, draft)
-        assert fpair.head is not None
+        assert fpair.draft.head is not None
         ids = fpair.encode("def main(argv=None):\n")
         ar, _ = run(fpair.target, fpair.tokenizer, ids, max_new_tokens=24)
         spec, _ = run(fpair.target, fpair.tokenizer, ids, fpair.proposer(), k=3, k_policy="fixed", max_new_tokens=24)

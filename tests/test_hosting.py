@@ -60,7 +60,7 @@ def test_on_a_space_only_real_draft_sources_skip_the_list(on_space, draft):
     with pytest.raises(UserError, match="not on this server's model list|early exit needs a layer count"):
         models.load_pair("stdlib-code target (bundled)", draft)
     for real in ("prompt-lookup", "early exit after 2 layers", "early-exit:1"):
-        assert models.load_pair("stdlib-code target (bundled)", real).draft_model is None
+        assert models.load_pair("stdlib-code target (bundled)", real).draft.modules() == []
 
 
 def test_a_bundled_install_path_is_refused_like_any_other_path(on_space):

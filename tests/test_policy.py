@@ -5,16 +5,16 @@ import itertools
 import random
 
 import pytest
-from conftest import run
+from conftest import pair_of, run
 
-from app import calibrate
+from app import calibrate, request
 from app.core import engine, metrics
-from app.core.config import RunConfig, SamplingConfig, SpecConfig
+from app.core.config import RunConfig, SamplingConfig, Settings, SpecConfig
 from app.core.costs import Costs
 from app.core.policy import AdaptiveK
 from app.drafts.model import ModelProposer
 from app.kv.cache import CachedModel
-from app.models import PROMPT_LOOKUP, Pair
+from app.models import PROMPT_LOOKUP
 
 PROMPT = "def add(a, b):\n  return a"
 # A machine where a verify pass over n tokens costs 1 + 0.25 (n - 1) steps, drafting 0.05 a token.
@@ -95,13 +95,14 @@ def test_predicted_speedup_is_reported_beside_leviathans(target, near_draft, tok
 
 @pytest.mark.parametrize("draft", ["model", PROMPT_LOOKUP])
 def test_calibration_measures_every_part(target, near_draft, tokenizer, draft):
-    pair = Pair(target, tokenizer, "tiny", draft, near_draft if draft == "model" else None)
+    pair = pair_of(target, tokenizer, "tiny", near_draft if draft == "model" else None, draft)
     costs = calibrate.measure(pair, 4)
     assert len(costs.verify_s) == 5 and all(t > 0 for t in costs.verify_s)
     assert list(costs.verify_s) == sorted(costs.verify_s)
     assert costs.plain_round_s >= costs.verify_s[0]
     assert costs.draft_round_s + costs.draft_token_s > 0  # prompt lookup's search is measured too, not 0
-    policy = calibrate.policy_for(pair, SpecConfig(k_policy="adaptive", k_max=4))
+    run = request.start(pair, pair.encode("def f"), Settings(spec=SpecConfig(k_policy="adaptive", k_max=4)))
+    policy = run.policy()
     assert isinstance(policy, AdaptiveK) and policy.costs is calibrate.costs_for(pair, SpecConfig(k_max=4))
 
 
@@ -109,7 +110,7 @@ def test_calibration_runs_under_the_requests_sampling_once_per_cost_class(target
     """Sampled rounds cost more than greedy ones, the more so the more they draft (a probability row
     and a draw per draft, a filtered row per verified position), so a sampled request must not be
     planned on greedy timings. Temperature and seed change no cost: they share one measurement."""
-    pair = Pair(target, tokenizer, "tiny-sampling", "model", near_draft)
+    pair = pair_of(target, tokenizer, "tiny-sampling", near_draft, "model")
     spec, seen = SpecConfig(k_policy="adaptive", k_max=3), []
     real_generate = calibrate.engine.generate
     monkeypatch.setattr(calibrate, "_cache", {})
@@ -129,7 +130,7 @@ def test_calibration_runs_under_the_requests_sampling_once_per_cost_class(target
     seen.clear()
     hotter = dataclasses.replace(sampled_cfg, temperature=0.5, seed=7)
     assert calibrate.costs_for(pair, spec, sampling=hotter) is sampled and not seen
-    policy = calibrate.policy_for(pair, spec, sampling=hotter)
+    policy = request.start(pair, pair.encode("def f"), Settings(hotter, spec)).policy()
     assert isinstance(policy, AdaptiveK) and policy.costs is sampled
     # Greedy rounds take the argmax: the UI's top-k and top-p sliders cost them nothing.
     assert calibrate.costs_for(pair, spec, sampling=SamplingConfig(top_k=50, top_p=0.9)) is greedy
@@ -150,7 +151,7 @@ def test_calibration_shrugs_off_a_burst_that_covers_whole_short_runs(target, nea
     long) must not set the plain round's cost, or "predicted for this machine" swings with it: the
     runs take turns with speculative ones, and rounds keep their lower quartile (a median of these
     twelve rounds would be a slowed one). Times are fixed here, so nothing depends on the clock."""
-    pair = Pair(target, tokenizer, "tiny", "model", near_draft)
+    pair = pair_of(target, tokenizer, "tiny", near_draft, "model")
     curve, round_s, runs = [0.001] * 5, 0.002, []
     monkeypatch.setattr(calibrate, "verify_curve", lambda *args, **kwargs: list(curve))
 
@@ -187,7 +188,7 @@ def test_calibration_takes_round_times_as_rounds_spend_them(target, near_draft, 
     Passes cost more after a longer context, a wide pass the most: timed after two contexts, the curve
     gives each width's cost per context token, and every round's pass is brought back to the curve's
     context before it sets the level. Times are fixed here, so nothing depends on the clock."""
-    pair = Pair(target, tokenizer, "tiny", "model", near_draft)
+    pair = pair_of(target, tokenizer, "tiny", near_draft, "model")
     k_max = 8
     curve = [0.001 + 0.0001 * n for n in range(k_max + 1)]  # back to back: flatter and lower
 
@@ -418,3 +419,28 @@ def test_a_runs_idealised_figure_is_built_on_its_predictions_inputs(target, near
     assert bare["theoretical_speedup"] == pytest.approx(
         metrics.expected_speedup(bare["alpha"], bare["cost_ratio_c"], bare["mean_k"])
     )
+
+
+def test_heuristic_k_grows_to_its_cap_and_no_further():
+    from app.core.policy import HeuristicK
+
+    policy, seen = HeuristicK(SpecConfig(k=3, k_policy="heuristic", k_max=6)), []
+    for _ in range(5):  # every draft kept: +2 a round, up to k_max
+        k = policy.next_k()
+        seen.append(k)
+        policy.update(k, k)
+    assert seen == [3, 5, 6, 6, 6]
+    policy.update(6, 2)  # a rejection: one less
+    assert policy.next_k() == 5
+
+
+def test_a_round_never_drafts_past_the_tokens_left_less_the_bonus_slot(target, near_draft, tokenizer, no_eos):
+    """With every draft kept a round emits k + 1 tokens: so k is at most the tokens left minus one."""
+    for n in (1, 2, 5, 9):
+        proposer = ModelProposer(near_draft, "near")
+        _, steps = run(target, tokenizer, "def add(a, b):", proposer, k=8, k_policy="fixed", max_new_tokens=n)
+        before = 0
+        for s in steps:
+            assert s.k <= n - before - 1, (n, s.round, s.k)
+            before += len(s.emitted)
+        assert before == n

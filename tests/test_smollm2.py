@@ -86,7 +86,7 @@ def test_a_tiny_slice_trains_both_drafts_end_to_end(tmp_path):
     head = json.loads((out / "draft-feature" / "config.json").read_text())
     assert head["feature_head"] == "eagle-1" and head["draft_vocab_size"] <= 8192
     pair = models.load_pair(models.SMOLLM2, str(out / "draft-feature"))
-    assert pair.head is not None and pair.head.draft_vocab is not None
+    assert pair.draft.head is not None and pair.draft.head.draft_vocab is not None
     small = models.load_pair(models.SMOLLM2, str(out / "draft-small"))
-    assert small.draft_model.config.vocab_size == small.target.config.vocab_size
+    assert small.draft.model.config.vocab_size == small.target.config.vocab_size
     assert json.loads((out / "draft-small" / "training.json").read_text())["command"].startswith("python -m app train")

@@ -1,7 +1,7 @@
 """The static-cache path (the GPU fast path, run eagerly on CPU) gives the target's own greedy output."""
 
 import pytest
-from conftest import run, tiny_llama
+from conftest import pair_of, run, tiny_llama
 
 from app.drafts.lookup import PromptLookup
 from app.drafts.model import ModelProposer
@@ -56,13 +56,30 @@ def test_calibration_fits_a_static_cache_sized_for_a_short_request(tokenizer):
     for a model with a 1,024-token window): its passes and short runs must fit in it. On CUDA every
     --compile request is calibrated with a cache of its own length."""
     from app import calibrate
-    from app.models import PROMPT_LOOKUP, Pair
 
     target = tiny_llama(len(tokenizer), ctx=1024)
-    pair = Pair(target, tokenizer, "tiny", PROMPT_LOOKUP, None)
+    pair = pair_of(target, tokenizer, "tiny")
     max_len = cache_length(len(tokenizer(PROMPT)["input_ids"]), 40)
     assert max_len < calibrate.CONTEXT + 9 + BUCKETS[-1]
     costs = calibrate.measure(pair, 8, StaticCaches(max_len))
     assert len(costs.verify_s) == 9 and all(t > 0 for t in costs.verify_s)
     assert costs.context <= max_len // 2
     assert costs.verify_per_context_s, "the second, longer context must fit in the cache too"
+
+
+def test_a_padded_pass_leaves_the_pointer_after_its_real_tokens(target, monkeypatch):
+    """The compiled path pads a pass to its bucket's width and moves the pointer back over the padding.
+    Run here eagerly on CPU (compile's graph capture swapped for the plain forward): a pass of 4 is
+    padded to 5, and the cache then holds exactly the real positions, with the next logits a fresh
+    forward's."""
+    from app.kv import static_cache
+
+    monkeypatch.setattr(static_cache, "compiled", lambda model: model)
+    lm = StaticCachedModel(target, 256, compile=True)
+    ids = list(range(3, 13))
+    lm.extend(ids[:6])  # a prefill of 6: wider than every bucket but 9, padded to 9
+    lm.extend(ids[6:], keep=4)  # 4 tokens, padded to 5
+    assert int(lm.cache.get_seq_length()) == lm.length == len(ids)
+    after = lm.extend([7], keep=1)
+    fresh = StaticCachedModel(target, 256)
+    assert (fresh.extend(ids + [7], keep=1) - after).abs().max() < 1e-4

@@ -9,12 +9,12 @@ import time
 
 import pytest
 import torch
-from conftest import hf_greedy_until_eos, run
+from conftest import hf_greedy_until_eos, pair_of, run
 
 from app import calibrate
 from app.core.config import SpecConfig, UserError
 from app.drafts.model import ModelProposer
-from app.models import Pair, threads
+from app.models import threads
 
 
 @pytest.fixture
@@ -162,7 +162,7 @@ def test_the_bundled_target_rounds_alike_at_one_and_two_threads(restore_threads)
 def test_adaptive_costs_are_measured_once_under_auto(target, near_draft, tokenizer, restore_threads):
     """One cost model under auto, whatever the count when a request starts: so a seed keeps its output."""
     threads.apply("auto")
-    pair = Pair(target, tokenizer, "tiny-threads", "near", near_draft)
+    pair = pair_of(target, tokenizer, "tiny-threads", near_draft)
     spec = SpecConfig(k_policy="adaptive", k_max=3)
     torch.set_num_threads(1)
     first = calibrate.costs_for(pair, spec)

@@ -166,9 +166,13 @@ def test_blank_seed_is_filled_and_adaptive_ignores_k():
     assert ui.fill_seed(None, "greedy") == 0 and ui.fill_seed(7, "sampling") == 7
     seeds = {ui.fill_seed(None, "sampling") for _ in range(5)}
     assert len(seeds) > 1 and all(isinstance(x, int) and x >= 0 for x in seeds)
-    s, sp, _ = ui._configs("sampling", 0.8, 0, 1.0, None, 32, "adaptive", 12, False)
-    assert isinstance(s.seed, int) and sp.k_max == 8, "the k slider does not move adaptive's cap"
-    assert ui._configs("greedy", 0.8, 0, 1.0, None, 32, "heuristic", 12, False)[1].k_max == 12
+    from app.serve import form
+
+    fields = dict(prompt="x", target="t", custom_target="", draft="d", custom_draft="", chat=False)
+    fields |= dict(decoding="sampling", temperature=0.8, top_k=0, top_p=1.0, seed=None, max_new_tokens=32)
+    adaptive = form.parse(fields | dict(k_policy="adaptive", k=12)).settings
+    assert isinstance(adaptive.sampling.seed, int) and adaptive.spec.k_max == 8, "k does not move adaptive's cap"
+    assert form.parse(fields | dict(decoding="greedy", k_policy="heuristic", k=12)).settings.spec.k_max == 12
 
 
 def test_blank_seed_keeps_stepping_the_same_sampled_run():
@@ -201,7 +205,6 @@ def test_a_round_that_drafts_nothing_says_why():
     """The feature head's first round is the target's prefill; lookup without a match; k = 0."""
     from types import SimpleNamespace
 
-    from app.drafts.draft_spec import DraftSpec
     from app.serve import teaching, ui
 
     args = [PROMPT, "stdlib-code target (bundled)", "", "feature draft (EAGLE-style, bundled)", "", False]
@@ -213,8 +216,12 @@ def test_a_round_that_drafts_nothing_says_why():
     assert "drafted 0" in notes[0] and "the prefill" in notes[0]
     assert "drafted 3" in notes[1] and "prefill" not in notes[1] and "The head read" in notes[1]
 
+    from app.drafts import kinds, lookup, model
+
     def why(draft: str, k: int, drafted=()):
-        pair = SimpleNamespace(draft_spec=DraftSpec.parse(draft))
+        spec = kinds.parse(draft)
+        loaded = lookup.KIND.load(spec, None) if spec.kind is lookup.KIND else model.ModelDraft(model.KIND, spec, draft)
+        pair = SimpleNamespace(draft=loaded)
         return teaching._no_draft_note(pair, SimpleNamespace(k=k, drafted=list(drafted), feature_position=None))
 
     assert "nothing to propose" in why("prompt-lookup", 3) and "a plain step" in why("prompt-lookup", 0)

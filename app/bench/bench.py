@@ -24,6 +24,7 @@ import json
 import sys
 import time
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -31,12 +32,11 @@ import torch
 from app import calibrate, models
 from app.args import add_generation_args, settings, with_chat
 from app.bench import progress
-from app.bench.contenders import CONSTANT, SWEEP, Contender, adaptive_k, fixed_k, hf, ours
+from app.bench.contenders import CONSTANT, SWEEP, TREE, Contender, adaptive_k, fixed_k, hf, ours
 from app.bench.report import _f, _x, html_report, prompt_row, summarize_rows  # noqa: F401
 from app.core import engine, metrics
 from app.core.config import settings_dict
 from app.data.prompts import suite
-from app.drafts import draft_spec
 from app.kv import direct_pass
 from app.models import threads
 
@@ -57,12 +57,21 @@ def _ours_field(args, pair, lookup_pair, s, sp, r, costs, lookup_costs) -> list[
     ]
     # Ours at --k is always run where it is transformers' like-for-like partner, swept or not.
     fixed = set(SWEEP) if args.sweep else set()
-    if args.hf and s.greedy and pair.draft_model is not None:
-        fixed.add(k)
+    if (args.hf and s.greedy and pair.draft.assistant is not None) or sp.tree:
+        fixed.add(k)  # transformers' like-for-like partner, or the chain a tree is set beside
     out += [
         Contender(f"k={j}", f"ours: {pair.draft_name}, fixed k = {j}", ours(pair, s, fixed_k(sp, j), r, True, costs))
         for j in sorted(fixed)
     ]
+    if sp.tree:
+        tree = replace(fixed_k(sp, k), tree=sp.tree)
+        out.append(
+            Contender(
+                TREE,
+                f"ours: {pair.draft_name}, a tree of {sp.tree} nodes, k = {k} deep",
+                ours(pair, s, tree, r, True, None),
+            )
+        )
     if lookup_pair is not None:
         out += [
             Contender(
@@ -82,19 +91,19 @@ def _ours_field(args, pair, lookup_pair, s, sp, r, costs, lookup_costs) -> list[
 def _hf_field(pair, lookup_pair, sp) -> list[Contender]:
     k = sp.k
     out = [Contender("hf_plain", "transformers: plain generate", hf(pair.target), ours=False)]
-    if pair.draft_model is not None:
+    if pair.draft.assistant is not None:
         out += [
             Contender(
                 "hf_assisted_default",
                 "transformers: assisted generation, its defaults (up to 20 "
                 "drafts, stops drafting below 0.4 confidence)",
-                hf(pair.target, pair.draft_model, {}),
+                hf(pair.target, pair.draft.assistant, {}),
                 ours=False,
             ),
             Contender(
                 f"hf_assisted_k={k}",
                 f"transformers: assisted, constant k = {k}, no confidence stop",
-                hf(pair.target, pair.draft_model, CONSTANT | dict(num_assistant_tokens=k)),
+                hf(pair.target, pair.draft.assistant, CONSTANT | dict(num_assistant_tokens=k)),
                 ours=False,
             ),
         ]
@@ -171,11 +180,7 @@ def forward_clock(*modules):
 def outside_forward(pair, ids: list[int], s, sp, r, costs) -> dict:
     """One extra adaptive run on the pass clock: the busy time per round outside model passes."""
     with forward_clock(
-        pair.target,
-        pair.draft_model,
-        pair.head,
-        pair.target.get_input_embeddings(),
-        pair.target.get_output_embeddings(),
+        pair.target, *pair.draft.modules(), pair.target.get_input_embeddings(), pair.target.get_output_embeddings()
     ) as inside:
         _, _, steps = ours(pair, s, adaptive_k(sp), r, True, costs)(ids, r.max_new_tokens)
     busy = steps[-1].elapsed
@@ -186,7 +191,7 @@ def hf_passes_share(pair, assisted: Contender, ids: list[int], n: int) -> dict:
     """One extra run of transformers' assisted generation at constant k: the share of its
     time inside model passes. Both engines make the same passes, so total / inside is the most any
     engine could run faster than it like for like (its `ceiling`)."""
-    with forward_clock(pair.target, pair.draft_model) as inside:
+    with forward_clock(pair.target, pair.draft.assistant) as inside:
         _, seconds, _ = assisted.run(ids, n)
     return dict(share=inside[0] / seconds, ceiling=seconds / inside[0])
 
@@ -198,7 +203,7 @@ def bench(args) -> dict:
     st = with_chat(settings(args), args, pair.tokenizer)
     s, sp, r = st.sampling, st.spec, st.run
     lookup_pair = None
-    if args.lookup and pair.draft_spec.kind != draft_spec.Kind.PROMPT_LOOKUP:
+    if args.lookup and pair.draft_name != models.PROMPT_LOOKUP:
         lookup_pair = models.load_pair(args.target, models.PROMPT_LOOKUP, args.device, args.dtype)
     # The pair's calibration, as the app and the CLI keep it: here only the warm-up runs on it.
     progress.say("bench", "measuring this machine (each prompt measures it again before its runs)")

@@ -10,61 +10,23 @@ import functools
 import json
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import numpy
-import torch
 
-from app import calibrate, models, runs
+from app import models, request
 from app.bench import progress
-from app.core import engine, metrics, text
+from app.core import metrics, text
 from app.core.config import RunConfig, SamplingConfig, Settings, SpecConfig
 from app.data.prompts import held_out_prompts, suite
-from app.kv.cache import CachedModel
+from app.drafts.model import decode_seconds_per_token
 
 
-@torch.inference_mode()
-def decode_seconds_per_token(model, prompt_ids: list[int], n: int = 64) -> float:
-    """Batch-1 cached decode time per token, as the engine runs the model (direct passes where it
-    is admitted, direct_pass.py)."""
-    lm = CachedModel(model)
-    logits = lm.extend(prompt_ids)
-    tok = int(logits[-1].argmax())
-    for _ in range(4):  # warm-up
-        tok = int(lm.step(tok).argmax())
-    engine.sync(model.device)
-    start = time.perf_counter()
-    for _ in range(n):
-        tok = int(lm.step(tok).argmax())
-    engine.sync(model.device)
-    return (time.perf_counter() - start) / n
-
-
-@torch.inference_mode()
-def head_seconds_per_token(pair, prompt_ids: list[int], k: int = 8, rounds: int = 8) -> float:
-    """A feature head's drafting time per token: head step, LM head and sampling, as the engine runs it."""
-    proposer = pair.proposer()
-    lm = CachedModel(pair.target)
-    proposer.begin(prompt_ids, pair.target.get_output_embeddings().weight.shape[0])
-    _, features = lm.extend_with_features(prompt_ids, keep=1)
-    proposer.commit(0, int(prompt_ids[-1]), features)  # the prompt's features, as after a first round
-    greedy, gen = SamplingConfig(), torch.Generator()
-    times = []
-    for _ in range(rounds + 2):  # the first two warm up
-        engine.sync(pair.target.device)
-        start = time.perf_counter()
-        proposer.propose(k, greedy, gen)
-        engine.sync(pair.target.device)
-        times.append((time.perf_counter() - start) / k)
-        proposer.commit(0, int(prompt_ids[-1]), features[-1:])
-    return statistics.median(times[2:])
-
-
-def run_one(pair, prompt: str, s: SamplingConfig, sp: SpecConfig, r: RunConfig, mode: str, policy=None):
+def run_one(pair, prompt: str, s: SamplingConfig, sp: SpecConfig, r: RunConfig, mode: str, calibrated: bool = False):
+    """One run through the request path; calibrated=True guides adaptive k by this machine's costs."""
     ids = pair.encode(prompt, r.chat)
-    steps = list(runs.Run(pair, ids, Settings(s, sp, r), speculative=mode == "speculative").steps(policy))
-    return ids, steps
+    run = request.start(pair, ids, Settings(s, sp, r), speculative=mode == "speculative", calibrated=calibrated)
+    return ids, list(run.steps())
 
 
 BOOTSTRAP_DRAWS = 10_000  # the interval's ends then move by about 0.001 from seed to seed
@@ -129,9 +91,7 @@ def _prompt_row(pair, prompt: str, s: SamplingConfig, r: RunConfig) -> dict:
     """One prompt: plain, fixed k = 4 and adaptive runs, and their speedups."""
     _, ar = run_one(pair, prompt, s, SpecConfig(), r, "autoregressive")
     _, spec = run_one(pair, prompt, s, SpecConfig(k=4, k_policy="fixed"), r, "speculative")
-    adaptive_spec = SpecConfig(k_policy="adaptive")
-    policy = calibrate.policy_for(pair, adaptive_spec, sampling=s)
-    _, adaptive = run_one(pair, prompt, s, adaptive_spec, r, "speculative", policy)
+    _, adaptive = run_one(pair, prompt, s, SpecConfig(k_policy="adaptive"), r, "speculative", calibrated=True)
     a, b, c = (metrics.summarize(x) for x in (ar, spec, adaptive))
     return dict(
         autoregressive=a,
@@ -143,12 +103,15 @@ def _prompt_row(pair, prompt: str, s: SamplingConfig, r: RunConfig) -> dict:
 
 def family(args) -> tuple[str, list[str], list[str], bool]:
     """(target, its drafts, prompts, chat): SmolLM2's drafts on held-out chat requests with --target
-    smollm2 (--suite picks code or prose), else the tiny family on held-out stdlib code."""
+    smollm2 (--suite picks code or prose), else the tiny family on held-out stdlib code; --draft
+    cards that draft alone."""
     if models.presets.id_of(args.target or "") == models.SMOLLM2:
         prompts = suite(args.suite, chat=True)
-        return models.SMOLLM2, [models.SMOLLM2_FEATURE, models.SMOLLM2_SMALL], prompts, True
+        drafts = [models.SMOLLM2_FEATURE, models.SMOLLM2_SMALL]
+        return models.SMOLLM2, [args.draft] if args.draft else drafts, prompts, True
     names = ("draft-distilled", "draft-feature", "draft-small", "draft-weak")
-    return models.TINY_TARGET, [str(models.BUNDLED / n) for n in names], held_out_prompts(), False
+    drafts = [args.draft] if args.draft else [str(models.BUNDLED / n) for n in names]
+    return models.TINY_TARGET, drafts, held_out_prompts(), False
 
 
 def card(args) -> dict:
@@ -170,23 +133,13 @@ def card(args) -> dict:
         name = Path(path).name
         progress.say("card", f"draft {i}/{len(drafts)}: {name}")
         pair = models.load_pair(target_id, path, args.device, args.dtype)
-        # A head's first draft of a round also feeds the newest true pairs: not counted.
-        timed = (
-            functools.partial(head_seconds_per_token, pair, probe)
-            if pair.head is not None
-            else functools.partial(decode_seconds_per_token, pair.draft_model, probe)
-        )
+        timed = functools.partial(pair.draft.seconds_per_token, pair.target, probe)
         t_draft, t_beside, cost = cost_ratio(timed, t_target)
         rows = [_prompt_row(pair, prompt, s, r) for prompt in progress.counted(prompts, "prompt")]
         summary = aggregate(rows)
         summary["median_adaptive_speedup"] = statistics.median(r["adaptive_speedup"] for r in rows)
-        params = (
-            sum(p.numel() for p in pair.head.parameters())
-            if pair.head is not None
-            else pair.draft_model.num_parameters()
-        )
         out[name] = dict(
-            params=params,
+            params=pair.draft.params(),
             decode_ms=1000 * t_draft,
             target_decode_ms=1000 * t_beside,
             cost_per_token_vs_target=cost,

@@ -29,7 +29,14 @@ def prompt_row(i, ids, field, times, outputs, steps, costs, lookup_costs, k: int
             st = metrics.summarize(steps[c.name], lookup_costs if c.name.startswith("lookup") else costs)
             entry |= {
                 key: st[key]
-                for key in ("alpha", "mean_k", "tokens_per_pass", "theoretical_speedup", "predicted_speedup")
+                for key in (
+                    "alpha",
+                    "mean_k",
+                    "nodes_per_round",
+                    "tokens_per_pass",
+                    "theoretical_speedup",
+                    "predicted_speedup",
+                )
             }
         row["contenders"][c.name] = entry
     ar = row["contenders"]["autoregressive"]["tokens_per_s"]
@@ -104,6 +111,17 @@ def summarize_rows(rows: list[dict], names: list[str], k: int) -> dict:
         out |= dict(
             hf_assisted_passes_share=med([r["hf_passes"]["share"] for r in rows]),
             ours_over_hf_ceiling=med([r["hf_passes"]["ceiling"] for r in rows]),
+        )
+    chain = f"k={k}"
+    if all("tree" in r["contenders"] and chain in r["contenders"] for r in rows):
+        # Paired per prompt: the tree against the chain of the same draft and depth.
+        pair = [(r["contenders"]["tree"], r["contenders"][chain]) for r in rows]
+        out |= dict(
+            tree_tokens_per_pass=med([t["tokens_per_pass"] for t, _ in pair]),
+            chain_tokens_per_pass=med([c["tokens_per_pass"] for _, c in pair]),
+            tree_over_chain_tokens_per_pass=med([t["tokens_per_pass"] / c["tokens_per_pass"] for t, c in pair]),
+            tree_over_chain_speed=med([t["tokens_per_s"] / c["tokens_per_s"] for t, c in pair]),
+            tree_nodes_per_round=med([t["nodes_per_round"] for t, _ in pair]),
         )
     for key in ("defaults", "fixed_k", "lookup_defaults", "lookup_fixed_k"):
         values = [r["ours_over_hf"].get(key) for r in rows]

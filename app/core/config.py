@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, replace
 
 K_MAX = 16  # largest draft length any policy may choose
+TREE_MAX = 64  # most nodes a draft tree may have: one target pass verifies them all
 
 # Sampling rules. Rejection: Leviathan et al. and Chen et al.'s min(1, p/q) test, the optimal coupling
 # of p and q. Shared noise: Daliri, Musco and Suresh's drafter-invariant rule, where the target and the
@@ -67,6 +68,7 @@ class SpecConfig:
     k_max: int = 8  # upper bound for heuristic and adaptive
     ngram_max: int = 3  # prompt lookup: longest n-gram tried first
     ngram_min: int = 1  # prompt lookup: shortest n-gram tried
+    tree: int = 0  # a draft tree's node budget, k deep (0: a chain of k)
 
     def validate(self) -> None:
         if self.k_policy not in ("fixed", "heuristic", "adaptive"):
@@ -79,6 +81,13 @@ class SpecConfig:
             raise UserError(f"k must be at most {K_MAX}, got {self.k}")
         if not 1 <= self.ngram_min <= self.ngram_max:
             raise UserError("n-gram sizes need 1 <= min <= max")
+        if self.tree:
+            if not 0 < self.tree <= TREE_MAX:
+                raise UserError(f"a tree has 1 to {TREE_MAX} nodes, got {self.tree}")
+            if self.k_policy != "fixed":
+                raise UserError("a draft tree is k deep: give it a fixed k (--k), not adaptive or heuristic k")
+            if self.k > self.tree:
+                raise UserError(f"a tree of {self.tree} nodes is at most {self.tree} deep: k = {self.k} is deeper")
 
 
 @dataclass(frozen=True)

@@ -5,8 +5,9 @@ The engine is written against these Protocols only; `drafts/` and `kv/` implemen
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 
@@ -15,15 +16,21 @@ from app.core.config import SamplingConfig
 
 @dataclass
 class Proposal:
-    tokens: list[int]  # the drafts x_1..x_n, n <= k
+    tokens: list[int]  # the drafts x_1..x_n, n <= k (for a tree: its nodes, parents before children)
     q: torch.Tensor | None  # (n, V) draft distributions after processing; None means one-hot (greedy too)
     feature_position: int | None = None  # feature drafts: which target feature (a position) they started from
+    # A tree: node i hangs below node parents[i] (-1: below the last committed token), and q's row i is
+    # the distribution it was drawn from given its earlier siblings (verify.tree_sampling). None: a chain.
+    parents: list[int] | None = None
 
 
 class Proposer(Protocol):
     name: str
     wants_features: bool  # True: commit also receives the target's features of the kept positions
     context_limit: int | None  # tokens the draft can attend to (None: no limit of its own)
+    # The KV cache the draft's model runs on, which a run may swap for the static one (the GPU fast
+    # path); None for a draft that runs no model's cache or keeps its own.
+    cache_factory: Callable[[Any], KVCache] | None
 
     def begin(self, prompt_ids: list[int], vocab_size: int) -> None:
         """Start a request from the prompt's ids; only ids below vocab_size may be drafted."""
@@ -31,11 +38,14 @@ class Proposer(Protocol):
     def propose(self, k: int, cfg: SamplingConfig, gen: torch.Generator) -> Proposal:
         """Draft up to k tokens after the committed ones."""
 
-    def commit(self, accepted: int, token: int, features: torch.Tensor | None = None) -> None:
+    def commit(
+        self, accepted: int, token: int, features: torch.Tensor | None = None, path: list[int] | None = None
+    ) -> None:
         """The target kept the first `accepted` drafts, then chose `token`.
 
         features (only when wants_features): (m, H) the target's last-layer hidden states of the
         positions it processed this round and kept; the last one is where `token` was chosen.
+        path: after a tree, the kept nodes (their tokens, in order, are the accepted drafts).
         """
 
     def end(self) -> None:
@@ -57,6 +67,15 @@ class KVCache(Protocol):
 
     def step(self, token: int) -> torch.Tensor:
         """(V,) logits of one more token."""
+
+    def extend_tree(
+        self, ids: list[int], tokens: list[int], parents: list[int], features: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Feed ids, then a tree of drafts (node i below parents[i], -1: below the last id) in one
+        pass; (1 + n, V) logits after the last id and each node, and (len(ids) + n, H) features."""
+
+    def keep_path(self, base: int, path: list[int]) -> None:
+        """After a tree pass with its nodes from `base`: keep the nodes of `path` there, in order."""
 
     def rollback(self, length: int) -> None:
         """Forget every cached position at or after `length`."""

@@ -66,10 +66,11 @@ class _Output:
         return None
 
 
-def _decisions(drafts, texts, v: verify.Verdict) -> list[Decision]:
+def _decisions(drafts, texts, v, judged: list[int]) -> list[Decision]:
+    """One record per judged draft, in the order judged; judged[j] is its index in drafts."""
     return [
-        Decision(drafts[i], texts[i], v.p_x[i], v.q_x[i], v.accept_prob[i], v.u[i], i < v.accepted)
-        for i in range(len(v.p_x))
+        Decision(drafts[i], texts[i], v.p_x[j], v.q_x[j], v.accept_prob[j], v.u[j], i < v.accepted)
+        for j, i in enumerate(judged)
     ]
 
 
@@ -124,7 +125,7 @@ def generate(
 class _Loop:
     """One request's state: the committed ids, the output, the caches, the policy and the generator."""
 
-    def __init__(self, target, tokenizer, proposer, sampling_cfg, run, policy, teach):
+    def __init__(self, target, tokenizer, proposer, sampling_cfg, run, policy, teach) -> None:
         self.target, self.tokenizer, self.proposer = target, tokenizer, proposer
         self.cfg, self.run, self.policy, self.teach = sampling_cfg, run, policy, teach
         self.gen = torch.Generator().manual_seed(sampling_cfg.seed)
@@ -149,9 +150,14 @@ class _Loop:
         room = self.draft_limit - len(self.ids) - 1
         return max(0, min(self.policy.next_k(), self.run.max_new_tokens - len(self.out.ids) - 1, room))
 
-    def _verify(self, proposal: Proposal) -> tuple[verify.Verdict, torch.Tensor, torch.Tensor | None, int]:
-        """One target pass over the uncached ids and the drafts; roll back what it rejected."""
+    def _verify(self, proposal: Proposal):
+        """One target pass over the uncached ids and the drafts; roll back what it rejected.
+
+        Returns (verdict, p_logits, p, base, path): path is None after a chain, else the kept nodes."""
+        if proposal.parents is not None:
+            return self._verify_tree(proposal)
         drafts, lm, base = proposal.tokens, self.lm, len(self.ids)
+        assert lm is not None, "generate() sets the target's cache before the first round"
         fed = self.ids[lm.length :] + drafts
         if self.proposer is not None and self.proposer.wants_features:
             p_logits, features = lm.extend_with_features(fed, keep=len(drafts) + 1)
@@ -173,30 +179,71 @@ class _Loop:
             # The target's features of the positions it kept: the fed committed ones plus accepted drafts.
             kept = None if features is None else features[: len(fed) - len(drafts) + v.accepted]
             self.proposer.commit(v.accepted, v.token, kept)
-        return v, p_logits, p, base
+        return v, p_logits, p, base, None
+
+    def _verify_tree(self, proposal: Proposal):
+        """One target pass over the uncached ids and every node of a tree (each seeing its ancestors
+        only); the kept path then moves into place in the cache and the other branches are dropped."""
+        tokens, parents, lm, base = proposal.tokens, proposal.parents, self.lm, len(self.ids)
+        assert lm is not None and parents is not None and self.proposer is not None
+        fed = self.ids[lm.length :]
+        p_logits, features = lm.extend_tree(fed, tokens, parents, features=self.proposer.wants_features)
+        if self.cfg.penalised:  # each row after its own branch's history
+            branch: list[list[int]] = []
+            for i, parent in enumerate(parents):
+                branch.append((branch[parent] if parent >= 0 else []) + [tokens[i]])
+            histories = [self.ids, *(self.ids + b for b in branch)]
+            p_logits = torch.cat(
+                [sampling.penalise(p_logits[r : r + 1], h, [], self.cfg) for r, h in enumerate(histories)]
+            )
+        p = None
+        if self.cfg.greedy:
+            v = verify.tree_greedy(tokens, parents, p_logits, self.teach is not None)
+        elif self.cfg.shared_noise:
+            p = sampling.probs(p_logits, self.cfg)
+            v = verify.tree_shared_noise(tokens, parents, p, proposal.q, self.cfg.seed, base)
+        else:
+            p = sampling.probs(p_logits, self.cfg)
+            q = proposal.q if proposal.q is not None else verify.one_hot_q(tokens, p.shape[-1], p.device)
+            v = verify.tree_sampling(tokens, parents, p, q, self.gen)
+        lm.keep_path(base, v.path)
+        kept = None
+        if features is not None:  # the fed committed positions, then the kept nodes in order
+            keep = list(range(len(fed))) + [len(fed) + i for i in v.path]
+            kept = features[torch.tensor(keep, device=features.device)]
+        self.proposer.commit(v.accepted, v.token, kept, path=v.path)
+        return v, p_logits, p, base, v.path
 
     def round(self, rnd: int) -> Step:
         """Draft, verify, commit: one Step."""
         k = self._k()
         t0 = time.perf_counter()
         proposal = Proposal([], None) if self.proposer is None else self.proposer.propose(k, self.cfg, self.gen)
+        assert self.lm is not None, "generate() sets the target's cache before the first round"
         sync(self.lm.device)
         t1 = time.perf_counter()
-        v, p_logits, p, base = self._verify(proposal)
+        v, p_logits, p, base, path = self._verify(proposal)
         sync(self.lm.device)
         t2 = time.perf_counter()
-        drafts, n = proposal.tokens, v.accepted
+        n = v.accepted
+        if path is None:
+            drafts, parents, judged = proposal.tokens, None, list(range(len(v.p_x)))
+            texts, token_text = self.out.detok.peek(drafts, n, v.token) if self.display else ([""] * len(drafts), "")
+            bonus = n == len(drafts)
+        else:  # a tree's record lists its kept path first, so drafts[:n] are the accepted drafts
+            drafts, parents, judged, texts, token_text = self._tree_record(proposal, v, path)
+            bonus = not any(parent == (path[-1] if path else -1) for parent in proposal.parents or [])
         self.policy.update(len(drafts), n, context=base + n + 1)
-        texts, token_text = self.out.detok.peek(drafts, n, v.token) if self.display else ([""] * len(drafts), "")
         kept = drafts[:n] + [v.token]
         emitted, new_text = self.out.push(kept)
         self.ids += kept
         if not self.out.stop_reason and len(self.ids) >= self.limit:
             self.out.stop_reason = "context_full"
         top, race = [], []
-        if self.teach is not None and self.proposer is not None:
+        if self.teach is not None and self.proposer is not None and path is None:
             top = self.teach(self.tokenizer, proposal, p_logits, p, v)
             if v.noise is not None:
+                assert p is not None  # shared noise verifies on the processed p
                 race = teaching.race_table(self.tokenizer, proposal, p, v)
         return Step(
             round=rnd,
@@ -205,7 +252,7 @@ class _Loop:
             draft_text=texts,
             accepted=n,
             token=v.token,
-            token_kind=TARGET if not drafts else (BONUS if n == len(drafts) else CORRECTED),
+            token_kind=TARGET if not drafts else (BONUS if bonus else CORRECTED),
             token_text=token_text,
             rejected=drafts[n:],
             emitted=emitted,
@@ -213,13 +260,37 @@ class _Loop:
             draft_time=t1 - t0,
             verify_time=t2 - t1,
             elapsed=0.0,
-            decisions=_decisions(drafts, texts, v),
+            decisions=_decisions(drafts, texts, v, judged),
             top=top,
             stop_reason=self.out.stop_reason,
             feature_position=proposal.feature_position,
             context=base,
             race=race,
+            parents=parents,
         )
+
+    def _tree_record(self, proposal: Proposal, v, path: list[int]):
+        """A tree round as its Step lists it: nodes reordered with the kept path first, their parents
+        in that order, the judged nodes by their new index, and each node's text after its own branch."""
+        tokens, parents = proposal.tokens, proposal.parents or []
+        order = path + [i for i in range(len(tokens)) if i not in path]
+        where = {node: j for j, node in enumerate(order)}
+        shown_parents = [where[parents[i]] if parents[i] >= 0 else -1 for i in order]
+        judged = [where[i] for i in v.judged]
+        if not self.display:
+            return [tokens[i] for i in order], shown_parents, judged, [""] * len(tokens), ""
+        chain = [tokens[i] for i in path]
+        texts_by_node: dict[int, str] = {}
+        path_texts, token_text = self.out.detok.peek(chain, len(chain), v.token)
+        texts_by_node.update(zip(path, path_texts, strict=True))
+        for i in order[len(path) :]:
+            branch: list[int] = []
+            at = i
+            while at >= 0:
+                branch.insert(0, tokens[at])
+                at = parents[at]
+            texts_by_node[i] = self.out.detok.peek(branch, 0, branch[0])[0][-1]
+        return [tokens[i] for i in order], shown_parents, judged, [texts_by_node[i] for i in order], token_text
 
 
 def _as_list(x) -> list:

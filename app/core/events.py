@@ -57,6 +57,9 @@ class Step:
     context: int | None = None  # len(prompt + output) when the round began, which its cost grows with
     # Shared noise, when teaching: [(token_id, text, p, q, p/E, q/E)] of both races where the target chose.
     race: list[tuple[int, str, float, float, float, float]] = field(default_factory=list)
+    # A tree round: each listed draft's parent (an index into drafted; -1: below the committed text).
+    # The kept path is listed first, so drafted[:accepted] are the accepted drafts as for a chain.
+    parents: list[int] | None = None
 
     def spans(self) -> list[tuple[str, str]]:
         """(text, kind) pieces in display order, rejected drafts where they were proposed.

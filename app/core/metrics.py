@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from app.core.costs import Costs, expected_tokens_per_pass
 from app.core.events import BONUS, CORRECTED, TARGET, Step
@@ -65,12 +66,15 @@ def summarize(steps: Sequence[Step], costs: Costs | None = None) -> dict:
         draft_time_s=sum(s.draft_time for s in steps),
         verify_time_s=sum(s.verify_time for s in steps),
         cost_ratio_c=c,
+        # Drafts a round that drafted, verified in its one pass: k for a chain, a tree's node count.
+        nodes_per_round=mean_k if drafted else None,
         expected_tokens_per_pass=None,
         theoretical_speedup=None,
         predicted_speedup=None,
         stop_reason=steps[-1].stop_reason if steps else None,
     )
-    if alpha is not None and drafted:
+    # The formulas are a chain's: a tree's rounds keep more than they expect at the same alpha.
+    if alpha is not None and drafted and all(s.parents is None for s in steps):
         stats |= _expected(steps, min(alpha, 1.0), c, mean_k, costs)
     return stats
 
@@ -84,7 +88,7 @@ def _expected(steps: Sequence[Step], alpha: float, c: float | None, mean_k: floa
     if costs is not None:
         # Round 1 holds the prompt's prefill, which plain decoding pays too: it counts as measured.
         # Both figures read the same inputs, so only the width of a verify pass sets them apart.
-        inputs = dict(
+        inputs: dict[str, Any] = dict(
             alpha=alpha,
             draft_lengths=[len(s.drafted) for s in steps[1:]],
             first_round_s=steps[0].elapsed,
@@ -114,7 +118,8 @@ def acceptance_by_position(steps: Sequence[Step]) -> list[float]:
     for s in steps:
         for i in range(len(s.drafted)):
             if i == len(offered):
-                offered.append(0), kept.append(0)
+                offered.append(0)
+                kept.append(0)
             offered[i] += 1
             kept[i] += i < s.accepted
     return [k / o for k, o in zip(kept, offered, strict=True)]

@@ -6,7 +6,7 @@ import functools
 import hashlib
 
 import torch
-from transformers import NoRepeatNGramLogitsProcessor, RepetitionPenaltyLogitsProcessor
+from transformers import LogitsProcessor, NoRepeatNGramLogitsProcessor, RepetitionPenaltyLogitsProcessor
 
 from app.core.config import K_MAX, SamplingConfig
 
@@ -19,7 +19,7 @@ def penalise(logits: torch.Tensor, context: list[int], drafts: list[int], cfg: S
     """
     if not cfg.penalised:
         return logits
-    processors = []
+    processors: list[LogitsProcessor] = []
     if cfg.repetition_penalty != 1.0:
         processors.append(RepetitionPenaltyLogitsProcessor(cfg.repetition_penalty))
     if cfg.no_repeat_ngram_size > 0:
@@ -121,3 +121,19 @@ def race(p: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
     """argmax(p / E) over the last axis: with E i.i.d. Exp(1), a token drawn from p (the exponential
     race, Gumbel-max in another form), and one that depends on the noise alone for a given p."""
     return (p.double() / noise[..., : p.shape[-1]].to(p.device, torch.float64)).argmax(-1)
+
+
+def draw_distinct(q: torch.Tensor, m: int, gen: torch.Generator) -> tuple[list[int], torch.Tensor]:
+    """m distinct tokens drawn one after another without replacement from a (V,) q (the Gumbel-top-k
+    trick gives the same order), and the (m', V) distribution each was drawn from: q renormalised
+    without the tokens before it. m' <= m where q has fewer tokens with mass."""
+    m = min(m, int((q > 0).sum()))
+    gumbel = -torch.empty(q.shape, dtype=torch.float64).exponential_(generator=gen).log()
+    keys = q.double().cpu().log() + gumbel
+    tokens = keys.topk(m).indices.tolist()
+    rows, left = [], q.clone()
+    for t in tokens:
+        rows.append(left / left.sum())
+        left = left.clone()
+        left[t] = 0
+    return tokens, torch.stack(rows) if rows else q.new_zeros(0, q.shape[-1])

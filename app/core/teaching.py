@@ -44,6 +44,7 @@ def race_table(tokenizer, proposal: Proposal, p: torch.Tensor, v: verify.Verdict
     """(id, text, p, q, p/E, q/E) where the target chose under shared noise: the leaders of the
     target's race and of the draft's over the same noise E, the draft token judged there and the
     target's pick, by p/E. The draft's pick is kept exactly when both races have the same winner."""
+    assert v.noise is not None, "a race table needs a shared-noise verdict"
     n, noise = v.accepted, v.noise.to(p.device)
     p_row = p[n].float()
     if n < len(proposal.tokens) and proposal.q is not None:

@@ -59,14 +59,16 @@ def greedy(drafts: list[int], p_logits: torch.Tensor, teach: bool = True) -> Ver
     """
     n = len(drafts)
     logits = p_logits.float()
-    best = logits.argmax(-1)
+    argmax = logits.argmax(-1)
+    best: list[int]
+    p_x: list[float | None]
     if teach:  # exp(logit - logsumexp) needs no (n, V) softmax
         x = torch.tensor(drafts, dtype=torch.long, device=logits.device)
-        p_x = (logits[:n].gather(-1, x[:, None])[:, 0] - logits[:n].logsumexp(-1)).exp()
-        host = torch.cat([best.double(), p_x.double()]).tolist()  # the one sync
+        p_drafts = (logits[:n].gather(-1, x[:, None])[:, 0] - logits[:n].logsumexp(-1)).exp()
+        host = torch.cat([argmax.double(), p_drafts.double()]).tolist()  # the one sync
         best, p_x = [int(b) for b in host[: n + 1]], host[n + 1 :]
     else:
-        best, p_x = best.tolist(), [None] * n
+        best, p_x = argmax.tolist(), [None] * n
     a = 0
     while a < n and drafts[a] == best[a]:
         a += 1
@@ -90,11 +92,15 @@ def speculative_sampling(drafts: list[int], p: torch.Tensor, q: torch.Tensor, ge
         both = torch.cat([p, q]).to(gen.device)
         p, q = both[: n + 1], both[n + 1 :]
     i = n  # index of the first rejected draft; n when all are accepted
-    lists: list[list[float]] = [[], [], [], []]
+    # The judged drafts' p(x), q(x), min(1, p/q) and draws, as Python floats.
+    p_x: list[float | None] = []
+    q_x: list[float] = []
+    accept_prob: list[float] = []
+    u_x: list[float | None] = []
     if n:
         rows, x = torch.arange(n), torch.tensor(drafts, dtype=torch.long, device=p.device)
-        p_x, q_x = p[rows, x].double(), q[rows, x].double()  # double: the same min(1, p/q) as Python floats
-        accept = torch.where(p_x >= q_x, torch.ones_like(p_x), p_x / q_x)
+        p_t, q_t = p[rows, x].double(), q[rows, x].double()  # double: the same min(1, p/q) as Python floats
+        accept = torch.where(p_t >= q_t, torch.ones_like(p_t), p_t / q_t)
         state = gen.get_state()
         u = torch.rand(n, generator=gen, device=gen.device).double()  # = n draws of sampling.uniform
         rejected = (u >= accept).nonzero()
@@ -104,7 +110,7 @@ def speculative_sampling(drafts: list[int], p: torch.Tensor, q: torch.Tensor, ge
             gen.set_state(state)
             torch.rand(i + 1, generator=gen, device=gen.device)
         judged = min(i + 1, n)
-        lists = torch.stack([p_x, q_x, accept, u])[:, :judged].tolist()
+        p_x, q_x, accept_prob, u_x = torch.stack([p_t, q_t, accept, u])[:, :judged].tolist()
     if i < n:
         residual = (p[i] - q[i]).clamp_min(0)
         mass = residual.sum()
@@ -112,7 +118,7 @@ def speculative_sampling(drafts: list[int], p: torch.Tensor, q: torch.Tensor, ge
         residual = residual / mass if mass > 0 else p[i]
     else:
         residual = p[n]
-    return Verdict(i, sampling.sample(residual, gen), *lists, residual)
+    return Verdict(i, sampling.sample(residual, gen), p_x, q_x, accept_prob, u_x, residual)
 
 
 def shared_noise(drafts: list[int], p: torch.Tensor, q: torch.Tensor | None, seed: int, position: int) -> Verdict:
@@ -126,9 +132,9 @@ def shared_noise(drafts: list[int], p: torch.Tensor, q: torch.Tensor | None, see
     winners = sampling.race(p, noise.to(p.device))
     if n:
         x = torch.tensor(drafts, dtype=torch.long, device=p.device)
-        p_x = p[torch.arange(n), x]
-        q_x = q.to(p.device)[torch.arange(n), x] if q is not None else torch.ones_like(p_x)
-        host = torch.cat([winners.double(), p_x.double(), q_x.double()]).tolist()  # the one sync
+        p_t = p[torch.arange(n), x]
+        q_t = q.to(p.device)[torch.arange(n), x] if q is not None else torch.ones_like(p_t)
+        host = torch.cat([winners.double(), p_t.double(), q_t.double()]).tolist()  # the one sync
     else:
         host = winners.double().tolist()
     best = [int(b) for b in host[: n + 1]]
@@ -140,3 +146,164 @@ def shared_noise(drafts: list[int], p: torch.Tensor, q: torch.Tensor | None, see
     ok = [1.0] * a + [0.0] * (judged - a)
     # The token is a draw from p[a] itself (the race), not from a residual.
     return Verdict(a, best[a], p_x, q_x, ok, [None] * judged, p[a], noise[a])
+
+
+# ---- trees -------------------------------------------------------------------------------------
+# A tree of drafts: node i holds token tokens[i] and hangs below node parents[i] (-1: below the last
+# committed token); parents come before their children. A chain is the tree with parents [-1, 0, 1, ..].
+# p has a row per place a token is chosen: row 0 after the committed tokens, row i + 1 after node i.
+#
+# Sampling uses recursive rejection sampling without replacement (Jeon et al. 2024, the multi-draft
+# rule SpecInfer's multi-step speculative sampling reduces to for one child): a node's children are
+# judged in the order they were drafted, child j with the q it was drawn from given the children
+# before it (q_j, for a draw without replacement q renormalised without them); it is kept with
+# probability min(1, r_j(x) / q_j(x)), and on a rejection r_{j+1} = norm(max(0, r_j - q_j)), starting
+# from r_1 = p. The token chosen there is exactly a draw from p, whatever the number of children.
+
+
+@dataclass
+class TreeVerdict:
+    path: list[int]  # the kept nodes, root to leaf (their tokens are the accepted drafts)
+    token: int  # the target's own token after the path: a correction, or the bonus at a leaf
+    judged: list[int]  # every node judged, in the order judged
+    p_x: list[float | None]  # per judged node: r(x) (greedy: p(x) at T = 1 when teaching, else None)
+    q_x: list[float]  # q_j(x)
+    accept_prob: list[float]  # min(1, r/q); greedy and shared noise: 1 if x is the target's pick else 0
+    u: list[float | None]  # the draws (None where nothing is random)
+    residual: torch.Tensor  # (V,) the distribution the target's token was drawn from
+    noise: torch.Tensor | None = None  # shared noise: E at the position the target's token was chosen
+
+    @property
+    def accepted(self) -> int:
+        return len(self.path)
+
+
+def children(parents: list[int]) -> dict[int, list[int]]:
+    """Each node's children (and -1's: the first level), in drafting order."""
+    out: dict[int, list[int]] = {-1: []}
+    for i, parent in enumerate(parents):
+        if not -1 <= parent < i:
+            raise ValueError(f"node {i} hangs below {parent}: a parent must come before its children")
+        out.setdefault(parent, []).append(i)
+        out.setdefault(i, [])
+    return out
+
+
+def depths(parents: list[int]) -> list[int]:
+    """Depth of each node: 1 for the first level."""
+    d: list[int] = []
+    for parent in parents:
+        d.append(1 if parent < 0 else d[parent] + 1)
+    return d
+
+
+def tree_greedy(tokens: list[int], parents: list[int], p_logits: torch.Tensor, teach: bool = True) -> TreeVerdict:
+    """Follow the target's argmax down the tree. p_logits: (n + 1, V). One host sync."""
+    kids, n = children(parents), len(tokens)
+    logits = p_logits.float()
+    best = logits.argmax(-1)
+    if teach:
+        x = torch.tensor(tokens, dtype=torch.long, device=logits.device)
+        rows = torch.tensor([parent + 1 for parent in parents], dtype=torch.long, device=logits.device)
+        p_nodes = (logits[rows].gather(-1, x[:, None])[:, 0] - logits[rows].logsumexp(-1)).exp() if n else x.float()
+        host = torch.cat([best.double(), p_nodes.double()]).tolist()
+        argmax, p_of = [int(b) for b in host[: n + 1]], host[n + 1 :]
+    else:
+        argmax, p_of = best.tolist(), [None] * n
+    path: list[int] = []
+    judged: list[int] = []
+    ok: list[float] = []
+    at = -1
+    while True:
+        pick = argmax[at + 1]
+        for child in kids[at]:
+            judged.append(child)
+            ok.append(1.0 if tokens[child] == pick else 0.0)
+            if tokens[child] == pick:
+                break
+        else:
+            residual = torch.zeros(logits.shape[-1], device=logits.device)
+            residual[pick] = 1.0
+            p_x: list[float | None] = [p_of[j] for j in judged]
+            return TreeVerdict(path, pick, judged, p_x, [1.0] * len(judged), ok, [None] * len(judged), residual)
+        path.append(judged[-1])
+        at = judged[-1]
+
+
+def tree_sampling(
+    tokens: list[int], parents: list[int], p: torch.Tensor, q: torch.Tensor, gen: torch.Generator
+) -> TreeVerdict:
+    """Recursive rejection sampling down the tree (see above). p: (n + 1, V), q: (n, V) node i's q_j."""
+    p, q = align(p, q)
+    if p.device != gen.device:  # one transfer for the round
+        both = torch.cat([p, q]).to(gen.device)
+        p, q = both[: len(tokens) + 1], both[len(tokens) + 1 :]
+    kids = children(parents)
+    path: list[int] = []
+    judged: list[int] = []
+    p_x: list[float | None] = []
+    q_x: list[float] = []
+    accept_prob: list[float] = []
+    u_x: list[float | None] = []
+    at = -1
+    while True:
+        r = p[at + 1]
+        kept = None
+        for child in kids[at]:
+            x = tokens[child]
+            rx, qx = float(r[x]), float(q[child, x])
+            a = 1.0 if rx >= qx else rx / qx
+            u = sampling.uniform(gen)
+            judged.append(child)
+            p_x.append(rx)
+            q_x.append(qx)
+            accept_prob.append(a)
+            u_x.append(u)
+            if u < a:
+                kept = child
+                break
+            rest = (r - q[child]).clamp_min(0)
+            mass = rest.sum()
+            r = rest / mass if mass > 0 else r  # zero mass: r == q_j, where a rejection has probability 0
+        if kept is None:
+            return TreeVerdict(path, sampling.sample(r, gen), judged, p_x, q_x, accept_prob, u_x, r)
+        path.append(kept)
+        at = kept
+
+
+def tree_shared_noise(
+    tokens: list[int], parents: list[int], p: torch.Tensor, q: torch.Tensor | None, seed: int, position: int
+) -> TreeVerdict:
+    """At each depth keep the child that is the winner of the target's race there. p: (n + 1, V)
+    processed, row 0 for the token at absolute position `position`; a node at depth d races at
+    position + d. q: (n, V) or None, read only for the teaching record."""
+    kids, n = children(parents), len(tokens)
+    depth = [0] + depths(parents)  # of each row of p
+    noise = torch.stack([sampling.race_noise(seed, position + d, p.shape[-1]) for d in range(max(depth) + 1)])
+    winners = sampling.race(p, noise[depth].to(p.device))
+    if n:
+        x = torch.tensor(tokens, dtype=torch.long, device=p.device)
+        rows = torch.tensor([parent + 1 for parent in parents], dtype=torch.long, device=p.device)
+        p_t = p[rows, x]
+        q_t = q.to(p.device)[torch.arange(n), x] if q is not None else torch.ones_like(p_t)
+        host = torch.cat([winners.double(), p_t.double(), q_t.double()]).tolist()
+    else:
+        host = winners.double().tolist()
+    best = [int(b) for b in host[: n + 1]]
+    path: list[int] = []
+    judged: list[int] = []
+    ok: list[float] = []
+    at = -1
+    while True:
+        for child in kids[at]:
+            judged.append(child)
+            ok.append(1.0 if tokens[child] == best[at + 1] else 0.0)
+            if ok[-1]:
+                break
+        else:
+            p_x: list[float | None] = [host[n + 1 + j] for j in judged]
+            q_x = [host[2 * n + 1 + j] for j in judged]
+            noise_at = noise[depth[at + 1]]
+            return TreeVerdict(path, best[at + 1], judged, p_x, q_x, ok, [None] * len(judged), p[at + 1], noise_at)
+        path.append(judged[-1])
+        at = judged[-1]

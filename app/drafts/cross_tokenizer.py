@@ -10,11 +10,15 @@ rejection sampling stays exact.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import torch
 from transformers import PreTrainedModel
 
 from app.core import sampling
 from app.core.config import SamplingConfig
+from app.core.contracts import KVCache
 from app.drafts.draw import Proposal, draw
 from app.kv.cache import CachedModel
 
@@ -25,7 +29,7 @@ PARTIAL = "\ufffd"  # what decode() shows for the bytes of a character that a to
 class TokenBridge:
     """The two tokenizers of a pair, and (built on first use) the tokens both vocabularies share."""
 
-    def __init__(self, target_tokenizer, draft_tokenizer):
+    def __init__(self, target_tokenizer, draft_tokenizer) -> None:
         self.target, self.draft = target_tokenizer, draft_tokenizer
         self._shared: torch.Tensor | None = None
 
@@ -67,12 +71,12 @@ class CrossTokenizerProposer:
     """Drafts from a model whose tokenizer differs from the target's; see the module docstring."""
 
     wants_features = False
-    cache_factory = None  # its cache is rebuilt from text each round: the dynamic one
+    cache_factory: Callable[[Any], KVCache] | None = None  # its cache is rebuilt from text each round: the dynamic one
 
     def __init__(self, model: PreTrainedModel, bridge: TokenBridge, name: str):
         self.model, self.bridge, self.name = model, bridge, name
         self.limit = getattr(model.config, "max_position_embeddings", None) or 1 << 20
-        self.context_limit = None  # the draft counts in its own tokens: propose() checks its window
+        self.context_limit: int | None = None  # the draft counts in its own tokens: propose() checks its window
 
     def begin(self, prompt_ids: list[int], vocab_size: int) -> None:
         self.ids = list(prompt_ids)  # committed target ids
@@ -168,10 +172,12 @@ class CrossTokenizerProposer:
             if not allowed.any():
                 break
             row = row.masked_fill(~allowed, float("-inf"))
+            q_draft: torch.Tensor | None
             if cfg.shared_noise:
                 q_draft = sampling.probs(row, cfg)
             else:
                 x, q_draft = draw(row, None, cfg, gen)
+            assert q_draft is not None  # a sampled draw's q
             q = torch.zeros(self.vocab_size, device=row.device)
             q[table[:width][allowed[:width]]] = q_draft[:width][allowed[:width]]
             if cfg.shared_noise:  # the race is run in the target's ids, at the target's position
@@ -185,7 +191,9 @@ class CrossTokenizerProposer:
                 self.fed.append(x)
         return tokens, torch.stack(qs) if qs else None
 
-    def commit(self, accepted: int, token: int, features: torch.Tensor | None = None) -> None:
+    def commit(
+        self, accepted: int, token: int, features: torch.Tensor | None = None, path: list[int] | None = None
+    ) -> None:
         # The draft's cache is brought back in line with the committed text at the next propose.
         self.ids += self._drafts[:accepted] + [token]
         self._drafts = []

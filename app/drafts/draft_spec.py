@@ -1,86 +1,227 @@
-"""Where drafts come from, as one typed value parsed once from CLI, UI or API text.
+"""What a draft is, as one typed value parsed once from CLI, UI or API text, and the contract every
+kind of draft keeps.
 
-"prompt-lookup", "early-exit:2", "eagle:<head id or dir>", a directory holding a feature head,
-or a model's Hub id or directory. Loading, compatibility, presets and the bench read the kind
-and its parameters, never the string again.
+A draft kind (kinds.py lists them) owns how its text is parsed and shown, how it loads, and what
+the rest of the app asks of a loaded draft: its proposer, its export lines, why it drafted nothing,
+and how the bench times it and counts its parameters. Loading, hosting, export, the bench and the
+teaching view ask the kind, never the string again and never a chain of kind comparisons.
 """
 
 from __future__ import annotations
 
+import statistics
+import time
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
 
-from app.core.config import UserError
+import torch
 
+from app.core.config import SamplingConfig, SpecConfig, UserError
+from app.core.contracts import Proposer
 
-class Kind:
-    """What a draft is; compared by these names, never by string literals."""
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
-    MODEL = "model"  # a separate draft model
-    PROMPT_LOOKUP = "prompt_lookup"  # n-gram matches in the context, no model
-    EARLY_EXIT = "early_exit"  # the target's first layers, its final norm and LM head
-    FEATURE_HEAD = "feature_head"  # an EAGLE-style head over the target's hidden states
-    ALL = (MODEL, PROMPT_LOOKUP, EARLY_EXIT, FEATURE_HEAD)
-
-
-# How users type the drafts that are not a model id.
-LOOKUP_TEXT = "prompt-lookup"
-EARLY_EXIT_PREFIX = "early-exit:"
-EAGLE_PREFIX = "eagle:"
+    from app.core.events import Step
 
 
 @dataclass(frozen=True)
 class DraftSpec:
-    kind: str  # Kind.MODEL, Kind.PROMPT_LOOKUP, Kind.EARLY_EXIT or Kind.FEATURE_HEAD
-    source: str = ""  # Kind.MODEL and Kind.FEATURE_HEAD: the Hub id or local directory to load
-    layers: int = 0  # Kind.EARLY_EXIT: how many of the target's layers draft
+    kind: DraftKind  # one of the registered kinds (kinds.py parses text into a spec)
+    source: str = ""  # drafts with weights: the Hub id or local directory to load
+    layers: int = 0  # early exit: how many of the target's layers draft
 
     def __post_init__(self) -> None:
-        if self.kind not in Kind.ALL:
-            raise UserError(f"unknown draft kind {self.kind!r}")
-        if self.kind in (Kind.MODEL, Kind.FEATURE_HEAD) and not self.source:
-            raise UserError("no draft model given: pick a preset, a Hub id or a local directory")
-        if self.kind == Kind.EARLY_EXIT and self.layers < 1:
-            raise UserError(f"early exit needs at least one layer, like early-exit:2; got {self.layers}")
-
-    @classmethod
-    def parse(cls, text: str, probe: bool = True) -> DraftSpec:
-        """The spec a user's text names; a directory is a feature head when it holds one.
-
-        probe=False reads the text alone and never the filesystem: a directory is then a model,
-        which is how the hosting rules read an id before anything touches the disk.
-        """
-        text = (text or "").strip()
-        if text.lower() in (LOOKUP_TEXT, "prompt_lookup", "prompt lookup"):
-            return cls(Kind.PROMPT_LOOKUP)
-        if text.lower().startswith(EARLY_EXIT_PREFIX):
-            count = text[len(EARLY_EXIT_PREFIX) :].strip()
-            if not (count.isascii() and count.isdigit() and len(count) <= 4):
-                raise UserError(f"early exit needs a layer count, like early-exit:2; got {text[:40]!r}")
-            return cls(Kind.EARLY_EXIT, layers=int(count))
-        if text.lower().startswith(EAGLE_PREFIX):
-            return cls(Kind.FEATURE_HEAD, source=text[len(EAGLE_PREFIX) :].strip())
-        if probe and text and Path(text).is_dir() and _holds_head(text):
-            return cls(Kind.FEATURE_HEAD, source=text)
-        return cls(Kind.MODEL, source=text)
+        self.kind.check(self)
 
     @property
     def loads_model(self) -> bool:
         """Whether this draft has weights of its own to load (a model or a head)."""
-        return self.kind in (Kind.MODEL, Kind.FEATURE_HEAD)
+        return self.kind.loads_weights
 
     def __str__(self) -> str:
         """The canonical text, which parses back to this spec."""
-        if self.kind == Kind.PROMPT_LOOKUP:
-            return LOOKUP_TEXT
-        if self.kind == Kind.EARLY_EXIT:
-            return f"{EARLY_EXIT_PREFIX}{self.layers}"
-        if self.kind == Kind.FEATURE_HEAD and not (Path(self.source).is_dir() and _holds_head(self.source)):
-            return EAGLE_PREFIX + self.source
-        return self.source
+        return self.kind.show(self)
 
 
-def _holds_head(path: str) -> bool:
-    from app.drafts import feature_head
+@dataclass(frozen=True)
+class DraftInfo:
+    """What the exporters need to know about a draft, without loading it."""
 
-    return feature_head.is_head_dir(path)
+    spec: DraftSpec
+    different_tokenizer: bool = False  # its drafts are re-tokenised for the target
+
+    @property
+    def kind(self) -> DraftKind:
+        return self.spec.kind
+
+    @property
+    def name(self) -> str:
+        return str(self.spec)
+
+
+class Loading(Protocol):
+    """What loading a draft may ask of models/ (which sits above drafts/), for one pair."""
+
+    target: PreTrainedModel
+    tokenizer: Any
+    name: str  # the draft as resolved (what from_pretrained gets)
+
+    def model(self) -> tuple[PreTrainedModel, Any]:
+        """The draft as a causal LM with its tokenizer, on the target's first device, shared and cached."""
+        ...
+
+    def head(self, source: str) -> Any:
+        """A feature head for this target, loaded once."""
+        ...
+
+    def shares_vocabulary(self, draft_tokenizer) -> bool:
+        """True when the draft's ids are the target's; False when its drafts must be re-tokenised."""
+        ...
+
+
+class Draft(Protocol):
+    """A loaded draft: what a Pair holds, and all that runs, the bench and the views ask of it."""
+
+    kind: DraftKind
+    spec: DraftSpec
+    name: str  # how the draft is named in records and messages
+    note: str  # one line for the UI about how it drafts ('' when there is nothing to say)
+    assistant: PreTrainedModel | None  # a draft model transformers' assisted generation can run, or None
+
+    def proposer(self, target: PreTrainedModel, spec: SpecConfig) -> Proposer:
+        """A fresh proposer for one request (its cache and ids are that request's own)."""
+        ...
+
+    def info(self) -> DraftInfo:
+        """What the exporters need to know about this draft."""
+        ...
+
+    def idle_note(self, step: Step) -> str:
+        """Why a round with k > 0 drafted nothing ('' when the kind has nothing to say)."""
+        ...
+
+    def modules(self) -> list[torch.nn.Module]:
+        """The draft's own modules, which the bench's pass clock times."""
+        ...
+
+    def params(self) -> int:
+        """Parameters of the draft's own (0 for a draft without weights)."""
+        ...
+
+    def seconds_per_token(self, target: PreTrainedModel, prompt_ids: list[int]) -> float:
+        """Drafting time per token on this machine, as the engine runs the draft."""
+        ...
+
+
+class DraftKind(Protocol):
+    name: str
+    loads_weights: bool  # it has weights of its own, which the hosting rules' model list governs
+    can_be_target: bool  # the same text names a model that could serve as the target
+
+    def parse(self, text: str, probe: bool) -> DraftSpec | None:
+        """The spec when `text` names a draft of this kind, else None."""
+        ...
+
+    def check(self, spec: DraftSpec) -> None:
+        """Raise UserError for a spec of this kind with missing or bad parameters."""
+        ...
+
+    def show(self, spec: DraftSpec) -> str:
+        """The canonical text of a spec, which parse reads back."""
+        ...
+
+    def load(self, spec: DraftSpec, loading: Loading) -> Draft:
+        """The loaded draft for one pair."""
+        ...
+
+    def vllm(self, info: DraftInfo, k: int, spec: SpecConfig) -> tuple[dict | None, list[str]]:
+        """vLLM's --speculative-config for this draft (None: no counterpart) and notes."""
+        ...
+
+    def llama_server(self, info: DraftInfo, k: int, spec: SpecConfig, gguf) -> tuple[list[str], list[str]]:
+        """llama-server's draft arguments ([] with a note: no counterpart) and notes; gguf(name, notes)
+        names the GGUF file of a model."""
+        ...
+
+
+class BaseKind:
+    """Defaults for a kind: weights of its own, no counterpart in the serving engines, no checks."""
+
+    name = ""
+    loads_weights = True
+    can_be_target = False
+    described = ""  # how export notes name this kind
+
+    def check(self, spec: DraftSpec) -> None:
+        if self.loads_weights and not spec.source:
+            raise UserError("no draft model given: pick a preset, a Hub id or a local directory")
+
+    def show(self, spec: DraftSpec) -> str:
+        return spec.source
+
+    def _what(self, info: DraftInfo) -> str:
+        return f"{self.described or 'this draft'} ({info.name})"
+
+    def vllm(self, info: DraftInfo, k: int, spec: SpecConfig) -> tuple[dict | None, list[str]]:
+        return None, [f"{self._what(info)} has no counterpart in vLLM: the command serves the target alone"]
+
+    def llama_server(self, info: DraftInfo, k: int, spec: SpecConfig, gguf) -> tuple[list[str], list[str]]:
+        return [], [f"{self._what(info)} has no counterpart in llama-server: the command serves the target alone"]
+
+
+@dataclass
+class BaseDraft(ABC):
+    """Defaults for a loaded draft: nothing to note, no modules, timed through its own proposer."""
+
+    kind: Any
+    spec: DraftSpec
+    name: str
+    note: str = ""
+    assistant: Any = None
+
+    def info(self) -> DraftInfo:
+        return DraftInfo(self.spec)
+
+    def idle_note(self, step) -> str:
+        return ""
+
+    def modules(self) -> list[torch.nn.Module]:
+        return []
+
+    def params(self) -> int:
+        return sum(p.numel() for m in self.modules() for p in m.parameters())
+
+    def seconds_per_token(self, target, prompt_ids: list[int]) -> float:
+        return proposer_seconds_per_token(self.proposer(target, SpecConfig()), target, prompt_ids)
+
+    @abstractmethod
+    def proposer(self, target, spec: SpecConfig) -> Proposer:
+        """A fresh proposer for one request."""
+
+
+@torch.inference_mode()
+def proposer_seconds_per_token(proposer: Proposer, target, prompt_ids: list[int], k: int = 8, rounds: int = 8) -> float:
+    """A proposer's drafting time per token, as the engine calls it: each round proposes k after the
+    prompt and commits nothing new, so every round drafts from the same context. A proposer that
+    reads features gets the target's over the prompt first, as after a first round."""
+    from app.core import engine
+    from app.kv.cache import CachedModel
+
+    proposer.begin(prompt_ids, target.get_output_embeddings().weight.shape[0])
+    features = None
+    if proposer.wants_features:
+        _, features = CachedModel(target).extend_with_features(prompt_ids, keep=1)
+        proposer.commit(0, int(prompt_ids[-1]), features)
+    greedy, gen = SamplingConfig(), torch.Generator()
+    times = []
+    for _ in range(rounds + 2):  # the first two warm up
+        engine.sync(target.device)
+        start = time.perf_counter()
+        drafted = len(proposer.propose(k, greedy, gen).tokens)
+        engine.sync(target.device)
+        times.append((time.perf_counter() - start) / max(drafted, 1))
+        proposer.commit(0, int(prompt_ids[-1]), None if features is None else features[-1:])
+    proposer.end()
+    return statistics.median(times[2:])

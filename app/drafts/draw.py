@@ -16,11 +16,12 @@ def draw(
     logits: torch.Tensor,
     history: list[int] | None,
     cfg: SamplingConfig,
-    gen: torch.Generator,
+    gen: torch.Generator | None,
     position: int | None = None,
 ) -> tuple[int, torch.Tensor | None]:
     """(token, q) from (V,) logits: q is None under greedy (one-hot on the argmax).
 
+    gen is only read by a sampled draw (None will do under greedy or shared noise).
     history is the context the repetition controls read; None when the caller already applied them.
     position is the absolute position of the token drawn (default len(history)): under the
     shared-noise rule the draft races the noise the target will race there, so it proposes the
@@ -32,8 +33,109 @@ def draw(
         return int(logits.argmax()), None
     q = sampling.probs(logits, cfg)
     if cfg.shared_noise:
-        if position is None and history is None:
+        if position is not None:
+            at = position
+        elif history is not None:
+            at = len(history)
+        else:
             raise ValueError("a shared-noise draw needs the token's position, or the history it follows")
-        at = len(history) if position is None else position
         return int(sampling.race(q, sampling.race_noise(cfg.seed, at, q.shape[-1], q.device))), q
+    assert gen is not None, "a sampled draw needs the run's generator"
     return sampling.sample(q, gen), q
+
+
+def siblings_per_depth(k: int, nodes: int) -> list[int]:
+    """Extra children at each depth of a k-deep chain, for a tree of `nodes` nodes. The budget past
+    the chain goes first where a branch is reached most often, near the root: sibling s at depth d
+    ranks d + s. The shape depends on k and the budget alone, never on what was drafted, which keeps
+    the sampling rule exact (verify.tree_sampling)."""
+    extra = max(0, nodes - k)
+    ranked = sorted((d + s, d) for d in range(k) for s in range(1, extra + 1))[:extra]
+    counts = [0] * k
+    for _, d in ranked:
+        counts[d] += 1
+    return counts
+
+
+def draw_siblings(
+    logits: torch.Tensor,
+    history: list[int] | None,
+    cfg: SamplingConfig,
+    gen: torch.Generator | None,
+    first: int,
+    extra: int,
+    position: int | None = None,
+) -> tuple[list[int], list[torch.Tensor | None]]:
+    """`extra` more children of one node beside `first`, the token draw() gave from the same logits,
+    and each one's q: the next best tokens under greedy, the next race winners under shared noise,
+    and under rejection sampling draws without replacement after `first` (their q renormalised
+    without the tokens drawn before them, as verify.tree_sampling judges them)."""
+    if extra <= 0:
+        return [], []
+    if history is not None and cfg.penalised:
+        logits = sampling.penalise(logits[None], history, [], cfg)[0]
+    if cfg.greedy:
+        top = logits.topk(min(extra + 1, logits.shape[-1])).indices.tolist()
+        tokens = [t for t in top if t != first][:extra]
+        return tokens, [None] * len(tokens)
+    q = sampling.probs(logits, cfg)
+    if cfg.shared_noise:
+        at = (len(history) if history is not None else 0) if position is None else position
+        score = q.double() / sampling.race_noise(cfg.seed, at, q.shape[-1], q.device).double()
+        score[first] = -1.0
+        n = min(extra, int((q > 0).sum()) - 1)
+        tokens = score.topk(n).indices.tolist() if n > 0 else []
+        return tokens, [q] * len(tokens)
+    left = q.clone()
+    left[first] = 0
+    if not left.sum() > 0:
+        return [], []
+    assert gen is not None, "a sampled draw needs the run's generator"
+    tokens, rows = sampling.draw_distinct(left / left.sum(), extra, gen)
+    return tokens, list(rows)
+
+
+class Branches:
+    """One round's drafts as a chain with sibling leaves: the chain is drafted as ever, and at each
+    depth `siblings_per_depth` more children of the same parent are drawn from the same logits. With
+    no budget it is the chain itself (Proposal.parents None)."""
+
+    def __init__(self, k: int, budget: int = 0):
+        self.counts = siblings_per_depth(k, budget) if budget else [0] * k
+        self.tree = budget > 0
+        self.tokens: list[int] = []
+        self.parents: list[int] = []
+        self.qs: list[torch.Tensor | None] = []
+        self.main: list[int] = []  # the chain's nodes, by depth
+
+    def add(self, x: int, q, logits, history, cfg: SamplingConfig, gen, position: int | None = None) -> None:
+        """The chain's next token x (drawn from logits, with q), and its siblings."""
+        parent = self.main[-1] if self.main else -1
+        depth = len(self.main)
+        self.main.append(len(self.tokens))
+        self.tokens.append(x)
+        self.parents.append(parent)
+        self.qs.append(q)
+        if self.tree and self.counts[depth]:
+            tokens, rows = draw_siblings(logits, history, cfg, gen, x, self.counts[depth], position)
+            self.tokens += tokens
+            self.parents += [parent] * len(tokens)
+            self.qs += rows
+
+    @property
+    def chain(self) -> list[int]:
+        return [self.tokens[i] for i in self.main]
+
+    def proposal(self, feature_position: int | None = None) -> Proposal:
+        qs = [q for q in self.qs if q is not None]
+        q = torch.stack(qs) if qs and len(qs) == len(self.qs) else None
+        return Proposal(list(self.tokens), q, feature_position, list(self.parents) if self.tree else None)
+
+    def kept(self, accepted: int, path: list[int] | None) -> tuple[list[int], int]:
+        """(the accepted drafts, how many of them lead along the chain) after a verdict."""
+        if path is None:
+            return self.chain[:accepted] if self.tree else self.tokens[:accepted], accepted
+        on_chain = 0
+        while on_chain < len(path) and on_chain < len(self.main) and path[on_chain] == self.main[on_chain]:
+            on_chain += 1
+        return [self.tokens[i] for i in path], on_chain

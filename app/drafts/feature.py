@@ -1,12 +1,22 @@
-"""EAGLE-style drafting: a feature head over the target's own hidden states (the head itself: feature_head.py)."""
+"""EAGLE-style drafting: a feature head over the target's own hidden states (the head itself:
+feature_head.py), and its draft kind."""
 
 from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, cast
 
 import torch
 from transformers import PreTrainedModel
 
-from app.core.config import SamplingConfig
-from app.drafts.draw import Proposal, draw
+from app.core import passes, sampling
+from app.core.config import SamplingConfig, SpecConfig
+from app.core.contracts import KVCache, Proposer
+from app.drafts.draft_spec import BaseDraft, BaseKind, Draft, DraftInfo, DraftSpec, Loading
+from app.drafts.draw import Branches, Proposal, draw, draw_siblings, siblings_per_depth
 
 
 class FeatureProposer:
@@ -19,14 +29,16 @@ class FeatureProposer:
     """
 
     wants_features = True
-    cache_factory = None  # the head keeps its own growing cache
+    cache_factory: Callable[[Any], KVCache] | None = None  # the head keeps its own growing cache
 
-    def __init__(self, target: PreTrainedModel, head, name: str = "feature-head"):
-        self.target, self.head, self.name = target, head, name
-        self.context_limit = getattr(head.config, "max_position_embeddings", None)
+    def __init__(self, target: PreTrainedModel, head, name: str = "feature-head", tree: int = 0):
+        self.target, self.head, self.name, self.tree = target, head, name, tree  # tree: draw.Branches' budget
+        self.context_limit: int | None = getattr(head.config, "max_position_embeddings", None)
         # Looked up once: transformers' accessors walk the module tree on every call.
         self.embed, self.lm_head = target.get_input_embeddings(), target.get_output_embeddings()
         # A head with a reduced draft vocabulary scores only those rows of the LM head (q = 0 elsewhere).
+        self.vocab: torch.Tensor | None
+        self.w_sub: torch.Tensor | None
         self.vocab, self.w_sub = head.draft_rows(self.lm_head) or (None, None)
 
     def begin(self, prompt_ids: list[int], vocab_size: int) -> None:
@@ -39,21 +51,22 @@ class FeatureProposer:
         self.features: list[torch.Tensor] = []
         self.n_features = 0  # features received in all
         self.tokens_processed = 0  # pairs fed through the head, so tests can prove rollback never re-feeds
-        self._drafts: list[int] = []
+        self._drafts = Branches(0)
+        self._tree: _Tree | None = None
         self.read_feature: int | None = None  # position of the target feature the last draft round read
 
     def _step(self, tokens: list[int], features: torch.Tensor) -> torch.Tensor:
         """Feed pairs (tokens[i], features[i]); return the (n, H) predicted next features."""
-        x = torch.tensor([tokens], device=self.embed.weight.device)
+        x = torch.tensor([tokens], device=cast(torch.Tensor, self.embed.weight).device)
         self.tokens_processed += len(tokens)
         return self.head(self.embed(x), features[None], self.cache)[0]
 
     def propose(self, k: int, cfg: SamplingConfig, gen: torch.Generator) -> Proposal:
-        self._drafts = []
+        self._drafts, self._tree = Branches(k), None
         if k == 0 or self.n_features == 0:
             return Proposal([], None)
         with torch.inference_mode():  # one context for the round, not one per step
-            return self._propose(k, cfg, gen)
+            return self._propose_tree(k, cfg, gen) if self.tree else self._propose(k, cfg, gen)
 
     def _propose(self, k: int, cfg: SamplingConfig, gen: torch.Generator) -> Proposal:
         f = self.features[0] if len(self.features) == 1 else torch.cat(self.features)
@@ -62,39 +75,213 @@ class FeatureProposer:
         predicted = self._step(self.ids[self.pairs + 1 :], f)
         self.pairs = len(self.ids) - 1
         self.read_feature = len(self.ids) - 2
-        tokens, qs = [], []
-        feature = predicted[-1]
+        drafts, feature = self._drafts, predicted[-1]
         for i in range(k):
-            x, q = self._draw(feature, self.ids + tokens, cfg, gen)
-            if q is not None:
-                qs.append(q)
-            tokens.append(x)
+            history = self.ids + drafts.chain
+            x, q = self._draw(feature, history, cfg, gen)
+            drafts.add(x, q, None, history, cfg, gen)
             if i < k - 1:  # EAGLE drafts on its own predicted feature
                 feature = self._step([x], feature[None])[-1]
-        self._drafts = tokens
-        return Proposal(tokens, torch.stack(qs) if qs else None, self.read_feature)
+        return drafts.proposal(self.read_feature)
+
+    def _propose_tree(self, k: int, cfg: SamplingConfig, gen: torch.Generator) -> Proposal:
+        """EAGLE-2's tree: depth by depth, the budget of that depth (siblings_per_depth) goes to the
+        children with the highest expected value, a parent's path probability times its j-th best
+        draft probability; each parent's children are then drawn (the best under greedy, without
+        replacement under sampling, race order under shared noise), and one head pass over the new
+        nodes, each seeing the true pairs and its own ancestors, gives their features. Who gets
+        children depends on the parents alone, never on the children drawn, so every rule stays exact."""
+        f = self.features[0] if len(self.features) == 1 else torch.cat(self.features)
+        self.features = []
+        predicted = self._step(self.ids[self.pairs + 1 :], f)
+        self.pairs = len(self.ids) - 1
+        self.read_feature = len(self.ids) - 2
+        tree = _Tree()
+        # The frontier: (node, path probability, the feature its children are drawn from); -1 is the root.
+        frontier = [(-1, 1.0, predicted[-1])]
+        widths = [1 + n for n in siblings_per_depth(k, self.tree)]
+        for depth, width in enumerate(widths):
+            rows = [self._logits(feature) for _, _, feature in frontier]
+            scored = [row.float().softmax(-1) if cfg.greedy else sampling.probs(row, cfg) for row in rows]
+            offers = sorted(
+                (
+                    (score * value, i)
+                    for i, ((_, score, _), row) in enumerate(zip(frontier, scored, strict=True))
+                    for value in row.topk(min(width, row.shape[-1])).values.tolist()
+                ),
+                reverse=True,
+            )[:width]
+            new: list[int] = []
+            for i, ((node, score, feature), logits, probs) in enumerate(zip(frontier, rows, scored, strict=True)):
+                count = sum(1 for _, j in offers if j == i)
+                if count:
+                    history = self.ids + tree.branch(node)
+                    x, q = draw(logits, history, cfg, gen)
+                    more, more_q = draw_siblings(logits, history, cfg, gen, x, count - 1)
+                    for t, row in zip([x, *more], [q, *more_q], strict=True):
+                        new.append(tree.add(t, node, row, score * float(probs[t]), feature))
+            if depth == len(widths) - 1 or not new:
+                break
+            features = self._tree_step(tree, new)
+            frontier = [(node, tree.scores[node], features[j]) for j, node in enumerate(new)]
+        self._tree = tree
+        return Proposal(list(tree.tokens), tree.q(), self.read_feature, list(tree.parents))
+
+    def _tree_step(self, tree: _Tree, new: list[int]) -> torch.Tensor:
+        """The (len(new), H) features of one depth's new nodes: one head pass over the pairs (node
+        token, its parent's feature) at that depth's position, each seeing the true pairs and its
+        own ancestors (the nodes before sit in the head's cache after the true pairs)."""
+        start = self.cache.get_seq_length()
+        for j, node in enumerate(new):
+            tree.slots[node] = start + j
+        sees = [[tree.slots[a] for a in tree.ancestry(node)] for node in new]
+        device = tree.feeds[new[0]].device
+        mask = passes.tree_pass(sees, [self.pairs] * len(new), start + len(new), self.head.config, device)
+        position = torch.full((1, len(new)), self.pairs - 1 + len(sees[0]), device=device)
+        x = torch.tensor([[tree.tokens[i] for i in new]], device=device)
+        pairs = torch.stack([tree.feeds[i] for i in new])[None]
+        self.tokens_processed += len(new)
+        return self.head(self.embed(x), pairs, self.cache, mask, position)[0]
+
+    def _logits(self, feature: torch.Tensor) -> torch.Tensor:
+        """(V,) logits from a predicted feature: the LM head, or its draft-vocabulary rows (-inf elsewhere)."""
+        if self.vocab is None:
+            return self.lm_head(feature)[: self.vocab_size]
+        assert self.w_sub is not None  # gathered with the draft vocabulary
+        scores = torch.nn.functional.linear(feature, self.w_sub)
+        logits = torch.full((self.vocab_size,), float("-inf"), device=scores.device, dtype=scores.dtype)
+        logits[self.vocab] = scores
+        return logits
 
     def _draw(self, feature: torch.Tensor, history: list[int], cfg: SamplingConfig, gen: torch.Generator):
         """A draft token from a predicted feature, through the LM head (or its draft-vocabulary rows)."""
-        if self.vocab is None:
-            return draw(self.lm_head(feature)[: self.vocab_size], history, cfg, gen)
-        scores = torch.nn.functional.linear(feature, self.w_sub)
-        if cfg.greedy and not cfg.penalised:  # the argmax of the subset: no full row needed
-            return int(self.vocab[scores.argmax()]), None
-        logits = torch.full((self.vocab_size,), float("-inf"), device=scores.device, dtype=scores.dtype)
-        logits[self.vocab] = scores
-        return draw(logits, history, cfg, gen)
+        if self.vocab is not None and cfg.greedy and not cfg.penalised:  # the subset's argmax: no full row
+            assert self.w_sub is not None
+            return int(self.vocab[torch.nn.functional.linear(feature, self.w_sub).argmax()]), None
+        return draw(self._logits(feature), history, cfg, gen)
 
-    def commit(self, accepted: int, token: int, features: torch.Tensor | None = None) -> None:
+    def commit(
+        self, accepted: int, token: int, features: torch.Tensor | None = None, path: list[int] | None = None
+    ) -> None:
+        if path is not None and self._tree is not None:
+            kept = [self._tree.tokens[i] for i in path]
+        else:
+            kept = self._drafts.kept(accepted, path)[0]
+        self._tree = None
         if features is None:
             raise ValueError("a feature head needs the target's features at every commit")
         drafted_pairs = self.cache.get_seq_length() - self.pairs
         if drafted_pairs > 0:  # pairs built on predicted features: the target's true ones replace them
             self.cache.crop(-drafted_pairs)
-        self.ids += self._drafts[:accepted] + [token]
+        self.ids += kept + [token]
         self.features.append(features.detach())
         self.n_features += features.shape[0]
-        self._drafts = []
+        self._drafts = Branches(0)
 
     def end(self) -> None:
         pass
+
+
+EAGLE_PREFIX = "eagle:"  # how users type a head by id or path: eagle:<head>
+
+
+class FeatureKind(BaseKind):
+    """A feature head: eagle:<Hub id or directory>, or a directory that holds one."""
+
+    name = "feature_head"
+    described = "a feature-head (EAGLE) draft"
+
+    def parse(self, text: str, probe: bool) -> DraftSpec | None:
+        from app.drafts.feature_head import is_head_dir
+
+        if text.lower().startswith(EAGLE_PREFIX):
+            return DraftSpec(self, source=text[len(EAGLE_PREFIX) :].strip())
+        if probe and text and Path(text).is_dir() and is_head_dir(text):
+            return DraftSpec(self, source=text)
+        return None
+
+    def show(self, spec: DraftSpec) -> str:
+        from app.drafts.feature_head import is_head_dir
+
+        return spec.source if Path(spec.source).is_dir() and is_head_dir(spec.source) else EAGLE_PREFIX + spec.source
+
+    def load(self, spec: DraftSpec, loading: Loading) -> Draft:
+        return HeadDraft(self, spec, loading.name, head=loading.head(spec.source))
+
+    def vllm(self, info: DraftInfo, k: int, spec: SpecConfig) -> tuple[dict | None, list[str]]:
+        notes = []
+        if trained_here(info.spec.source):
+            notes.append(
+                "this head has a fusion bias and a draft vocabulary vLLM's EAGLE-1 model has no place for: "
+                "--head-out DIR writes the copy vLLM reads"
+            )
+        return {"method": "eagle", "model": info.spec.source, "num_speculative_tokens": k}, notes
+
+
+def trained_here(source: str) -> bool:
+    """Whether a head directory is in this app's own layout (python -m app train writes it)."""
+    config = Path(source) / "config.json"
+    try:
+        return config.is_file() and "feature_head" in json.loads(config.read_text())
+    except (OSError, ValueError):
+        return False
+
+
+@dataclass
+class HeadDraft(BaseDraft):
+    head: torch.nn.Module | None = None
+
+    def proposer(self, target, spec: SpecConfig) -> Proposer:
+        return FeatureProposer(target, self.head, self.name, tree=spec.tree)
+
+    def idle_note(self, step) -> str:
+        if step.feature_position is not None:
+            return ""
+        return (
+            "The feature head drafts from the target's own features, and the target has not run yet: this "
+            "round is its first pass over the prompt (the prefill), which gives the first token and the "
+            "features the head starts from next round."
+        )
+
+    def modules(self) -> list[torch.nn.Module]:
+        assert self.head is not None, "a loaded head draft holds its head"
+        return [self.head]
+
+
+KIND = FeatureKind()
+
+
+class _Tree:
+    """One round's tree of drafts as the feature head grows it."""
+
+    def __init__(self) -> None:
+        self.tokens: list[int] = []
+        self.parents: list[int] = []
+        self.rows: list[torch.Tensor | None] = []  # the q each node was drawn from
+        self.scores: list[float] = []  # path probability under the draft
+        self.feeds: list[torch.Tensor] = []  # the feature each node's pair reads: its parent's
+        self.slots: dict[int, int] = {}  # node -> its slot in the head's cache, once fed
+
+    def add(self, token: int, parent: int, q: torch.Tensor | None, score: float, feed: torch.Tensor) -> int:
+        self.tokens.append(token)
+        self.parents.append(parent)
+        self.rows.append(q)
+        self.scores.append(score)
+        self.feeds.append(feed)
+        return len(self.tokens) - 1
+
+    def ancestry(self, node: int) -> list[int]:
+        """The node and its ancestors, root side last."""
+        out = []
+        while node >= 0:
+            out.append(node)
+            node = self.parents[node]
+        return out
+
+    def branch(self, node: int) -> list[int]:
+        """The tokens from the root down to the node."""
+        return [self.tokens[i] for i in reversed(self.ancestry(node))]
+
+    def q(self) -> torch.Tensor | None:
+        rows = [r for r in self.rows if r is not None]
+        return torch.stack(rows) if rows and len(rows) == len(self.rows) else None

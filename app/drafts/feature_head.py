@@ -15,6 +15,7 @@ from __future__ import annotations
 import copy
 import json
 from pathlib import Path
+from typing import cast
 
 import torch
 from safetensors.torch import load_file, save_file
@@ -22,8 +23,8 @@ from torch import nn
 from transformers import AutoModel, DynamicCache, PreTrainedModel
 
 from app.core.config import UserError
+from app.core.passes import through_layers, through_masked
 from app.kv import growing_cache
-from app.kv.direct_pass import through_layers, through_masked
 
 FUSION_KEYS = ("fc.weight",)  # a safetensors file with these is an EAGLE-style head
 SUPPORTED = ("llama", "qwen2")  # target architectures whose decoder layer a head can reuse
@@ -79,7 +80,7 @@ class FeatureHead(nn.Module):
         and shared by every request; None when the head drafts over the whole vocabulary."""
         if self.draft_vocab is None:
             return None
-        weight = lm_head.weight
+        weight = cast(torch.Tensor, lm_head.weight)  # nn.Module's attribute lookup types it Tensor | Module
         if self._draft_rows is None or self._draft_rows[0] is not weight:
             ids = self.draft_vocab.to(weight.device)
             self._draft_rows = (weight, ids, weight[ids].detach())
@@ -89,12 +90,20 @@ class FeatureHead(nn.Module):
         return growing_cache.new_cache(self.config)  # drafted pairs are rolled back every round
 
     def forward(
-        self, token_embeds: torch.Tensor, features: torch.Tensor, cache: DynamicCache | None = None
+        self,
+        token_embeds: torch.Tensor,
+        features: torch.Tensor,
+        cache: DynamicCache | None = None,
+        mask: torch.Tensor | None = None,
+        position: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """token_embeds, features: (B, T, H) for pairs (x_{t+1}, f_t); returns (B, T, H) f_{t+1}."""
+        """token_embeds, features: (B, T, H) for pairs (x_{t+1}, f_t); returns (B, T, H) f_{t+1}.
+        A tree's pairs come with their own mask and positions (passes.tree_pass)."""
         fused = self.fc(torch.cat([token_embeds, features.to(token_embeds.dtype)], dim=-1))
         if cache is None:  # training: whole windows, no cache
             return self.body(inputs_embeds=fused, use_cache=False).last_hidden_state
+        if mask is not None:
+            return through_masked(self.config, self.body.layers, self.body.rotary_emb, fused, cache, mask, position)
         return self.read(fused, cache)
 
     def read(self, fused: torch.Tensor, cache: DynamicCache) -> torch.Tensor:
@@ -192,5 +201,5 @@ def load_head(path: str | Path, target: PreTrainedModel) -> FeatureHead:
         if len(vocab) == 0 or int(vocab.max()) >= target.config.vocab_size or int(vocab.min()) < 0:
             raise UserError(f"feature head {path.name!r} drafts ids outside the target's vocabulary")
         head.draft_vocab = vocab
-    device = target.get_input_embeddings().weight.device
-    return head.to(device=device, dtype=target.get_input_embeddings().weight.dtype).eval()
+    device = cast(torch.Tensor, target.get_input_embeddings().weight).device
+    return head.to(device=device, dtype=cast(torch.Tensor, target.get_input_embeddings().weight).dtype).eval()

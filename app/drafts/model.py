@@ -1,19 +1,25 @@
-"""Drafts from a causal LM with the target's tokenizer: a small model, or the target's own first layers
-(early exit, self-speculation)."""
+"""Drafts from a causal LM: a small model (with the target's tokenizer, or re-tokenised across
+tokenizers), or the target's own first layers (early exit, self-speculation); and their draft kinds."""
 
 from __future__ import annotations
 
 import copy
+import time
 from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar, cast
 
 import torch
 from torch import nn
 from transformers import PreTrainedModel
 
-from app.core.config import SamplingConfig, UserError
-from app.core.contracts import KVCache
-from app.drafts.draw import Proposal, draw
-from app.kv.cache import CachedModel
+from app.core import engine
+from app.core.config import SamplingConfig, SpecConfig, UserError
+from app.core.contracts import KVCache, Proposer
+from app.drafts.cross_tokenizer import CrossTokenizerProposer, TokenBridge
+from app.drafts.draft_spec import BaseDraft, BaseKind, Draft, DraftInfo, DraftSpec, Loading
+from app.drafts.draw import Branches, Proposal, draw
+from app.kv.cache import CachedModel, refuse_uncroppable
 
 
 class ModelProposer:
@@ -26,49 +32,54 @@ class ModelProposer:
     wants_features = False
 
     def __init__(
-        self, model: PreTrainedModel, name: str, cache_factory: Callable[[PreTrainedModel], KVCache] = CachedModel
+        self,
+        model: PreTrainedModel,
+        name: str,
+        cache_factory: Callable[[PreTrainedModel], KVCache] = CachedModel,
+        tree: int = 0,
     ):
-        self.model, self.name = model, name
+        self.model, self.name, self.tree = model, name, tree  # tree: a node budget (draw.Branches); 0: chains
         # Which KV cache the draft runs on: the request may give the static one (the GPU fast path).
-        self.cache_factory = cache_factory
-        self.context_limit = getattr(model.config, "max_position_embeddings", None)
+        self.cache_factory: Callable[[Any], KVCache] | None = cache_factory
+        self.context_limit: int | None = getattr(model.config, "max_position_embeddings", None)
 
     def begin(self, prompt_ids: list[int], vocab_size: int) -> None:
         self.ids = list(prompt_ids)
+        assert self.cache_factory is not None, "a model draft runs on a cache of its own"
         self.lm = self.cache_factory(self.model)
         # Padded embedding rows beyond the target's vocabulary must never be drafted.
         self.vocab_size = vocab_size
-        self._drafts: list[int] = []
+        self._drafts = Branches(0)
 
     def propose(self, k: int, cfg: SamplingConfig, gen: torch.Generator) -> Proposal:
+        self._drafts = drafts = Branches(k, self.tree)
         if k == 0:
-            self._drafts = []
             return Proposal([], None)
         logits = self.lm.extend(self.ids[self.lm.length :], keep=1)[-1]
-        tokens, qs = [], []
         for i in range(k):
-            x, q = draw(logits[: self.vocab_size], self.ids + tokens, cfg, gen)
-            if q is not None:
-                qs.append(q)
-            tokens.append(x)
+            history = self.ids + drafts.chain
+            x, q = draw(logits[: self.vocab_size], history, cfg, gen)
+            drafts.add(x, q, logits[: self.vocab_size], history, cfg, gen)
             if i < k - 1:
                 logits = self.lm.step(x)
-        self._drafts = tokens
-        return Proposal(tokens, torch.stack(qs) if qs else None)
+        return drafts.proposal()
 
-    def commit(self, accepted: int, token: int, features: torch.Tensor | None = None) -> None:
-        # The cache holds ids + drafts[:-1]; keep only the part the target agreed with.
-        self.lm.rollback(min(self.lm.length, len(self.ids) + accepted))
-        self.ids += self._drafts[:accepted] + [token]
-        self._drafts = []
+    def commit(
+        self, accepted: int, token: int, features: torch.Tensor | None = None, path: list[int] | None = None
+    ) -> None:
+        # The cache holds ids + the chain's drafts but its last; keep only the part the target agreed with.
+        kept, on_chain = self._drafts.kept(accepted, path)
+        self.lm.rollback(min(self.lm.length, len(self.ids) + on_chain))
+        self.ids += kept + [token]
+        self._drafts = Branches(0)
 
     def end(self) -> None:
         self.lm.close()
 
 
-def early_exit(target: PreTrainedModel, n_layers: int) -> ModelProposer:
+def early_exit(target: PreTrainedModel, n_layers: int, tree: int = 0) -> ModelProposer:
     """Self-speculation: the target's first n layers, final norm and LM head."""
-    return ModelProposer(early_exit_view(target, n_layers), f"early-exit:{n_layers}")
+    return ModelProposer(early_exit_view(target, n_layers), f"early-exit:{n_layers}", tree=tree)
 
 
 def decoder_layers(model: PreTrainedModel) -> str:
@@ -93,15 +104,23 @@ def early_exit_view(model: PreTrainedModel, n_layers: int) -> PreTrainedModel:
     config.num_hidden_layers = n_layers
     if getattr(config, "layer_types", None):
         config.layer_types = config.layer_types[:n_layers]
-    view = node = _shallow(model, config)
+    view = _shallow(model, config)
+    node: nn.Module = view
     for part in parents:
-        node._modules[part] = _shallow(node._modules[part], config)
-        node = node._modules[part]
-    node._modules[name] = nn.ModuleList(list(node._modules[name])[:n_layers])
+        child = node._modules[part]
+        assert child is not None  # a module on the path that decoder_layers found
+        copied = _shallow(child, config)
+        node._modules[part] = copied
+        node = copied
+    layers = cast(nn.ModuleList, node._modules[name])  # decoder_layers found a ModuleList there
+    node._modules[name] = nn.ModuleList(list(layers)[:n_layers])
     return view
 
 
-def _shallow(module: nn.Module, config) -> nn.Module:
+M = TypeVar("M", bound=nn.Module)
+
+
+def _shallow(module: M, config) -> M:
     """A copy of module whose child dict (and config, if it has one) can be replaced without touching it."""
     out = copy.copy(module)
     out._modules = dict(module._modules)
@@ -111,3 +130,118 @@ def _shallow(module: nn.Module, config) -> nn.Module:
     if hasattr(module, "config"):
         out.config = config
     return out
+
+
+@torch.inference_mode()
+def decode_seconds_per_token(model, prompt_ids: list[int], n: int = 64) -> float:
+    """Batch-1 cached decode time per token, as the engine runs the model (direct passes where it
+    is admitted, direct_pass.py)."""
+    lm = CachedModel(model)
+    logits = lm.extend(prompt_ids)
+    tok = int(logits[-1].argmax())
+    for _ in range(4):  # warm-up
+        tok = int(lm.step(tok).argmax())
+    engine.sync(model.device)
+    start = time.perf_counter()
+    for _ in range(n):
+        tok = int(lm.step(tok).argmax())
+    engine.sync(model.device)
+    return (time.perf_counter() - start) / n
+
+
+class ModelKind(BaseKind):
+    """A separate draft model, named by a Hub id or a local directory: any text no other kind reads."""
+
+    name = "model"
+    can_be_target = True
+
+    def parse(self, text: str, probe: bool) -> DraftSpec | None:
+        return DraftSpec(self, source=text)
+
+    def load(self, spec: DraftSpec, loading: Loading) -> Draft:
+        model, tokenizer = loading.model()
+        refuse_uncroppable(model)
+        if loading.shares_vocabulary(tokenizer):
+            return ModelDraft(self, spec, loading.name, assistant=model, model=model)
+        bridge = TokenBridge(loading.tokenizer, tokenizer)
+        note = "different tokenizers: drafts are re-tokenised"
+        return ModelDraft(self, spec, loading.name, note=note, model=model, bridge=bridge)
+
+    def vllm(self, info: DraftInfo, k: int, spec: SpecConfig) -> tuple[dict | None, list[str]]:
+        if info.different_tokenizer:
+            return None, [
+                "a draft with a different tokenizer has no counterpart in vLLM (its draft model must share "
+                "the target's vocabulary): the command serves the target alone"
+            ]
+        return {"method": "draft_model", "model": info.name, "num_speculative_tokens": k}, []
+
+    def llama_server(self, info: DraftInfo, k: int, spec: SpecConfig, gguf) -> tuple[list[str], list[str]]:
+        if info.different_tokenizer:
+            return [], [
+                "a draft with a different tokenizer has no counterpart in llama.cpp (it requires compatible "
+                "vocabularies): the command serves the target alone"
+            ]
+        notes: list[str] = []
+        return ["-md", gguf(info.name, notes), "--draft-max", str(k), "--draft-min", "0"], notes
+
+
+@dataclass
+class ModelDraft(BaseDraft):
+    model: PreTrainedModel | None = None
+    bridge: TokenBridge | None = None  # set when the draft has another tokenizer: its drafts are re-tokenised
+
+    def proposer(self, target, spec: SpecConfig) -> Proposer:
+        assert self.model is not None, "a loaded model draft holds its model"
+        if self.bridge is not None:
+            return CrossTokenizerProposer(self.model, self.bridge, self.name)
+        return ModelProposer(self.model, self.name, tree=spec.tree)
+
+    def info(self) -> DraftInfo:
+        return DraftInfo(self.spec, different_tokenizer=self.bridge is not None)
+
+    def modules(self) -> list[nn.Module]:
+        assert self.model is not None, "a loaded model draft holds its model"
+        return [self.model]
+
+    def params(self) -> int:
+        assert self.model is not None, "a loaded model draft holds its model"
+        return self.model.num_parameters()
+
+    def seconds_per_token(self, target, prompt_ids: list[int]) -> float:
+        return decode_seconds_per_token(self.model, prompt_ids)
+
+
+EARLY_EXIT_PREFIX = "early-exit:"  # how users type it: early-exit:N
+
+
+class EarlyExitKind(BaseKind):
+    name = "early_exit"
+    loads_weights = False
+    described = "early exit"
+
+    def parse(self, text: str, probe: bool) -> DraftSpec | None:
+        if not text.lower().startswith(EARLY_EXIT_PREFIX):
+            return None
+        count = text[len(EARLY_EXIT_PREFIX) :].strip()
+        if not (count.isascii() and count.isdigit() and len(count) <= 4):
+            raise UserError(f"early exit needs a layer count, like early-exit:2; got {text[:40]!r}")
+        return DraftSpec(self, layers=int(count))
+
+    def check(self, spec: DraftSpec) -> None:
+        if spec.layers < 1:
+            raise UserError(f"early exit needs at least one layer, like early-exit:2; got {spec.layers}")
+
+    def show(self, spec: DraftSpec) -> str:
+        return f"{EARLY_EXIT_PREFIX}{spec.layers}"
+
+    def load(self, spec: DraftSpec, loading: Loading) -> Draft:
+        early_exit(loading.target, spec.layers)  # validates N against the target's depth
+        return EarlyExitDraft(self, spec, str(spec))
+
+
+class EarlyExitDraft(BaseDraft):
+    def proposer(self, target, spec: SpecConfig) -> Proposer:
+        return early_exit(target, self.spec.layers, spec.tree)
+
+
+KIND, EARLY_EXIT = ModelKind(), EarlyExitKind()

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from typing import cast
+
 import torch
 import transformers
 from packaging.version import Version
 from transformers import DynamicCache, PreTrainedModel
 from transformers.cache_utils import DummyLayer, DynamicLayer
 
+from app.core import passes, verify
 from app.core.config import UserError
 from app.kv import direct_pass, growing_cache
 
@@ -34,10 +37,11 @@ class ModelCache:
         self.model = model
         self.length = 0
         self.tokens_processed = 0
-        self.device = model.get_input_embeddings().weight.device
+        # (nn.Module's attribute lookup types a weight as Tensor | Module.)
+        self.device = cast(torch.Tensor, model.get_input_embeddings().weight).device
         # A draft with a smaller embedding table than the target's vocabulary cannot embed the
         # target's top ids: it sees a stand-in instead (its guesses get worse, the output stays exact).
-        self.rows = model.get_input_embeddings().weight.shape[0]
+        self.rows = cast(torch.Tensor, model.get_input_embeddings().weight).shape[0]
         self.stand_in = _stand_in(model.config, self.rows)
 
     def _embeddable(self, ids: list[int]) -> list[int]:
@@ -45,6 +49,16 @@ class ModelCache:
 
     def close(self) -> None:
         """Nothing is pooled here; a static cache goes back to its pool."""
+
+    def extend_tree(
+        self, ids: list[int], tokens: list[int], parents: list[int], features: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Feed committed ids, then a tree of drafts, in one pass (CachedModel)."""
+        raise UserError("draft trees run on the dynamic KV cache: run without --compile")
+
+    def keep_path(self, base: int, path: list[int]) -> None:
+        """After a tree pass: keep the nodes of `path` (CachedModel)."""
+        raise UserError("draft trees run on the dynamic KV cache: run without --compile")
 
 
 class CachedModel(ModelCache):
@@ -72,7 +86,9 @@ class CachedModel(ModelCache):
     @torch.inference_mode()
     def extend_with_features(self, ids: list[int], keep: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
         """As extend, plus the (len(ids), H) last-layer hidden states of every fed position."""
-        return self._forward(ids, keep, features=True)
+        logits, hidden = self._forward(ids, keep, features=True)
+        assert hidden is not None  # asked for with features=True
+        return logits, hidden
 
     def step(self, token: int) -> torch.Tensor:
         """(V,) logits of one more token."""
@@ -94,6 +110,62 @@ class CachedModel(ModelCache):
         self.length += len(ids)
         self.tokens_processed += len(ids)
         return logits, hidden
+
+    @torch.inference_mode()
+    def extend_tree(
+        self, ids: list[int], tokens: list[int], parents: list[int], features: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Feed committed ids, then a tree of draft tokens, in one pass: node i sits at the position of
+        its depth after the committed ones and sees them and its own ancestors only. Returns the
+        (1 + n, V) logits after the last id and after each node, and with features the
+        (len(ids) + n, H) last-layer hidden states. The cache then holds every node: keep_path."""
+        if not ids:
+            raise ValueError("a tree pass feeds at least the newest committed token, whose logits choose the root")
+        if self.windowed:
+            raise UserError("draft trees need full-attention layers: this model has sliding windows")
+        cached, m, n = self.length, len(ids), len(tokens)
+        base = cached + m  # node i's slot is base + i
+        sees: list[list[int]] = [[] for _ in range(m)]
+        prefix = [cached + r + 1 for r in range(m)]
+        for i, parent in enumerate(parents):
+            sees.append((sees[m + parent] if parent >= 0 else []) + [base + i])
+            prefix.append(base)
+        depth = verify.depths(parents)
+        position = torch.tensor([list(range(cached, base)) + [base - 1 + d for d in depth]], device=self.device)
+        mask = passes.tree_pass(sees, prefix, base + n, self.model.config, self.device)
+        fed = self._embeddable(list(ids) + list(tokens))
+        if self.direct is not None:
+            logits, hidden = direct_pass.forward(self.direct, self.cache, fed, n + 1, features, mask, position)
+        else:
+            x = torch.tensor([fed], dtype=torch.long, device=self.device)
+            out = self.model(
+                input_ids=x,
+                position_ids=position,
+                attention_mask=mask,
+                cache=self.cache,
+                use_cache=True,
+                logits_to_keep=n + 1,
+                output_hidden_states=features,
+            )
+            logits, hidden = out.logits[0], out.hidden_states[-1][0] if features else None
+        self.length += m + n
+        self.tokens_processed += m + n
+        return logits, hidden
+
+    @torch.inference_mode()
+    def keep_path(self, base: int, path: list[int]) -> None:
+        """After a tree pass whose nodes sit from slot `base`: the kept nodes' keys and values move to
+        slots base, base + 1, .. in order (their positions are their depths, so they are the text's
+        own), and every other node is forgotten. Nothing is recomputed."""
+        if path != list(range(len(path))):
+            src = torch.tensor([base + i for i in path], device=self.device)
+            dst = torch.arange(base, base + len(path), device=self.device)
+            for layer in self.cache.layers:
+                keys, values = getattr(layer, "keys", None), getattr(layer, "values", None)
+                assert keys is not None and values is not None  # the pass just filled every layer
+                keys[..., dst, :] = keys[..., src, :]
+                values[..., dst, :] = values[..., src, :]
+        self.rollback(base + len(path))
 
     def rollback(self, length: int) -> None:
         """Forget every cached position at or after `length`: a crop, never a recompute.

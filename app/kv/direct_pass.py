@@ -21,21 +21,20 @@ import torch
 from torch import nn
 from transformers import DynamicCache, PreTrainedModel
 from transformers.cache_utils import DynamicLayer
-from transformers.masking_utils import create_causal_mask
 
-from app.kv import (
-    growing_cache,  # Decoders whose forward is embed, mask, rotary, layers (hidden, position_embeddings, cache),
-)
+from app.core.passes import through_layers, through_masked
+from app.kv import growing_cache
 
-# final norm, LM head over the kept rows: Gemma scales its embedding and caps its logits, and
-# others differ further, so they are left to the wrapper.
+# Decoders whose forward is embed, mask, rotary, layers (hidden, position_embeddings, cache), final
+# norm, LM head over the kept rows: Gemma scales its embedding and caps its logits, and others differ
+# further, so they are left to the wrapper.
 FAMILIES = ("llama", "qwen2", "qwen3", "mistral")
 
 
 @dataclass
 class Parts:
     config: object
-    embed: nn.Module
+    embed: nn.Embedding  # embed_tokens, an nn.Embedding in every family above
     layers: nn.ModuleList
     norm: nn.Module
     rotary: nn.Module
@@ -84,15 +83,21 @@ def clocked(clock: Callable[[], AbstractContextManager]):
 
 
 def forward(
-    p: Parts, cache: DynamicCache, ids: list[int], keep: int = 0, features: bool = False
+    p: Parts,
+    cache: DynamicCache,
+    ids: list[int],
+    keep: int = 0,
+    features: bool = False,
+    mask: torch.Tensor | None = None,
+    position: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(keep, V) logits of the last `keep` of `ids` (0: all) fed after the cached positions, and
     with features=True the (len(ids), H) normed last hidden states (the wrapper's hidden_states[-1]).
-    The cache grows by len(ids)."""
+    The cache grows by len(ids). A tree pass gives its own mask and positions (passes.tree_pass)."""
     if not _clocks:
-        return _forward(p, cache, ids, keep, features)
+        return _forward(p, cache, ids, keep, features, mask, position)
     with _clocks[-1]():
-        return _forward(p, cache, ids, keep, features)
+        return _forward(p, cache, ids, keep, features, mask, position)
 
 
 def step(p: Parts, cache: DynamicCache, token: int) -> torch.Tensor:
@@ -104,8 +109,9 @@ def step(p: Parts, cache: DynamicCache, token: int) -> torch.Tensor:
 
 
 @torch.inference_mode()
-def _forward(p: Parts, cache: DynamicCache, ids: list[int], keep: int, features: bool):
-    h = through_masked(p.config, p.layers, p.rotary, p.embed(torch.tensor([ids], device=p.embed.weight.device)), cache)
+def _forward(p: Parts, cache: DynamicCache, ids: list[int], keep: int, features: bool, mask=None, position=None):
+    x = p.embed(torch.tensor([ids], device=p.embed.weight.device))
+    h = through_masked(p.config, p.layers, p.rotary, x, cache, mask, position)
     h = p.norm(h)
     logits = p.lm_head(h[:, -keep:] if keep else h)[0]
     return logits, h[0] if features else None
@@ -115,41 +121,6 @@ def _forward(p: Parts, cache: DynamicCache, ids: list[int], keep: int, features:
 def _step(p: Parts, cache: DynamicCache, token: int) -> torch.Tensor:
     h = p.embed(torch.tensor([[token]], device=p.embed.weight.device))
     return p.lm_head(p.norm(through_layers(p.layers, p.rotary, h, cache)))[0, -1]
-
-
-def through_masked(config, layers, rotary: nn.Module, h: torch.Tensor, cache: DynamicCache) -> torch.Tensor:
-    """(1, T, H) hidden states of T new positions through decoder layers that append to `cache`,
-    under the causal mask that transformers' own `create_causal_mask` builds for them."""
-    position = (torch.arange(h.shape[1], device=h.device) + cache.get_seq_length()).unsqueeze(0)
-    mask = create_causal_mask(config=config, inputs_embeds=h, attention_mask=None, cache=cache, position_ids=position)
-    position_embeddings = rotary(h, position_ids=position)
-    for layer in layers:
-        h = layer(
-            h,
-            attention_mask=mask,
-            position_embeddings=position_embeddings,
-            position_ids=position,
-            cache=cache,
-            use_cache=True,
-        )
-    return h
-
-
-def through_layers(layers, rotary: nn.Module, h: torch.Tensor, cache: DynamicCache) -> torch.Tensor:
-    """(1, 1, H) hidden state of one new position through decoder layers that append to `cache`.
-    One query attends to every cached position, so no mask is built or passed."""
-    position = torch.full((1, 1), cache.get_seq_length(), dtype=torch.long, device=h.device)
-    position_embeddings = rotary(h, position)
-    for layer in layers:
-        h = layer(
-            h,
-            attention_mask=None,
-            position_ids=position,
-            cache=cache,
-            use_cache=True,
-            position_embeddings=position_embeddings,
-        )
-    return h
 
 
 @torch.inference_mode()
@@ -168,6 +139,7 @@ def _agrees(model: PreTrainedModel, p: Parts) -> bool:
                 input_ids=torch.tensor([ids], device=device), cache=own, use_cache=True, output_hidden_states=True
             )
             logits, features = forward(p, direct, ids, features=True)
+            assert features is not None  # asked for with features=True
             if not (torch.equal(out.logits[0], logits) and torch.equal(out.hidden_states[-1][0], features)):
                 return False
         if not torch.equal(
@@ -176,7 +148,8 @@ def _agrees(model: PreTrainedModel, p: Parts) -> bool:
         ):
             return False
         # A rollback leaves stale positions in a growing buffer, which the next pass must overwrite exactly.
-        own.crop(-3), direct.crop(-3)
+        own.crop(-3)
+        direct.crop(-3)
         out = model(input_ids=torch.tensor([probe[1:3]], device=device), cache=own, use_cache=True)
         return torch.equal(out.logits[0], forward(p, direct, probe[1:3])[0])
     except (TypeError, ValueError, RuntimeError, AttributeError):  # a layer with another signature

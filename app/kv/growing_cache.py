@@ -24,6 +24,9 @@ ROOM = 256
 
 
 class GrowingLayer(DynamicLayer):
+    _k: torch.Tensor | None
+    _v: torch.Tensor | None
+
     def __init__(self, room: int = ROOM):
         super().__init__()
         self.room = room
@@ -39,6 +42,7 @@ class GrowingLayer(DynamicLayer):
                 self._grown(old, new, start, end + max(self.room, end // 2))
                 for old, new in ((self._k, key_states), (self._v, value_states))
             )
+        assert self._v is not None  # grown together with _k
         self._k[..., start:end, :].copy_(key_states)
         self._v[..., start:end, :].copy_(value_states)
         self._hold(end)
@@ -53,6 +57,7 @@ class GrowingLayer(DynamicLayer):
         return buffer
 
     def _hold(self, length: int) -> None:
+        assert self._k is not None and self._v is not None  # called once the buffers exist
         self.keys, self.values = self._k[..., :length, :], self._v[..., :length, :]
 
     def crop(self, tokens_to_remove: int) -> None:

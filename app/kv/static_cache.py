@@ -66,6 +66,8 @@ class StaticCachedModel(ModelCache):
     graph sees the same cache tensors again instead of being recaptured; close() gives one back.
     """
 
+    cache: StaticCache | None  # None once close() gave it back
+
     def __init__(self, model: PreTrainedModel, max_len: int, compile: bool = False):
         if any(getattr(t, "is_sliding", False) for t in StaticCache(config=model.config, max_cache_len=1).layers):
             raise UserError("the static cache path supports full-attention models only: run without --compile")
@@ -101,7 +103,9 @@ class StaticCachedModel(ModelCache):
     @torch.inference_mode()
     def extend_with_features(self, ids: list[int], keep: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
         """As extend, plus the (len(ids), H) last-layer hidden states, for a feature-level draft."""
-        return self._forward(ids, keep, features=True)
+        logits, hidden = self._forward(ids, keep, features=True)
+        assert hidden is not None  # asked for with features=True
+        return logits, hidden
 
     def _forward(self, ids: list[int], keep: int, features: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
         ids = self._embeddable(ids)
@@ -119,6 +123,7 @@ class StaticCachedModel(ModelCache):
             logits = out.logits[0, :n].clone()
             hidden = out.hidden_states[-1][0, :n].clone() if features else None
             if width > n:
+                assert self.cache is not None, "the cache was given back (close)"
                 self.cache.crop(n - width)
         else:
             x = torch.tensor([ids], dtype=torch.long, device=self.device)
@@ -134,6 +139,7 @@ class StaticCachedModel(ModelCache):
     def rollback(self, length: int) -> None:
         """Forget every cached position at or after `length`: the pointer moves back, nothing is copied."""
         if length < self.length:
+            assert self.cache is not None, "the cache was given back (close)"
             self.cache.crop(length - self.length)
             self.length = length
 

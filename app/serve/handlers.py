@@ -5,61 +5,19 @@ from __future__ import annotations
 
 import json
 import logging
-import random
 from pathlib import Path
 
 import gradio as gr
 
 from app import models
-from app.core.config import REJECTION, RunConfig, SamplingConfig, SpecConfig, UserError
+from app.core.config import UserError
 from app.models import hosting
 from app.serve import boundary, queue_limits
 from app.serve.boundary import MAX_NEW_TOKENS_CAP
+from app.serve.form import Form, fill_seed, model_ids, takes_form  # noqa: F401 - fill_seed: the UI's start_run
 from app.serve.texts import EXAMPLES, example_row  # noqa: F401 - the API's examples
 
 log = logging.getLogger(__name__)
-
-
-def _model_ids(target: str, custom_target: str, draft: str, custom_draft: str) -> tuple[str, str]:
-    return (custom_target or "").strip() or target, (custom_draft or "").strip() or draft
-
-
-def fill_seed(seed, decoding) -> int:
-    """A blank Seed box: 0 under greedy (nothing is random), else a fresh random seed, shown back."""
-    if seed is None or str(seed).strip() == "":
-        return 0 if decoding == "greedy" else random.randrange(2**31)
-    return int(seed)
-
-
-def _configs(
-    decoding,
-    temperature,
-    top_k,
-    top_p,
-    seed,
-    max_new_tokens,
-    k_policy,
-    k,
-    chat,
-    repetition_penalty=1.0,
-    no_repeat_ngram_size=0,
-    rule=REJECTION,
-):
-    greedy = decoding == "greedy"
-    return (
-        SamplingConfig(
-            0.0 if greedy else float(temperature),
-            int(top_k),
-            float(top_p),
-            fill_seed(seed, decoding),
-            float(repetition_penalty),
-            int(no_repeat_ngram_size),
-            rule,
-        ),
-        # Adaptive chooses k itself up to the default cap: the k slider does not move that cap.
-        SpecConfig(k=int(k), k_policy=k_policy, k_max=SpecConfig.k_max if k_policy == "adaptive" else max(8, int(k))),
-        RunConfig(int(max_new_tokens), (), bool(chat)),
-    )
 
 
 def _user_error(e: Exception) -> gr.Error:
@@ -80,52 +38,20 @@ def _pair(target: str, draft: str) -> models.Pair:
 
 
 @guarded
-def check_request(
-    prompt,
-    target,
-    custom_target,
-    draft,
-    custom_draft,
-    chat,
-    decoding,
-    temperature,
-    top_k,
-    top_p,
-    seed,
-    max_new_tokens,
-    k_policy,
-    k,
-    repetition_penalty=1.0,
-    no_repeat_ngram_size=0,
-    rule=REJECTION,
-) -> None:
+@takes_form()
+def check_request(form: Form) -> None:
     """Refuse bad settings, an unloadable pair or a bad prompt before a run starts.
 
     It has no outputs, so a refusal is a message and the previous run's results stay on screen.
     """
-    target, draft = _model_ids(target, custom_target, draft, custom_draft)
     try:
-        for cfg in _configs(
-            decoding,
-            temperature,
-            top_k,
-            top_p,
-            seed,
-            max_new_tokens,
-            k_policy,
-            k,
-            chat,
-            repetition_penalty,
-            no_repeat_ngram_size,
-            rule,
-        ):
-            cfg.validate()
-        cap = _context_cap(target)
-        if int(max_new_tokens) > cap:
+        cap = _context_cap(form.target)
+        if form.settings.run.max_new_tokens > cap:
             raise UserError(
-                f"max new tokens must be a whole number from 1 to {cap} for this target, got {max_new_tokens}"
+                f"max new tokens must be a whole number from 1 to {cap} for this target, "
+                f"got {form.settings.run.max_new_tokens}"
             )
-        _pair(target, draft).encode(prompt, bool(chat))
+        _pair(form.target, form.draft).encode(form.prompt, form.settings.run.chat)
     except UserError as e:
         raise _user_error(e) from None
 
@@ -170,7 +96,7 @@ def _choices(presets: dict[str, str]) -> list[tuple[str, str]]:
 @guarded
 def load_pair(target, custom_target, draft, custom_draft, progress=gr.Progress()):
     """Load (or fetch from the shared cache) a pair and say what was loaded."""
-    target, draft = _model_ids(target, custom_target, draft, custom_draft)
+    target, draft = model_ids(target, custom_target, draft, custom_draft)
     progress(0.1, desc=f"loading {target}")
     pair = _pair(target, draft)
     progress(1.0, desc="ready")
@@ -185,44 +111,14 @@ def load_pair(target, custom_target, draft, custom_draft, progress=gr.Progress()
 
 
 @guarded
-def export_for(
-    target,
-    custom_target,
-    draft,
-    custom_draft,
-    chat,
-    decoding,
-    temperature,
-    top_k,
-    top_p,
-    seed,
-    max_new_tokens,
-    k_policy,
-    k,
-    repetition_penalty=1.0,
-    no_repeat_ngram_size=0,
-    rule=REJECTION,
-) -> str:
+@takes_form()
+def export_for(form: Form) -> str:
     """The same pair and settings as `vllm serve` and `llama-server` commands (python -m app export)."""
     from app import export
 
     try:
-        s, sp, _ = _configs(
-            decoding,
-            temperature,
-            top_k,
-            top_p,
-            seed,
-            max_new_tokens,
-            k_policy,
-            k,
-            chat,
-            repetition_penalty,
-            no_repeat_ngram_size,
-            rule,
-        )
-        typed = _model_ids(target, custom_target, draft, custom_draft)
-        return export.for_pair(_pair(*typed), sp, s, typed=typed)  # commands name the models as picked
+        typed = (form.target, form.draft)  # commands name the models as picked
+        return export.for_pair(_pair(*typed), form.settings.spec, form.settings.sampling, typed=typed)
     except UserError as e:
         return f"# no export: {e}"
 
@@ -230,7 +126,7 @@ def export_for(
 @guarded
 def cap_for_loaded(target, custom_target, draft, custom_draft, value) -> gr.Slider:
     """After a load: cap Max new tokens to the loaded target's context (the pair is cached by then)."""
-    pair = _pair(*_model_ids(target, custom_target, draft, custom_draft))
+    pair = _pair(*model_ids(target, custom_target, draft, custom_draft))
     return _cap_box(min(MAX_NEW_TOKENS_CAP, models.context_length(pair.target)), value)
 
 

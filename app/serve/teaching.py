@@ -5,12 +5,12 @@ from __future__ import annotations
 import gradio as gr
 
 from app import request
-from app.core.config import REJECTION, Settings, UserError
+from app.core.config import UserError
 from app.core.events import KIND_LABELS
-from app.drafts.draft_spec import Kind
 from app.serve import heap, sessions
+from app.serve.form import Form, takes_form
 from app.serve.generation import LOADING, MEASURING
-from app.serve.handlers import _configs, _model_ids, _pair, _user_error, guarded
+from app.serve.handlers import _pair, _user_error, guarded
 from app.serve.texts import EXAMPLES, example_row  # noqa: F401 - the API's examples
 from app.serve.zerogpu import gpu
 from app.views import plots, render
@@ -19,56 +19,23 @@ from app.views.render import visible
 
 @gpu
 @guarded
-def step_round(
-    session,
-    prompt,
-    target,
-    custom_target,
-    draft,
-    custom_draft,
-    chat,
-    decoding,
-    temperature,
-    top_k,
-    top_p,
-    seed,
-    max_new_tokens,
-    k_policy,
-    k,
-    repetition_penalty=1.0,
-    no_repeat_ngram_size=0,
-    rule=REJECTION,
-    progress=gr.Progress(),
-):
+@takes_form(before=("session",), after=(("progress", gr.Progress()),))
+def step_round(session, form: Form, progress=gr.Progress()):
     """Teaching mode: run exactly one more speculative round of a stepping session."""
-    target, draft = _model_ids(target, custom_target, draft, custom_draft)
-    if (seed is None or str(seed).strip() == "") and session is not None and not session.done:
+    if not form.seed_given and session is not None and not session.done:
         # An API caller's blank seed continues the run it is stepping through (whose seed was filled
         # on round 1) instead of drawing a fresh one, which would restart it every round.
         _prompt, _target, _draft, _chat, previous, *_ = session.key
-        seed = previous.seed
+        form = form.with_seed(previous.seed)
+    s, sp, r = form.settings.sampling, form.settings.spec, form.settings.run
     try:
-        s, sp, r = _configs(
-            decoding,
-            temperature,
-            top_k,
-            top_p,
-            seed,
-            max_new_tokens,
-            k_policy,
-            k,
-            chat,
-            repetition_penalty,
-            no_repeat_ngram_size,
-            rule,
-        )
         # The filled seed, not the box: a session resumes only the very run it showed (sessions.py).
-        key = (prompt, target, draft, r.chat, s, sp, r)
+        key = (form.prompt, form.target, form.draft, r.chat, s, sp, r)
         progress(0.0, desc=LOADING)
-        pair = _pair(target, draft)
-        ids = pair.encode(prompt, r.chat)
+        pair = _pair(form.target, form.draft)
+        ids = pair.encode(form.prompt, r.chat)
         progress(0.5, desc=MEASURING)
-        run = request.start(pair, ids, Settings(s, sp, r))  # the same calibrated policy as Generate's
+        run = request.start(pair, ids, form.settings)  # the same calibrated policy as Generate's
         session, steps, step = sessions.advance(session, key, lambda policy: run.steps(policy, teach=True), run.policy)
     except UserError as e:
         raise _user_error(e) from None
@@ -111,17 +78,9 @@ def _no_draft_note(pair, step) -> str:
             "lose on this machine (it probes again after a few), and no round drafts past the last token "
             "or the draft's context window."
         )
-    elif pair.draft_spec.kind == Kind.FEATURE_HEAD and step.feature_position is None:
-        why = (
-            "The feature head drafts from the target's own features, and the target has not run yet: this "
-            "round is its first pass over the prompt (the prefill), which gives the first token and the "
-            "features the head starts from next round."
-        )
-    elif pair.draft_spec.kind == Kind.PROMPT_LOOKUP:
-        why = "No n-gram ending the text so far occurs earlier in it, so prompt lookup had nothing to propose."
     else:
-        return ""
-    return "\n\n" + why
+        why = pair.draft.idle_note(step)
+    return "\n\n" + why if why else ""
 
 
 def _feature_note(pair, ids, steps, step) -> str:

@@ -14,12 +14,11 @@ import gradio as gr
 
 from app import models
 from app.core.config import RULES, SamplingConfig, SpecConfig
-from app.serve import queue_limits, sessions
+from app.serve import form, queue_limits, sessions
 from app.serve.generation import generate_both, request_stop, start_run  # noqa: F401
 from app.serve.handlers import (  # noqa: F401 - the handlers are the app's API, reached through ui too
     _cap_label,
     _choices,
-    _configs,
     _context_cap,
     cap_for_loaded,
     cap_for_target,
@@ -210,42 +209,49 @@ def _teaching(c) -> None:
 
 def _wire(c) -> None:
     model_inputs = [c.target, c.custom_target, c.draft, c.custom_draft]
-    settings = [
-        c.chat,
-        c.decoding,
-        c.temperature,
-        c.top_k,
-        c.top_p,
-        c.seed,
-        c.max_new,
-        c.k_policy,
-        c.k,
-        c.rep_penalty,
-        c.no_repeat,
-        c.rule,
-    ]
+    # The settings form's fields (form.FIELDS), each the component its API parameter reads, in order.
+    by_name = dict(
+        prompt=c.prompt,
+        target=c.target,
+        custom_target=c.custom_target,
+        draft=c.draft,
+        custom_draft=c.custom_draft,
+        chat=c.chat,
+        decoding=c.decoding,
+        temperature=c.temperature,
+        top_k=c.top_k,
+        top_p=c.top_p,
+        seed=c.seed,
+        max_new_tokens=c.max_new,
+        k_policy=c.k_policy,
+        k=c.k,
+        repetition_penalty=c.rep_penalty,
+        no_repeat_ngram_size=c.no_repeat,
+        rule=c.rule,
+    )
+    inputs = [by_name[name] for name in form.NAMES]
     # One queue for the device; SPECDEC_CONCURRENCY runs share it at once (queue_limits.py).
     device = dict(concurrency_limit=queue_limits.concurrency(), concurrency_id="device")
     private = dict(api_visibility="private")
     # Each run first fills a blank seed and checks the request; only a good request replaces what is
     # on screen, so a failed load leaves the previous results in place.
     c.run_btn.click(start_run, [c.seed, c.decoding, c.control], c.seed, queue=False, **private).then(
-        check_request, [c.prompt, *model_inputs, *settings], None, **private, **device
+        check_request, inputs, None, **private, **device
     ).success(
         generate_both,
-        [c.prompt, *model_inputs, *settings, c.control],
+        [*inputs, c.control],
         [c.spec_pane, c.ar_pane, c.check, c.summary, c.fig_time, c.fig_k, c.fig_acc, c.fig_pos, c.fig_hist, c.records],
         api_name="generate",
         **device,
-    ).success(export_for, [*model_inputs, *settings], c.export_code, **private)
+    ).success(export_for, inputs, c.export_code, **private)
     c.step_btn.click(lambda: gr.Accordion(open=True), None, c.teaching, queue=False, **private).then(
         None, js=SHOW_TEACHING, **private
     )
     c.step_btn.click(start_run, [c.seed, c.decoding, c.control], c.seed, queue=False, **private).then(
-        check_request, [c.prompt, *model_inputs, *settings], None, **private, **device
+        check_request, inputs, None, **private, **device
     ).success(
         step_round,
-        [c.session, c.prompt, *model_inputs, *settings],
+        [c.session, *inputs],
         [c.session, c.step_pane, c.decisions, c.step_note, c.residual],
         api_name="step",
         **device,

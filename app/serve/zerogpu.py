@@ -69,7 +69,7 @@ def preload() -> list[str]:
         return []
     from app import models
     from app.core.config import UserError
-    from app.drafts.draft_spec import DraftSpec
+    from app.drafts import kinds
 
     placed = []
     for model_id in preload_ids():
@@ -77,7 +77,7 @@ def preload() -> list[str]:
             log.warning("SPECDEC_PRELOAD: %r is not a preset; skipped", model_id)
             continue
         role = "target" if model_id in (*models.TARGET_PRESETS, *models.TARGET_PRESETS.values()) else "draft"
-        if not DraftSpec.parse(models.resolve(model_id, role), probe=False).loads_model:
+        if not kinds.parse(models.resolve(model_id, role), probe=False).loads_model:
             continue  # prompt lookup and early exit have no weights of their own
         try:
             models.preload(model_id, role)

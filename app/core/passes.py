@@ -1,0 +1,79 @@
+"""Hidden states through a model's own decoder layers, without the model wrapper: the way the target's
+direct passes (kv/direct_pass.py) and a feature head's drafting steps (drafts/feature_head.py) run
+layers on a KV cache."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from transformers import DynamicCache
+from transformers.masking_utils import create_causal_mask
+
+from app.core.config import UserError
+
+
+def through_masked(
+    config,
+    layers,
+    rotary: nn.Module,
+    h: torch.Tensor,
+    cache: DynamicCache,
+    mask: torch.Tensor | None = None,
+    position: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """(1, T, H) hidden states of T new positions through decoder layers that append to `cache`,
+    under the causal mask that transformers' own `create_causal_mask` builds for them, or under a
+    given (1, 1, T, cached + T) `mask` at given (1, T) positions (a tree: tree_pass)."""
+    if position is None:
+        position = (torch.arange(h.shape[1], device=h.device) + cache.get_seq_length()).unsqueeze(0)
+    if mask is None:
+        mask = create_causal_mask(
+            config=config, inputs_embeds=h, attention_mask=None, cache=cache, position_ids=position
+        )
+    position_embeddings = rotary(h, position_ids=position)
+    for layer in layers:
+        h = layer(
+            h,
+            attention_mask=mask,
+            position_embeddings=position_embeddings,
+            position_ids=position,
+            cache=cache,
+            use_cache=True,
+        )
+    return h
+
+
+def through_layers(layers, rotary: nn.Module, h: torch.Tensor, cache: DynamicCache) -> torch.Tensor:
+    """(1, 1, H) hidden state of one new position through decoder layers that append to `cache`.
+    One query attends to every cached position, so no mask is built or passed."""
+    position = torch.full((1, 1), cache.get_seq_length(), dtype=torch.long, device=h.device)
+    position_embeddings = rotary(h, position)
+    for layer in layers:
+        h = layer(
+            h,
+            attention_mask=None,
+            position_ids=position,
+            cache=cache,
+            use_cache=True,
+            position_embeddings=position_embeddings,
+        )
+    return h
+
+
+def tree_pass(sees: list[list[int]], prefix: list[int], kv: int, config, device) -> torch.Tensor:
+    """(1, 1, Q, kv) attention mask for Q new rows over kv key slots: row r sees slots [0, prefix[r])
+    and the slots in sees[r] (its ancestors and itself, for a node of a tree). In the form the
+    model's attention reads it: bool (True: attend) for sdpa, 0 / -inf additive for eager."""
+    allowed = torch.zeros(len(sees), kv, dtype=torch.bool, device=device)
+    for r, (slots, upto) in enumerate(zip(sees, prefix, strict=True)):
+        allowed[r, :upto] = True
+        allowed[r, slots] = True
+    kind = getattr(config, "_attn_implementation", None) or "eager"
+    if kind == "sdpa":
+        return allowed[None, None]
+    if kind == "eager":
+        dtype = getattr(config, "dtype", None) or torch.float32
+        dtype = dtype if isinstance(dtype, torch.dtype) else torch.float32
+        additive = torch.zeros(allowed.shape, dtype=dtype, device=device)
+        return additive.masked_fill(~allowed, torch.finfo(dtype).min)[None, None]
+    raise UserError(f"draft trees need sdpa or eager attention; this model runs {kind!r}: run it without a tree")

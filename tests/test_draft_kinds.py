@@ -1,0 +1,136 @@
+"""A draft kind is one object: every registered kind keeps the Proposer and Draft contracts, and a
+new kind registered from a test runs in generate, the bench's card and the export with no other
+change in app/."""
+
+from __future__ import annotations
+
+import inspect
+import json
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+from app import cli, models
+from app.bench import bench
+from app.core.config import SamplingConfig, SpecConfig
+from app.core.contracts import Proposal, Proposer
+from app.drafts import kinds
+from app.drafts.draft_spec import BaseDraft, BaseKind, Draft, DraftSpec
+
+TINY = "stdlib-code target (bundled)"
+# One text of every built-in kind, loaded on the tiny family.
+BUILT_IN = {
+    "prompt_lookup": "prompt-lookup",
+    "early_exit": "early-exit:2",
+    "feature_head": "feature draft (EAGLE-style, bundled)",
+    "model": "distilled draft (bundled)",
+}
+
+
+def members(protocol) -> set[str]:
+    """The attributes and methods a Protocol declares (its annotations and its own functions)."""
+    own = {n for n, v in vars(protocol).items() if inspect.isfunction(v) and not n.startswith("_")}
+    return own | set(getattr(protocol, "__annotations__", {}))
+
+
+def test_every_registered_kind_keeps_the_contracts():
+    assert {k.name for k in kinds.KINDS} == set(BUILT_IN), "a kind without a conformance case"
+    for kind in kinds.KINDS:
+        pair = models.load_pair(TINY, BUILT_IN[kind.name])
+        assert pair.draft_spec.kind is kind and kinds.parse(str(pair.draft_spec)) == pair.draft_spec
+        missing = {m for m in members(Draft) if not hasattr(pair.draft, m)}
+        assert not missing, f"{kind.name}'s draft lacks {missing}"
+        proposer = pair.proposer(SpecConfig())
+        missing = {m for m in members(Proposer) if not hasattr(proposer, m)}
+        assert not missing, f"{kind.name}'s proposer lacks {missing}"
+        assert pair.draft.seconds_per_token(pair.target, pair.encode("def add(a, b):\n    return")) > 0
+        assert pair.draft.params() >= 0 and isinstance(pair.draft.idle_note, type(pair.draft.info))
+
+
+def test_the_contract_check_bites():
+    """A proposer without cache_factory (which runs reads) is caught by the same check."""
+
+    class Partial:
+        name, wants_features, context_limit = "partial", False, None
+
+        def begin(self, prompt_ids, vocab_size): ...
+        def propose(self, k, cfg, gen): ...
+        def commit(self, accepted, token, features=None): ...
+        def end(self): ...
+
+    assert {m for m in members(Proposer) if not hasattr(Partial(), m)} == {"cache_factory"}
+
+
+class RepeatLast:
+    """A toy proposer: k copies of the last committed token."""
+
+    name, wants_features, context_limit, cache_factory = "toy", False, None, None
+
+    def begin(self, prompt_ids, vocab_size):
+        self.ids = list(prompt_ids)
+        self.drafted: list[int] = []
+
+    def propose(self, k: int, cfg: SamplingConfig, gen: torch.Generator) -> Proposal:
+        self.drafted = [self.ids[-1]] * k
+        return Proposal(list(self.drafted), None)
+
+    def commit(self, accepted, token, features=None):
+        self.ids += self.drafted[:accepted] + [token]
+
+    def end(self):
+        pass
+
+
+class ToyKind(BaseKind):
+    name, loads_weights, described = "toy", False, "a toy draft"
+
+    def parse(self, text: str, probe: bool):
+        return DraftSpec(self) if text == "toy:" else None
+
+    def show(self, spec):
+        return "toy:"
+
+    def load(self, spec, loading):
+        return ToyDraft(self, spec, "toy:")
+
+
+@dataclass
+class ToyDraft(BaseDraft):
+    def proposer(self, target, spec):
+        return RepeatLast()
+
+
+@pytest.fixture
+def toy():
+    kind = ToyKind()
+    kinds.register(kind)
+    yield kind
+    kinds.unregister(kind)
+
+
+def test_a_new_kind_runs_in_generate_the_card_and_the_export(toy, capsys, tmp_path):
+    prompt = "aaaaaaaa"
+    base = ["generate", "--prompt", prompt, "--target", TINY, "--max-new-tokens", "24", "--no-chat", "--json"]
+    assert cli.main([*base, "--draft", "toy:", "--k", "3"]) == 0
+    spec = json.loads(capsys.readouterr().out)
+    assert cli.main([*base, "--mode", "autoregressive"]) == 0
+    plain = json.loads(capsys.readouterr().out)
+    assert spec["text"] == plain["text"], "the toy draft's output is the target's own"
+    assert sum(len(s["drafted"]) for s in spec["steps"]) > 0, "it drafted"
+
+    out = tmp_path / "card"
+    assert bench.main(["--card", "--draft", "toy:", "--limit", "1", "--max-new-tokens", "8", "--out", str(out)]) == 0
+    card = json.loads(out.with_suffix(".json").read_text())
+    assert card["toy:"]["params"] == 0 and card["toy:"]["cost_per_token_vs_target"] > 0
+
+    capsys.readouterr()
+    assert cli.main(["export", "--target", TINY, "--draft", "toy:", "--json"]) == 0
+    notes = [n for e in json.loads(capsys.readouterr().out) for n in e["notes"]]
+    assert any("a toy draft (toy:) has no counterpart in vLLM" in n for n in notes)
+    assert any("a toy draft (toy:) has no counterpart in llama-server" in n for n in notes)
+
+
+def test_a_kind_name_is_registered_once(toy):
+    with pytest.raises(ValueError, match="registered already"):
+        kinds.register(ToyKind())
