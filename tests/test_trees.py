@@ -191,9 +191,10 @@ def test_greedy_trees_give_the_targets_own_output(target, near_draft, tokenizer,
         assert kept[8] > kept[0], f"the tree must keep more a pass than the chain, or the test does not bite: {kept}"
 
 
-def test_sampled_trees_keep_the_targets_distribution():
-    """A draft model's trees (k = 2, 6 nodes) under rejection sampling: the first three tokens out
-    have the target's exact distribution, by enumeration."""
+@pytest.mark.parametrize("source", ["draft model", "feature head"])
+def test_sampled_trees_keep_the_targets_distribution(source):
+    """Trees (k = 2, 6 nodes) under rejection sampling, from a draft model and from a feature head
+    (grown EAGLE-2's way): the first three tokens out have the target's exact distribution."""
     from conftest import char_tokenizer, run, tiny_llama
     from test_sampling import N, exact_distribution, tv_bound
     from test_sampling import tv as tv_seq
@@ -207,19 +208,21 @@ def test_sampled_trees_keep_the_targets_distribution():
     cfg = SamplingConfig(temperature=1.0)
     prompt = tok("abba")["input_ids"]
     exact = exact_distribution(p_model, prompt, cfg)
+    if source == "feature head":
+        from test_feature_head import random_windows
+
+        from app.drafts.feature import FeatureProposer
+        from app.training import train
+
+        torch.manual_seed(0)
+        head, _ = train.train_feature_head(p_model, random_windows(len(tok), 8, 16), steps=40, lr=5e-3)
+        make = lambda: FeatureProposer(p_model, head, tree=6)  # noqa: E731
+    else:
+        make = lambda: ModelProposer(q_model, "q", tree=6)  # noqa: E731
     counts: dict = {}
     for seed in range(N):
         ids, _ = run(
-            p_model,
-            tok,
-            prompt,
-            ModelProposer(q_model, "q", tree=6),
-            temperature=1.0,
-            seed=seed,
-            k=2,
-            k_policy="fixed",
-            tree=6,
-            max_new_tokens=3,
+            p_model, tok, prompt, make(), temperature=1.0, seed=seed, k=2, k_policy="fixed", tree=6, max_new_tokens=3
         )
         counts[tuple(ids)] = counts.get(tuple(ids), 0) + 1
     got = {s: c / N for s, c in counts.items()}

@@ -145,6 +145,10 @@ class DraftKind(Protocol):
         names the GGUF file of a model."""
         ...
 
+    def sglang(self, info: DraftInfo, k: int, spec: SpecConfig) -> tuple[list[str] | None, list[str]]:
+        """SGLang's speculative arguments for this draft, or None where the export offers no SGLang command."""
+        ...
+
 
 class BaseKind:
     """Defaults for a kind: weights of its own, no counterpart in the serving engines, no checks."""
@@ -169,6 +173,9 @@ class BaseKind:
 
     def llama_server(self, info: DraftInfo, k: int, spec: SpecConfig, gguf) -> tuple[list[str], list[str]]:
         return [], [f"{self._what(info)} has no counterpart in llama-server: the command serves the target alone"]
+
+    def sglang(self, info: DraftInfo, k: int, spec: SpecConfig) -> tuple[list[str] | None, list[str]]:
+        return None, []
 
 
 @dataclass

@@ -95,6 +95,15 @@ def draw_siblings(
     return tokens, list(rows)
 
 
+def tree_paths(k: int, nodes: int) -> list[tuple[int, ...]]:
+    """The chain-with-siblings shape as serving engines write a static tree: each node as the path of
+    child ranks from the root ((0,) is the first child, (0, 1) its second child), parents first."""
+    paths: list[tuple[int, ...]] = []
+    for depth, extra in enumerate(siblings_per_depth(k, nodes)):
+        paths += [(0,) * depth + (rank,) for rank in range(1 + extra)]
+    return paths
+
+
 class Branches:
     """One round's drafts as a chain with sibling leaves: the chain is drafted as ever, and at each
     depth `siblings_per_depth` more children of the same parent are drawn from the same logits. With

@@ -16,7 +16,7 @@ from app.core import passes, sampling
 from app.core.config import SamplingConfig, SpecConfig
 from app.core.contracts import KVCache, Proposer
 from app.drafts.draft_spec import BaseDraft, BaseKind, Draft, DraftInfo, DraftSpec, Loading
-from app.drafts.draw import Branches, Proposal, draw, draw_siblings, siblings_per_depth
+from app.drafts.draw import Branches, Proposal, draw, draw_siblings, siblings_per_depth, tree_paths
 
 
 class FeatureProposer:
@@ -215,7 +215,24 @@ class FeatureKind(BaseKind):
                 "this head has a fusion bias and a draft vocabulary vLLM's EAGLE-1 model has no place for: "
                 "--head-out DIR writes the copy vLLM reads"
             )
-        return {"method": "eagle", "model": info.spec.source, "num_speculative_tokens": k}, notes
+        config: dict = {"method": "eagle", "model": info.spec.source, "num_speculative_tokens": k}
+        if spec.tree:
+            paths = tree_paths(k, spec.tree)
+            config |= dict(num_speculative_tokens=len(paths), speculative_token_tree=str(paths))
+            notes.append(
+                "vLLM's token tree is static: this is the tree's shape with its budget spread over the depths "
+                "(docs/how-it-works.md); the app grows the feature head's tree EAGLE-2's way, as SGLang does"
+            )
+        return config, notes
+
+    def sglang(self, info: DraftInfo, k: int, spec: SpecConfig) -> tuple[list[str] | None, list[str]]:
+        """SGLang's EAGLE path: its dynamic tree, k steps deep, up to the widest depth's children a
+        parent, and the tree's node count as its draft tokens."""
+        widths = [1 + n for n in siblings_per_depth(k, spec.tree)] if spec.tree else [1] * k
+        argv = ["--speculative-algorithm", "EAGLE", "--speculative-draft-model-path", info.spec.source]
+        argv += ["--speculative-num-steps", str(k), "--speculative-eagle-topk", str(max(widths))]
+        argv += ["--speculative-num-draft-tokens", str(spec.tree or k)]
+        return argv, []
 
 
 def trained_here(source: str) -> bool:
