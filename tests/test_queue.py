@@ -10,6 +10,7 @@ from app_server import serve
 
 from app.core.config import UserError
 from app.serve import queue_limits
+from app.serve.form import NAMES
 
 pytestmark = pytest.mark.slow  # servers
 
@@ -156,6 +157,17 @@ def test_one_visitor_cannot_fill_the_queue_and_another_is_still_served(tmp_path)
         assert "each visitor may have 2" in same_session[-1].json()["detail"]
         assert [r.status_code for r in same_address].count(200) == 10, "up to its share, one address is served"
         out = Client(url, verbose=False).predict(*ARGS[:11], 8, *ARGS[12:], api_name="/generate")
+        assert out[-1]["speculative"]["token_ids"] == out[-1]["autoregressive"]["token_ids"]
+        # The direct route skips the queue: it is closed for every queued event, the private one too.
+        for api in ("generate", "step", "presets"):
+            r = httpx.post(f"{url}gradio_api/run/{api}", json={"data": []}, timeout=30)
+            assert r.status_code == 404 and "join the queue" in r.json()["detail"], api
+        private = next(d["id"] for d in config["dependencies"] if d.get("api_name") == "check_request")
+        r = httpx.post(f"{url}gradio_api/run/predict", json={"data": ARGS, "fn_index": private}, timeout=30)
+        assert r.status_code == 404
+        # Named parameters through the queue still work.
+        named = dict(zip(NAMES, [*ARGS[:11], 8, *ARGS[12:]], strict=True))
+        out = Client(url, verbose=False).predict(**named, api_name="/generate")
         assert out[-1]["speculative"]["token_ids"] == out[-1]["autoregressive"]["token_ids"]
 
 

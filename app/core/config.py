@@ -6,6 +6,7 @@ from dataclasses import asdict, dataclass, field, replace
 
 K_MAX = 16  # largest draft length any policy may choose
 TREE_MAX = 64  # most nodes a draft tree may have: one target pass verifies them all
+MIN_TEMPERATURE, MAX_TEMPERATURE = 1e-3, 100.0  # outside, sampling is greedy or uniform noise in all but name
 
 # Sampling rules. Rejection: Leviathan et al. and Chen et al.'s min(1, p/q) test, the optimal coupling
 # of p and q. Shared noise: Daliri, Musco and Suresh's drafter-invariant rule, where the target and the
@@ -47,6 +48,12 @@ class SamplingConfig:
     def validate(self) -> None:
         if not self.temperature >= 0:  # also refuses NaN
             raise UserError(f"temperature must be >= 0 (0 means greedy), got {self.temperature}")
+        # logits / T overflows below MIN_TEMPERATURE (NaN probabilities), and T = inf is uniform noise.
+        if 0 < self.temperature < MIN_TEMPERATURE or self.temperature > MAX_TEMPERATURE:
+            limits = f"{MIN_TEMPERATURE} to {MAX_TEMPERATURE:g}"
+            raise UserError(f"temperature must be 0 (greedy) or from {limits}, got {self.temperature}")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed < 2**63:
+            raise UserError(f"seed must be a whole number from 0 to 2**63 - 1, got {self.seed!r}")
         if not self.repetition_penalty > 0 or self.repetition_penalty == float("inf"):
             raise UserError(
                 f"repetition penalty must be a positive number (1 disables it), got {self.repetition_penalty}"
@@ -71,6 +78,10 @@ class SpecConfig:
     tree: int = 0  # a draft tree's node budget, k deep (0: a chain of k)
 
     def validate(self) -> None:
+        for name in ("k", "k_max", "ngram_max", "ngram_min", "tree"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise UserError(f"{name} must be a whole number, got {value!r}")
         if self.k_policy not in ("fixed", "heuristic", "adaptive"):
             raise UserError(f"k policy must be fixed, heuristic or adaptive, got {self.k_policy!r}")
         if self.k < 1:
@@ -98,8 +109,12 @@ class RunConfig:
 
     def validate(self) -> None:
         # The longest a run may be is a host's policy (serve/ caps a visitor's); the context ends it anyway.
+        if isinstance(self.max_new_tokens, bool) or not isinstance(self.max_new_tokens, int):
+            raise UserError(f"max new tokens must be a whole number, got {self.max_new_tokens!r}")
         if self.max_new_tokens < 1:
             raise UserError(f"max new tokens must be at least 1, got {self.max_new_tokens}")
+        if any(not isinstance(s, str) or not s for s in self.stop):
+            raise UserError("a stop string must be non-empty text (an empty one would end the output at once)")
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ import torch
 from transformers import PreTrainedModel
 
 from app.core import sampling, teaching, verify
-from app.core.config import RunConfig, SamplingConfig, SpecConfig
+from app.core.config import RunConfig, SamplingConfig, SpecConfig, UserError
 from app.core.contracts import KVCache, Proposal, Proposer
 from app.core.events import BONUS, CORRECTED, TARGET, Decision, Step
 from app.core.policy import KPolicy, make_policy
@@ -98,6 +98,7 @@ def generate(
     """
     for cfg in (sampling_cfg, spec, run):
         cfg.validate()
+    _check_prompt(target, prompt_ids)
     loop = _Loop(target, tokenizer, proposer, sampling_cfg, run, policy or make_policy(spec), teach)
     loop.display = display
     loop.start(prompt_ids)
@@ -135,6 +136,7 @@ class _Loop:
         own = proposer.context_limit if proposer is not None else None
         self.draft_limit = min(self.limit, own or self.limit)  # what drafting may fill
         self.eos = {tokenizer.eos_token_id, *_as_list(target.generation_config.eos_token_id)} - {None}
+        self.vocab = target.get_output_embeddings().weight.shape[0]
         self.lm: KVCache | None = None
         self.ids: list[int] = []
         self.display = True
@@ -219,6 +221,7 @@ class _Loop:
         k = self._k()
         t0 = time.perf_counter()
         proposal = Proposal([], None) if self.proposer is None else self.proposer.propose(k, self.cfg, self.gen)
+        _check_drafts(proposal.tokens, self.vocab)
         assert self.lm is not None, "generate() sets the target's cache before the first round"
         sync(self.lm.device)
         t1 = time.perf_counter()
@@ -291,6 +294,26 @@ class _Loop:
                 at = parents[at]
             texts_by_node[i] = self.out.detok.peek(branch, 0, branch[0])[0][-1]
         return [tokens[i] for i in order], shown_parents, judged, [texts_by_node[i] for i in order], token_text
+
+
+def _check_prompt(target: PreTrainedModel, prompt_ids: list[int]) -> None:
+    """Refuse, in words, a prompt the target cannot read: the text route checks these, the engine too."""
+    vocab = target.get_output_embeddings().weight.shape[0]
+    window = getattr(target.config, "max_position_embeddings", None) or 1 << 20
+    if not prompt_ids:
+        raise UserError("the prompt has no tokens: give at least one")
+    bad = [t for t in prompt_ids if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab]
+    if bad:
+        raise UserError(f"prompt ids must be whole numbers from 0 to {vocab - 1}, got {bad[0]!r}")
+    if len(prompt_ids) >= window:
+        raise UserError(f"prompt is {len(prompt_ids)} tokens but the model's context is {window}: shorten the prompt")
+
+
+def _check_drafts(tokens: list[int], vocab: int) -> None:
+    """A draft source must propose ids the target has: a bad one is a bug in the source, said at once."""
+    for t in tokens:
+        if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab:
+            raise ValueError(f"the draft source proposed {t!r}, which is not an id from 0 to {vocab - 1}")
 
 
 def _as_list(x) -> list:

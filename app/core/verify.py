@@ -100,7 +100,8 @@ def speculative_sampling(drafts: list[int], p: torch.Tensor, q: torch.Tensor, ge
     if n:
         rows, x = torch.arange(n), torch.tensor(drafts, dtype=torch.long, device=p.device)
         p_t, q_t = p[rows, x].double(), q[rows, x].double()  # double: the same min(1, p/q) as Python floats
-        accept = torch.where(p_t >= q_t, torch.ones_like(p_t), p_t / q_t)
+        # A draft the target gives no mass is never kept, even where q gives it none either.
+        accept = torch.where(p_t == 0, torch.zeros_like(p_t), torch.where(p_t >= q_t, torch.ones_like(p_t), p_t / q_t))
         state = gen.get_state()
         u = torch.rand(n, generator=gen, device=gen.device).double()  # = n draws of sampling.uniform
         rejected = (u >= accept).nonzero()
@@ -252,7 +253,7 @@ def tree_sampling(
         for child in kids[at]:
             x = tokens[child]
             rx, qx = float(r[x]), float(q[child, x])
-            a = 1.0 if rx >= qx else rx / qx
+            a = 0.0 if rx == 0 else 1.0 if rx >= qx else rx / qx
             u = sampling.uniform(gen)
             judged.append(child)
             p_x.append(rx)

@@ -194,7 +194,9 @@ class ModelDraft(BaseDraft):
         assert self.model is not None, "a loaded model draft holds its model"
         if self.bridge is not None:
             if spec.tree:
-                raise UserError("draft trees need a draft with the target's tokenizer: this one re-tokenises its drafts")
+                raise UserError(
+                    "draft trees need a draft with the target's tokenizer: this one re-tokenises its drafts"
+                )
             return CrossTokenizerProposer(self.model, self.bridge, self.name)
         return ModelProposer(self.model, self.name, tree=spec.tree)
 

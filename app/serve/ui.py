@@ -319,7 +319,9 @@ def launch(host: str | None = None, port: int | None = None, share: bool = False
     # The default target's one-time work (converting the wheel's GGUF) runs beside the server, so the
     # first page does not wait for it; the first request for the model waits only for what is left.
     threading.Thread(target=_prepare, args=(next(iter(models.TARGET_PRESETS)),), daemon=True).start()
-    demo.queue(max_size=queue_limits.MAX_QUEUED, default_concurrency_limit=queue_limits.concurrency())
+    # api_open=False everywhere (Gradio opens it off a Space): a direct POST to a queued event's
+    # /run/ route would skip the fair queue, its per-visitor cap and its rate limit.
+    demo.queue(max_size=queue_limits.MAX_QUEUED, default_concurrency_limit=queue_limits.concurrency(), api_open=False)
     queue_limits.install(demo)  # no visitor holds more than a few places in it
     boundary.gate(demo, _user_error)  # every raw input checked before Gradio's preprocessing
     demo.delete_cache = (3600, 3600)  # Gradio's temporary files (the app itself writes none) go after an hour
