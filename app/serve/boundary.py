@@ -20,7 +20,7 @@ import os
 import time
 from collections.abc import Callable
 
-from app.core.config import K_MAX, RULES, UserError
+from app.core.config import K_MAX, RULES, TREE_MAX, UserError
 
 log = logging.getLogger(__name__)
 INTERNAL = "internal error (logged): please try again, or report it with the time it happened"
@@ -145,6 +145,7 @@ FIELDS: dict[str, Callable] = {
     "repetition_penalty": real("repetition penalty", 0, 100),
     "no_repeat_ngram_size": whole("no-repeat n-gram size", 0, 64),
     "rule": choice("sampling rule", RULES),
+    "tree": whole("tree nodes", 0, TREE_MAX),
 }
 
 

@@ -18,7 +18,7 @@ from app.args import make_settings
 from app.core.config import REJECTION, Settings, SpecConfig
 
 _REQUIRED = inspect.Parameter.empty
-# (name, default) in the order the UI wires its inputs; the last three came later, so API callers
+# (name, default) in the order the UI wires its inputs; the last four came later, so API callers
 # that omit them get the old behaviour.
 FIELDS: tuple[tuple[str, object], ...] = (
     ("prompt", _REQUIRED),
@@ -38,6 +38,7 @@ FIELDS: tuple[tuple[str, object], ...] = (
     ("repetition_penalty", 1.0),
     ("no_repeat_ngram_size", 0),
     ("rule", REJECTION),
+    ("tree", 0),
 )
 NAMES = tuple(name for name, _ in FIELDS)
 
@@ -92,6 +93,7 @@ def parse(values: dict) -> Form:
         k_max=SpecConfig.k_max,  # the UI's k slider never moves adaptive k's cap (make_settings)
         max_new_tokens=int(v["max_new_tokens"]),
         chat=bool(v["chat"]),
+        tree=int(v["tree"]),
     )
     return Form(v["prompt"], target, draft, settings, not blank(v["seed"]))
 

@@ -145,6 +145,14 @@ def _decoding_controls(c) -> None:
             step=1,
             label=f"k: fixed k, or heuristic's start (adaptive ignores it and picks k ≤ {SpecConfig.k_max})",
         )
+        c.tree = gr.Slider(
+            0,
+            32,
+            0,
+            step=1,
+            label="Tree nodes: 0 drafts a chain; N drafts a tree of N nodes, k deep (fixed k), "
+            "verified in one target pass",
+        )
 
 
 def _results(c) -> None:
@@ -228,6 +236,7 @@ def _wire(c) -> None:
         repetition_penalty=c.rep_penalty,
         no_repeat_ngram_size=c.no_repeat,
         rule=c.rule,
+        tree=c.tree,
     )
     inputs = [by_name[name] for name in form.NAMES]
     # One queue for the device; SPECDEC_CONCURRENCY runs share it at once (queue_limits.py).
