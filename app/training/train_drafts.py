@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from tqdm import tqdm
 from transformers import DynamicCache, GenerationConfig, LlamaConfig, LlamaForCausalLM
 
+from app.core.passes import through_masked
 from app.training.steps import log_step, optimiser, update
 from app.training.target_text import ANSWER_TOKENS, SAMPLE_TEMPERATURE, SAMPLED_ANSWERS, TOP_K, Row, build_rows
 
@@ -102,20 +103,12 @@ def ttt_mask(t: int, depth: int, device=None) -> torch.Tensor:
 def unrolled(head, token_embeds: torch.Tensor, features: torch.Tensor, depth: int) -> list[torch.Tensor]:
     """The head's (B, T, H) predicted features at depths 0..depth-1: depth 0 reads `features`, each
     later depth the depth before's predictions, one position on, through the same decoder layer."""
-    layer, rotary = head.body.layers[0], head.body.rotary_emb
     position = torch.arange(features.shape[1], device=features.device)[None]
-    position_embeddings = rotary(token_embeds, position)
     cache, f, out = DynamicCache(), features, []
     for j in range(depth):
         fused = head.fc(torch.cat([token_embeds, f.to(token_embeds.dtype)], dim=-1))
-        h = layer(
-            fused,
-            attention_mask=ttt_mask(features.shape[1], j, features.device),
-            position_embeddings=position_embeddings,
-            position_ids=position,
-            cache=cache,
-            use_cache=True,
-        )
+        mask = ttt_mask(features.shape[1], j, features.device)
+        h = through_masked(head.config, head.body.layers, head.body.rotary_emb, fused, cache, mask, position)
         out.append(h)
         f = F.pad(h[:, :-1], (0, 0, 1, 0))  # the feature a pair at u reads is the prediction made at u - 1
     return out
