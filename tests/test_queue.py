@@ -32,6 +32,7 @@ ARGS = [
     1.0,
     0,
     "rejection",
+    0,  # tree nodes: a chain
 ]
 
 
