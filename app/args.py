@@ -8,17 +8,18 @@ from __future__ import annotations
 
 import argparse
 
-from app.core.config import RULES, RunConfig, SamplingConfig, Settings, SpecConfig, UserError
+from app.core.config import RULES, TREE_MAX, RunConfig, SamplingConfig, Settings, SpecConfig, UserError
 from app.models import threads
 
 
-def _tree_nodes(text: str) -> int:
-    if text.strip().lower() == "off":
-        return 0
+def _tree_nodes(text: str) -> int | str:
+    word = text.strip().lower()
+    if word in ("off", "auto"):
+        return 0 if word == "off" else "auto"
     try:
         return int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"--tree takes a node count or off, got {text!r}") from None
+        raise argparse.ArgumentTypeError(f"--tree takes a node count, auto or off, got {text!r}") from None
 
 
 def add_generation_args(ap: argparse.ArgumentParser) -> None:
@@ -34,7 +35,8 @@ def add_generation_args(ap: argparse.ArgumentParser) -> None:
         type=_tree_nodes,
         default=0,
         help="draft a tree of N nodes, k deep (fixed k, 4 unless --k), verified in one target pass; "
-        "off or 0: a chain (default)",
+        f"auto: this machine's cost model picks each round's depth and nodes (up to {TREE_MAX}), or a chain "
+        "or a plain step where those win; off or 0: a chain (default)",
     )
     ap.add_argument("--temperature", type=float, default=0.0, help="0 means greedy")
     ap.add_argument("--top-k", type=int, default=0)
@@ -103,13 +105,21 @@ def make_settings(
     stop: tuple[str, ...] = (),
     chat: bool = False,
     tree: int = 0,
+    tree_auto: bool = False,
 ) -> Settings:
     """The one mapping from the knobs a front end shows (the CLI's options, the UI's controls) to
     validated Settings. k is fixed k, or heuristic's start: it raises their cap when above k_max.
-    Adaptive k picks its own, up to k_max, so k never moves adaptive's cap."""
+    Adaptive k picks its own, up to k_max, so k never moves adaptive's cap. tree_auto lets the cost
+    model shape each round, with up to `tree` nodes."""
     return Settings(
         SamplingConfig(temperature, top_k, top_p, seed, repetition_penalty, no_repeat_ngram_size, rule),
-        SpecConfig(k=k, k_policy=k_policy, k_max=k_max if k_policy == "adaptive" else max(k_max, k), tree=tree),
+        SpecConfig(
+            k=k,
+            k_policy=k_policy,
+            k_max=k_max if k_policy == "adaptive" else max(k_max, k),
+            tree=tree,
+            tree_auto=tree_auto,
+        ),
         RunConfig(max_new_tokens, tuple(stop), chat),
     )
 
@@ -118,6 +128,7 @@ def settings(args) -> Settings:
     """The options as one validated Settings (a bad value raises UserError with what to change)."""
     if not 1 <= args.max_new_tokens <= MAX_NEW_TOKENS:
         raise UserError(f"max new tokens must be between 1 and {MAX_NEW_TOKENS}, got {args.max_new_tokens}")
+    auto = args.tree == "auto"
     return make_settings(
         args.temperature,
         args.top_k,
@@ -127,12 +138,13 @@ def settings(args) -> Settings:
         args.no_repeat_ngram_size,
         args.rule,
         k=args.k if args.k is not None else 4,
-        k_policy=args.k_policy or ("fixed" if args.k is not None or args.tree else "adaptive"),
+        k_policy=args.k_policy or ("fixed" if args.k is not None or (args.tree and not auto) else "adaptive"),
         k_max=args.k_max,
         max_new_tokens=args.max_new_tokens,
         stop=tuple(args.stop),
         chat=bool(args.chat),
-        tree=args.tree,
+        tree=TREE_MAX if auto else args.tree,
+        tree_auto=auto,
     )
 
 

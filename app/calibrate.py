@@ -15,6 +15,7 @@ import statistics
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import replace
 
 import numpy
 import torch
@@ -97,40 +98,63 @@ class _Alternate(FixedK):
         return next(self._ks)
 
 
-@torch.inference_mode()
 def pass_times(target, context: list[int], widths: int, cache: Callable = CachedModel, reps: int = REPS) -> list[float]:
     """Fastest seconds of one target pass over n = 1..widths new tokens after `context`, as timed.
 
     Widths are interleaved within each repetition so drift on a shared machine hits all alike.
     """
-    lm = cache(target)
-    lm.extend(context, keep=1)
-    base = lm.length
-    probe = (context * (widths // max(len(context), 1) + 1))[:widths]
-    times: list[list[float]] = [[] for _ in range(widths)]
-    for rep in range(reps + 1):
-        for n in range(1, widths + 1):
-            start = time.perf_counter()
-            lm.extend(probe[:n], keep=n)
-            engine.sync(lm.device)
-            if rep:  # rep 0 is the warm-up
-                times[n - 1].append(time.perf_counter() - start)
-            lm.rollback(base)
-    lm.close()
-    return [min(t) for t in times]
+    return pass_widths(target, context, list(range(1, widths + 1)), cache, reps)
 
 
 def verify_curve(
-    target, context: list[int], widths: int, cache: Callable = CachedModel, reps: int = REPS
+    target, context: list[int], widths: int, cache: Callable = CachedModel, reps: int = REPS, widest: int = 0
 ) -> list[float]:
-    """Seconds of one target pass over n = 1..widths new tokens after `context` (pass_times, smoothed)."""
+    """Seconds of one target pass over n = 1..max(widths, widest) new tokens after `context`
+    (pass_times, smoothed): every width up to `widths`, and a few up to `widest` (wide_widths)."""
     fastest = pass_times(target, context, widths, cache, reps)
     if widths < 3:
-        return list(itertools.accumulate(fastest, max))
-    # Beyond one token a pass costs about a + b n (one matrix product per layer, wider): a line
-    # through all widths averages out a spike at any one of them.
-    a, b = _fit_line(dict(enumerate(fastest[1:], start=2)))
-    return [fastest[0]] + [max(fastest[0], a + b * n) for n in range(2, widths + 1)]
+        curve = list(itertools.accumulate(fastest, max))
+    else:
+        # Beyond one token a pass costs about a + b n (one matrix product per layer, wider): a line
+        # through all widths averages out a spike at any one of them.
+        a, b = _fit_line(dict(enumerate(fastest[1:], start=2)))
+        curve = [fastest[0]] + [max(fastest[0], a + b * n) for n in range(2, widths + 1)]
+    wide = wide_widths(widths, widest)
+    if not wide:
+        return curve
+    # Past the widths a chain verifies, a pass is flat while the hardware has room and then grows:
+    # no line fits both, so a tree's widths are timed and joined piecewise.
+    points = {widths: curve[-1], **dict(zip(wide, pass_widths(target, context, wide, cache, reps), strict=True))}
+    joined = _interpolate(points, widest + 1)[widths + 1 :]
+    return list(itertools.accumulate(curve + joined, max))
+
+
+def wide_widths(widths: int, widest: int) -> list[int]:
+    """The widths past `widths` timed for trees: doubling from 12, and `widest` itself."""
+    out = [w for w in (12, 16, 24, 32, 48) if widths < w < widest]
+    return out + [widest] if widest > widths else out
+
+
+@torch.inference_mode()
+def pass_widths(
+    target, context: list[int], widths: list[int], cache: Callable = CachedModel, reps: int = REPS
+) -> list[float]:
+    """Fastest seconds of one target pass over each of `widths` new tokens after `context`."""
+    lm = cache(target)
+    lm.extend(context, keep=1)
+    base = lm.length
+    probe = (context * (max(widths) // max(len(context), 1) + 1))[: max(widths)]
+    times: list[list[float]] = [[] for _ in widths]
+    for rep in range(reps + 1):
+        for i, n in enumerate(widths):
+            start = time.perf_counter()
+            lm.extend(probe[:n], keep=n)
+            engine.sync(lm.device)
+            if rep:
+                times[i].append(time.perf_counter() - start)
+            lm.rollback(base)
+    lm.close()
+    return [min(t) for t in times]
 
 
 def _busy(steps) -> list[tuple]:
@@ -158,8 +182,9 @@ class _Turns:
     """Short runs of one kind after another, each going on from the text the last one of its kind
     produced, so turns see new text."""
 
-    def __init__(self, pair, ids: list[int], settings: Settings, target_cache: Callable):
+    def __init__(self, pair, ids: list[int], settings: Settings, target_cache: Callable, policy=_Alternate):
         self.pair, self.settings, self.cache, self.size = pair, settings, target_cache, len(ids)
+        self.policy = policy
         self.contexts = {False: ids, True: ids}
         # A static target cache (the GPU path) goes with a static draft cache, as in a real run.
         self.draft_cache = target_cache if isinstance(target_cache, static_cache.StaticCaches) else None
@@ -170,7 +195,7 @@ class _Turns:
         for _ in range(8):
             context = self.contexts[speculative]
             run = runs.Run(self.pair, context, self.settings, speculative, self.cache, self.draft_cache)
-            policy = _Alternate(self.settings.spec) if speculative else None
+            policy = self.policy(self.settings.spec) if speculative else None
             steps = list(itertools.islice(run.steps(policy), n + 1))
             out += _busy(steps)
             self.contexts[speculative] = (context + [t for s in steps for t in s.emitted])[-self.size :]
@@ -179,17 +204,24 @@ class _Turns:
         return out
 
 
-def measure(pair, k_max: int, target_cache: Callable = CachedModel, sampling: SamplingConfig | None = None) -> Costs:
+def measure(
+    pair, k_max: int, target_cache: Callable = CachedModel, sampling: SamplingConfig | None = None, tree: int = 0
+) -> Costs:
     """Costs of `pair` (models.Pair) on this machine for up to k_max drafts per round, with the rounds
     run under `sampling` (default greedy). Sampled rounds cost more than greedy ones, more so the more
     they draft: a probability row and a draw for every draft, a filtered row for every verified
-    position, and the repetition controls over the history at each, so each kind is timed on its own."""
+    position, and the repetition controls over the history at each, so each kind is timed on its own.
+    tree: the most nodes a tree may have (0: chains only); the pass is then timed up to that width,
+    and a few rounds draft trees, which price a tree round beyond a chain's (Costs.tree_fixed_s,
+    draft_node_s)."""
     probe = pair.tokenizer(PROBE)["input_ids"]
-    limit, new_tokens = _window(pair, k_max, target_cache)
+    limit, new_tokens = _window(pair, max(k_max, tree), target_cache)
     n = min(limit // 2, CONTEXT)
     ids = _repeat(probe, n)
-    curve = verify_curve(pair.target, ids, k_max + 1, target_cache)
-    per_context = context_slopes(pair.target, probe, curve, n, min(2 * n, limit - k_max - 1), target_cache)
+    widest = tree + 1 if tree + 1 > k_max + 1 else 0
+    curve = verify_curve(pair.target, ids, k_max + 1, target_cache, widest=widest)
+    far = min(2 * n, limit - len(curve))
+    per_context = context_slopes(pair.target, probe, curve, n, far, target_cache, dense=k_max + 1)
     # A round's pass feeds the last kept token again after len(ids) - 1 cached ones, so the curve's
     # passes after n cached tokens stand for rounds that begin at n + 1 (Step.context).
     at = _AtReference(per_context, n + 1)
@@ -198,16 +230,19 @@ def measure(pair, k_max: int, target_cache: Callable = CachedModel, sampling: Sa
         pair, ids, Settings(sampling or SamplingConfig(), spec, RunConfig(max_new_tokens=new_tokens)), target_cache
     )
     ks = lengths(k_max)
-    plain, speculative = [], []
+    plain, speculative, trees = [], [], []
+    tree_turns = _tree_turns(pair, ids, turns.settings, target_cache, k_max, tree)
     for _ in range(PARTS):
         plain += turns.rounds(False, 4)
         speculative += turns.rounds(True, len(ks) * BLOCK)  # each run must hold one whole block of each length
+        for t in tree_turns:
+            trees += t.rounds(True, BLOCK)
     drafts, verifies, outside = _split_rounds(speculative, at)
     verifies[1] = [at(1, s.verify_time, s.context) for s, _ in plain] + verifies.get(1, [])
     draft_points = {k: statistics.median(t) for k, t in drafts.items()} or {0: 0.0}
     draft_round, draft_token = _fit_line(draft_points)
     verify = _verify_levels(curve, verifies)
-    return Costs(
+    costs = Costs(
         verify_s=tuple(verify),
         draft_round_s=draft_round,
         draft_token_s=draft_token,
@@ -217,6 +252,45 @@ def measure(pair, k_max: int, target_cache: Callable = CachedModel, sampling: Sa
         verify_per_context_s=per_context,
         context=at.reference,
     )
+    if not trees:
+        return costs
+    fixed, per_node = _tree_seconds(trees, costs, at)
+    return replace(costs, tree_fixed_s=fixed, draft_node_s=per_node)
+
+
+def _tree_turns(pair, ids: list[int], settings: Settings, target_cache: Callable, k_max: int, tree: int) -> list:
+    """Turns of rounds drafting trees k_max deep, a small one and the widest a run may choose (none
+    without trees): what their rounds cost beyond a chain's drafting and a pass of their width is a
+    tree's own cost (_tree_seconds)."""
+    if tree <= k_max:
+        return []
+    sizes = sorted({min(tree, k_max + 2), tree})
+    specs = [SpecConfig(k=k_max, k_policy="fixed", k_max=k_max, tree=n) for n in sizes]
+    return [_Turns(pair, ids, replace(settings, spec=spec), target_cache, policy=FixedK) for spec in specs]
+
+
+def _tree_seconds(trees: list[tuple], costs: Costs, at: _AtReference) -> tuple[float, float]:
+    """(fixed seconds, seconds per node past the chain) that a tree round adds to a chain's drafting
+    of its depth and a pass of its width: growing the tree, its mask, moving the kept path. A line
+    through the tree rounds' medians by nodes past the chain; (0, 0) without tree rounds."""
+    extra: dict[int, list[float]] = {}
+    for s, _ in trees:
+        if s.round <= 2:  # a run's first round after its prefill re-reads the prompt (_split_rounds)
+            continue
+        depth = _depth(s.parents) if s.parents else len(s.drafted)
+        width = len(s.drafted) + 1
+        spent = s.draft_time + at(width, s.verify_time, s.context)
+        extra.setdefault(len(s.drafted) - depth, []).append(spent - costs.draft_time(depth) - costs.verify_time(width))
+    points = {n: statistics.median(t) for n, t in extra.items()}
+    return _fit_line(points) if points else (0.0, 0.0)
+
+
+def _depth(parents: list[int]) -> int:
+    """How deep a tree with these parents goes."""
+    depths: list[int] = []
+    for parent in parents:
+        depths.append(1 + (depths[parent] if parent >= 0 else 0))
+    return max(depths, default=0)
 
 
 def _window(pair, k_max: int, target_cache: Callable) -> tuple[int, int]:
@@ -293,16 +367,25 @@ def _draft_curve(drafts: dict, draft_points: dict, ks: list[int], k_max: int, dr
 
 
 def context_slopes(
-    target, probe: list[int], curve: list[float], n: int, far: int, target_cache: Callable = CachedModel
+    target,
+    probe: list[int],
+    curve: list[float],
+    n: int,
+    far: int,
+    target_cache: Callable = CachedModel,
+    dense: int | None = None,
 ) -> tuple[float, ...]:
     """Seconds more per context token for a pass over 1..len(curve) new tokens, from `curve` (timed
     after n tokens) and the same curve timed after `far`; () when far is too close to n to tell.
 
     Never negative, and never less for a wider pass, which reads the cache with more queries.
+    dense: the widths timed one by one (verify_curve's `widths`), when the curve reaches past them.
     """
     if far - n < MIN_SPAN:
         return ()
-    curve_far = verify_curve(target, _repeat(probe, far), len(curve), target_cache)
+    dense = dense or len(curve)
+    widest = len(curve) if len(curve) > dense else 0
+    curve_far = verify_curve(target, _repeat(probe, far), dense, target_cache, widest=widest)
     return tuple(
         itertools.accumulate((max(0.0, (b - a) / (far - n)) for a, b in zip(curve, curve_far, strict=True)), max)
     )
@@ -358,11 +441,13 @@ def costs_for(
         threads.key(),
         getattr(target_cache, "__name__", str(target_cache)),
         cost_class(sampling),
+        spec.tree if spec.tree_auto else 0,
     )
     with _lock:
         if key not in _cache:
             if len(_cache) >= MAX_CACHED:  # the least recently used goes: greedy stays while it is in use
                 _cache.pop(next(iter(_cache)))
-            _cache[key] = measure(pair, spec.k_max, target_cache, sampling=sampling)
+            tree = spec.tree if spec.tree_auto else 0
+            _cache[key] = measure(pair, spec.k_max, target_cache, sampling=sampling, tree=tree)
         _cache[key] = _cache.pop(key)  # now the most recently used
         return _cache[key]

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import shlex
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from app.core.config import SamplingConfig, SpecConfig, UserError
@@ -46,6 +46,18 @@ def best_fixed_k(target: str, draft: str, runs: Path = RUNS) -> tuple[int, str] 
     return None
 
 
+def engine_spec(spec: SpecConfig) -> tuple[SpecConfig, list[str]]:
+    """The speculation an engine can be told: a shape chosen round by round (--tree auto) is not
+    one, so it goes out as adaptive k's chain, with a note."""
+    if not spec.tree_auto:
+        return spec, []
+    note = (
+        "--tree auto has no counterpart: vLLM's token tree and SGLang's EAGLE tree are fixed at launch, "
+        "so a chain goes out; export --tree N (with --k) for a tree of N nodes"
+    )
+    return replace(spec, tree=0, tree_auto=False), [note]
+
+
 def choose_k(target: str, draft: DraftInfo, spec: SpecConfig, runs: Path = RUNS) -> tuple[int, list[str]]:
     """The fixed k an engine gets, and a note saying where it came from."""
     if spec.k_policy == "fixed":
@@ -62,7 +74,9 @@ def choose_k(target: str, draft: DraftInfo, spec: SpecConfig, runs: Path = RUNS)
 
 def vllm(target: str, draft: DraftInfo, spec: SpecConfig, sampling: SamplingConfig, runs: Path = RUNS) -> Export:
     """`vllm serve` with --speculative-config: a draft model, ngram, or eagle."""
+    spec, shape_notes = engine_spec(spec)
     k, k_notes = choose_k(target, draft, spec, runs)
+    k_notes = shape_notes + k_notes
     config, notes = draft.kind.vllm(draft, k, spec)
     argv = ["vllm", "serve", target]
     if config:
@@ -97,7 +111,9 @@ def llama_server(
     target: str, draft: DraftInfo, spec: SpecConfig, sampling: SamplingConfig, runs: Path = RUNS
 ) -> Export:
     """`llama-server` with -md/--draft-max/--draft-min, or --spec-type ngram-simple for prompt lookup."""
+    spec, shape_notes = engine_spec(spec)
     k, k_notes = choose_k(target, draft, spec, runs)
+    k_notes = shape_notes + k_notes
     notes: list[str] = []
     argv = ["llama-server", "-m", _gguf(target, notes)]
     draft_args, draft_notes = draft.kind.llama_server(draft, k, spec, _gguf)
@@ -149,7 +165,9 @@ def _num(x: float) -> str:
 
 def sglang(target: str, draft: DraftInfo, spec: SpecConfig, runs: Path = RUNS) -> Export | None:
     """`python -m sglang.launch_server` with its speculative options, for a draft kind that has them."""
+    spec, shape_notes = engine_spec(spec)
     k, k_notes = choose_k(target, draft, spec, runs)
+    k_notes = shape_notes + k_notes
     args, notes = draft.kind.sglang(draft, k, spec)
     if args is None:
         return None

@@ -45,8 +45,8 @@ def start(
 ) -> runs.Run:
     """A Run whose policy is guided by this machine's measured costs (measured once per kind of request)."""
     run = runs.prepare(pair, ids, settings, speculative=speculative, compile=compile)
-    # The calibrated cost model plans chains; a tree's shape is fixed by its settings.
-    if speculative and calibrated and not settings.spec.tree:
+    # The calibrated cost model plans chains, and trees under tree_auto; a fixed tree's shape is its settings'.
+    if speculative and calibrated and (settings.spec.tree_auto or not settings.spec.tree):
         run.costs = calibrate.costs_for(pair, settings.spec, run.target_cache, sampling=settings.sampling)
     return run
 

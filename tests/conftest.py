@@ -150,7 +150,9 @@ def run(target, tokenizer, prompt, proposer=None, **kw):
 
     sampling_keys = ("temperature", "top_k", "top_p", "seed", "repetition_penalty", "no_repeat_ngram_size", "rule")
     sampling = SamplingConfig(**{k: kw.pop(k) for k in sampling_keys if k in kw})
-    spec = SpecConfig(**{k: kw.pop(k) for k in ("k", "k_policy", "k_max", "ngram_max", "ngram_min", "tree") if k in kw})
+    spec = SpecConfig(
+        **{k: kw.pop(k) for k in ("k", "k_policy", "k_max", "ngram_max", "ngram_min", "tree", "tree_auto") if k in kw}
+    )
     teach = kw.pop("teach", True)  # tests read the teaching table too
     display = kw.pop("display", True)
     policy = kw.pop("policy", None)

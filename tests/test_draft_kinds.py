@@ -52,7 +52,7 @@ def test_the_contract_check_bites():
     """A proposer without cache_factory (which runs reads) is caught by the same check."""
 
     class Partial:
-        name, wants_features, context_limit = "partial", False, None
+        name, wants_features, context_limit, tree = "partial", False, None, 0
 
         def begin(self, prompt_ids, vocab_size): ...
         def propose(self, k, cfg, gen): ...
@@ -65,7 +65,7 @@ def test_the_contract_check_bites():
 class RepeatLast:
     """A toy proposer: k copies of the last committed token."""
 
-    name, wants_features, context_limit, cache_factory = "toy", False, None, None
+    name, wants_features, context_limit, cache_factory, tree = "toy", False, None, None, 0
 
     def begin(self, prompt_ids, vocab_size):
         self.ids = list(prompt_ids)

@@ -44,7 +44,7 @@ def test_the_engine_refuses_prompts_the_target_cannot_read(target, tokenizer, pr
 class Proposes:
     """A broken draft source that proposes fixed ids."""
 
-    name, wants_features, context_limit, cache_factory = "broken", False, None, None
+    name, wants_features, context_limit, cache_factory, tree = "broken", False, None, None, 0
 
     def __init__(self, ids):
         self.ids = ids

@@ -32,7 +32,7 @@ import torch
 from app import calibrate, models
 from app.args import add_generation_args, settings, with_chat
 from app.bench import progress
-from app.bench.contenders import CONSTANT, SWEEP, TREE, Contender, adaptive_k, fixed_k, hf, ours
+from app.bench.contenders import CONSTANT, SWEEP, TREE, TREE_AUTO, Contender, adaptive_k, fixed_k, hf, ours
 from app.bench.report import _f, _x, html_report, prompt_row, summarize_rows  # noqa: F401
 from app.core import engine, metrics
 from app.core.config import settings_dict
@@ -41,15 +41,16 @@ from app.kv import direct_pass
 from app.models import threads
 
 
-def contenders(args, pair, lookup_pair, s, sp, r, costs, lookup_costs) -> list[Contender]:
-    """Everything timed: ours first, then transformers' generate with the same models."""
-    out = _ours_field(args, pair, lookup_pair, s, sp, r, costs, lookup_costs)
+def contenders(args, pair, lookup_pair, s, sp, r, costs, lookup_costs, tree_costs=None) -> list[Contender]:
+    """Everything timed: ours first, then transformers' generate with the same models. tree_costs:
+    the calibration with trees (--tree auto), which the tree shaped by the cost model reads."""
+    out = _ours_field(args, pair, lookup_pair, s, sp, r, costs, lookup_costs, tree_costs)
     if not (args.hf and s.greedy):  # transformers' outputs are only comparable under greedy decoding
         return out
     return out + _hf_field(pair, lookup_pair, sp)
 
 
-def _ours_field(args, pair, lookup_pair, s, sp, r, costs, lookup_costs) -> list[Contender]:
+def _ours_field(args, pair, lookup_pair, s, sp, r, costs, lookup_costs, tree_costs=None) -> list[Contender]:
     k = sp.k
     out = [
         Contender("autoregressive", "ours: plain autoregressive", ours(pair, s, sp, r, False, None)),
@@ -57,13 +58,18 @@ def _ours_field(args, pair, lookup_pair, s, sp, r, costs, lookup_costs) -> list[
     ]
     # Ours at --k is always run where it is transformers' like-for-like partner, swept or not.
     fixed = set(SWEEP) if args.sweep else set()
-    if (args.hf and s.greedy and pair.draft.assistant is not None) or sp.tree:
+    fixed_tree = sp.tree and not sp.tree_auto
+    if (args.hf and s.greedy and pair.draft.assistant is not None) or fixed_tree:
         fixed.add(k)  # transformers' like-for-like partner, or the chain a tree is set beside
     out += [
         Contender(f"k={j}", f"ours: {pair.draft_name}, fixed k = {j}", ours(pair, s, fixed_k(sp, j), r, True, costs))
         for j in sorted(fixed)
     ]
-    if sp.tree:
+    if sp.tree_auto:  # beside adaptive k's chain, on the same draft
+        auto = replace(adaptive_k(sp), tree=sp.tree, tree_auto=True)
+        label = f"ours: {pair.draft_name}, each round's shape by the cost model (trees up to {sp.tree} nodes)"
+        out.append(Contender(TREE_AUTO, label, ours(pair, s, auto, r, True, tree_costs)))
+    elif sp.tree:
         tree = replace(fixed_k(sp, k), tree=sp.tree)
         out.append(
             Contender(
@@ -196,6 +202,16 @@ def hf_passes_share(pair, assisted: Contender, ids: list[int], n: int) -> dict:
     return dict(share=inside[0] / seconds, ceiling=seconds / inside[0])
 
 
+def _tree_costs(pair, sp, s, cached: bool = True):
+    """The calibration a tree shaped by the cost model reads (None without --tree auto)."""
+    if not sp.tree_auto:
+        return None
+    spec = replace(adaptive_k(sp), tree=sp.tree, tree_auto=True)
+    if cached:
+        return calibrate.costs_for(pair, spec, sampling=s)
+    return calibrate.measure(pair, spec.k_max, sampling=s, tree=sp.tree)
+
+
 def bench(args) -> dict:
     """Warm every contender up, then per prompt run each `reps` times in rotating order."""
     progress.say("bench", f"loading {args.target or models.DEFAULT_TARGET} and its draft")
@@ -209,8 +225,9 @@ def bench(args) -> dict:
     progress.say("bench", "measuring this machine (each prompt measures it again before its runs)")
     costs = calibrate.costs_for(pair, adaptive_k(sp), sampling=s)
     lookup_costs = calibrate.costs_for(lookup_pair, adaptive_k(sp), sampling=s) if lookup_pair else None
+    tree_costs = _tree_costs(pair, sp, s)
     prompts = suite(args.suite, st.run.chat)[: args.limit or None]
-    field = contenders(args, pair, lookup_pair, s, sp, r, costs, lookup_costs)
+    field = contenders(args, pair, lookup_pair, s, sp, r, costs, lookup_costs, tree_costs)
     warm = pair.encode(prompts[0], r.chat)
     progress.say("bench", f"warm-up: {len(field)} contenders once each")
     for c in field:  # warm-up, discarded: first calls allocate and pick kernels
@@ -219,7 +236,7 @@ def bench(args) -> dict:
         _prompt(args, pair, lookup_pair, st, i, prompt, len(prompts))
         for i, prompt in progress.counted(enumerate(prompts), "prompt", len(prompts))
     ]
-    field = contenders(args, pair, lookup_pair, s, sp, r, costs, lookup_costs)
+    field = contenders(args, pair, lookup_pair, s, sp, r, costs, lookup_costs, tree_costs)
     return dict(
         target=pair.target_name,
         draft=pair.draft_name,
@@ -248,7 +265,7 @@ def _prompt(args, pair, lookup_pair, st, i: int, prompt: str, of: int) -> dict:
     # its host's speed moved.
     own = calibrate.measure(pair, adaptive_k(sp).k_max, sampling=s)
     lookup_own = calibrate.measure(lookup_pair, adaptive_k(sp).k_max, sampling=s) if lookup_pair else None
-    field = contenders(args, pair, lookup_pair, s, sp, r, own, lookup_own)
+    field = contenders(args, pair, lookup_pair, s, sp, r, own, lookup_own, _tree_costs(pair, sp, s, cached=False))
     # transformers' assisted run at constant k is timed once more, on the pass clock
     assisted = next((c for c in field if c.name == f"hf_assisted_k={sp.k}"), None)
     ids = pair.encode(prompt, r.chat)

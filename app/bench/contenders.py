@@ -19,6 +19,7 @@ from app.models import threads
 
 SWEEP = range(1, 9)  # fixed k values timed beside adaptive
 TREE = "tree"  # the contender that drafts a tree (--tree N), beside the chain at the same fixed k
+TREE_AUTO = "tree_auto"  # each round shaped by the cost model (--tree auto), beside adaptive k's chain
 # transformers' assisted generation held to exactly k drafts a round: by default it also stops
 # drafting early when the assistant's confidence drops below a threshold it tunes as it goes.
 CONSTANT = dict(num_assistant_tokens_schedule="constant", assistant_confidence_threshold=0)

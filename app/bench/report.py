@@ -123,6 +123,16 @@ def summarize_rows(rows: list[dict], names: list[str], k: int) -> dict:
             tree_over_chain_speed=med([t["tokens_per_s"] / c["tokens_per_s"] for t, c in pair]),
             tree_nodes_per_round=med([t["nodes_per_round"] for t, _ in pair]),
         )
+    if all("tree_auto" in r["contenders"] for r in rows):
+        # Paired per prompt: each round shaped by the cost model against adaptive k's chain.
+        pair = [(r["contenders"]["tree_auto"], r["contenders"]["adaptive"]) for r in rows]
+        out |= dict(
+            tree_auto_tokens_per_pass=med([t["tokens_per_pass"] for t, _ in pair]),
+            adaptive_tokens_per_pass=med([c["tokens_per_pass"] for _, c in pair]),
+            tree_auto_over_adaptive_tokens_per_pass=med([t["tokens_per_pass"] / c["tokens_per_pass"] for t, c in pair]),
+            tree_auto_over_adaptive_speed=med([t["tokens_per_s"] / c["tokens_per_s"] for t, c in pair]),
+            tree_auto_nodes_per_round=med([t["nodes_per_round"] for t, _ in pair]),
+        )
     for key in ("defaults", "fixed_k", "lookup_defaults", "lookup_fixed_k"):
         values = [r["ours_over_hf"].get(key) for r in rows]
         if any(v is not None for v in values):

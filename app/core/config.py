@@ -75,7 +75,8 @@ class SpecConfig:
     k_max: int = 8  # upper bound for heuristic and adaptive
     ngram_max: int = 3  # prompt lookup: longest n-gram tried first
     ngram_min: int = 1  # prompt lookup: shortest n-gram tried
-    tree: int = 0  # a draft tree's node budget, k deep (0: a chain of k)
+    tree: int = 0  # a draft tree's node budget, k deep (0: a chain of k); with tree_auto, the most nodes
+    tree_auto: bool = False  # the cost model picks each round's shape: a plain step, a chain or a tree
 
     def validate(self) -> None:
         for name in ("k", "k_max", "ngram_max", "ngram_min", "tree"):
@@ -92,7 +93,14 @@ class SpecConfig:
             raise UserError(f"k must be at most {K_MAX}, got {self.k}")
         if not 1 <= self.ngram_min <= self.ngram_max:
             raise UserError("n-gram sizes need 1 <= min <= max")
-        if self.tree:
+        if not isinstance(self.tree_auto, bool):
+            raise UserError(f"tree auto must be true or false, got {self.tree_auto!r}")
+        if self.tree_auto:
+            if not 0 < self.tree <= TREE_MAX:
+                raise UserError(f"a tree chosen by the cost model has up to 1 to {TREE_MAX} nodes, got {self.tree}")
+            if self.k_policy != "adaptive":
+                raise UserError("--tree auto chooses k and the tree together: leave k adaptive (no --k)")
+        elif self.tree:
             if not 0 < self.tree <= TREE_MAX:
                 raise UserError(f"a tree has 1 to {TREE_MAX} nodes, got {self.tree}")
             if self.k_policy != "fixed":

@@ -31,6 +31,9 @@ class Proposer(Protocol):
     # The KV cache the draft's model runs on, which a run may swap for the static one (the GPU fast
     # path); None for a draft that runs no model's cache or keeps its own.
     cache_factory: Callable[[Any], KVCache] | None
+    # Node budget of the next proposal (0: a chain); a run whose policy shapes each round sets it
+    # (policy.TreeShape). A source that cannot branch keeps 0, and its kind refuses trees.
+    tree: int
 
     def begin(self, prompt_ids: list[int], vocab_size: int) -> None:
         """Start a request from the prompt's ids; only ids below vocab_size may be drafted."""

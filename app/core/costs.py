@@ -13,6 +13,8 @@ import itertools
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
+from app.core.tree_shape import expected_tokens, tree_budgets
+
 
 def by_width(values: Sequence[float], width: int) -> float:
     """values[width - 1] of a per-width list, whose last entry stands for every wider pass."""
@@ -46,6 +48,11 @@ class Costs:
     # a pass over n new tokens. Empty: no dependence measured, every context costs the same.
     verify_per_context_s: tuple[float, ...] = ()
     context: int = 0
+    # What a tree round costs beyond drafting its k-deep chain and a pass of its width: a fixed part
+    # (the tree's mask, moving the kept path into place) and a part per node past the chain (siblings'
+    # draws, a feature head's wider passes); measured only when a run lets the cost model choose trees.
+    tree_fixed_s: float = 0.0
+    draft_node_s: float = 0.0
 
     def draft_time(self, k: int) -> float:
         """Seconds of one draft call of k tokens."""
@@ -82,6 +89,28 @@ class Costs:
 
     def _round_s(self, k: int, verify: Sequence[float]) -> float:
         return self.draft_time(k) + by_width(verify, k + 1) + self.overhead_s
+
+    def tree_round_s(self, k: int, nodes: int, verify: Sequence[float]) -> float:
+        """Seconds of a round that drafts a tree of `nodes` nodes, k deep, and verifies nodes + 1."""
+        if nodes <= k:  # a chain
+            return self._round_s(k, verify)
+        drafting = self.draft_time(k) + self.tree_fixed_s + (nodes - k) * self.draft_node_s
+        return drafting + by_width(verify, nodes + 1) + self.overhead_s
+
+    def best_shape(
+        self, hazards: Sequence[float], k_max: int, nodes_max: int, context: int | None = None
+    ) -> tuple[int, int]:
+        """(k, nodes) with the most expected tokens per second, among a plain step (0, 0), chains
+        (k, k) and trees of up to nodes_max nodes up to k_max deep (tree_shape.expected_tokens); on a tie
+        the shallower and smaller shape."""
+        verify = self.verify_curve(context)
+        best, best_rate = (0, 0), 1.0 / self._plain_s(verify)
+        for k in range(1, k_max + 1):
+            for nodes in tree_budgets(k, nodes_max):
+                rate = expected_tokens(hazards, k, nodes) / self.tree_round_s(k, nodes, verify)
+                if rate > best_rate:
+                    best, best_rate = (k, nodes), rate
+        return best
 
     def tokens_per_s(self, alpha: float, k: int, context: int | None = None) -> float:
         return self._tokens_per_s(alpha, k, self.verify_curve(context))

@@ -66,10 +66,10 @@ class _Output:
         return None
 
 
-def _decisions(drafts, texts, v, judged: list[int]) -> list[Decision]:
+def _decisions(drafts, texts, v, judged: list[int], tree: bool) -> list[Decision]:
     """One record per judged draft, in the order judged; judged[j] is its index in drafts."""
     return [
-        Decision(drafts[i], texts[i], v.p_x[j], v.q_x[j], v.accept_prob[j], v.u[j], i < v.accepted)
+        Decision(drafts[i], texts[i], v.p_x[j], v.q_x[j], v.accept_prob[j], v.u[j], i < v.accepted, i if tree else None)
         for j, i in enumerate(judged)
     ]
 
@@ -220,6 +220,11 @@ class _Loop:
         """Draft, verify, commit: one Step."""
         k = self._k()
         t0 = time.perf_counter()
+        nodes = 0
+        if self.proposer is not None and k:
+            nodes = self.policy.next_nodes()
+            if nodes != getattr(self.proposer, "tree", 0):  # a shape chosen round by round (policy.TreeShape)
+                self.proposer.tree = nodes
         proposal = Proposal([], None) if self.proposer is None else self.proposer.propose(k, self.cfg, self.gen)
         _check_drafts(proposal.tokens, self.vocab)
         assert self.lm is not None, "generate() sets the target's cache before the first round"
@@ -236,7 +241,7 @@ class _Loop:
         else:  # a tree's record lists its kept path first, so drafts[:n] are the accepted drafts
             drafts, parents, judged, texts, token_text = self._tree_record(proposal, v, path)
             bonus = not any(parent == (path[-1] if path else -1) for parent in proposal.parents or [])
-        self.policy.update(len(drafts), n, context=base + n + 1)
+        self.policy.update(len(drafts), n, context=base + n + 1, parents=proposal.parents, path=path)
         kept = drafts[:n] + [v.token]
         emitted, new_text = self.out.push(kept)
         self.ids += kept
@@ -263,13 +268,14 @@ class _Loop:
             draft_time=t1 - t0,
             verify_time=t2 - t1,
             elapsed=0.0,
-            decisions=_decisions(drafts, texts, v, judged),
+            decisions=_decisions(drafts, texts, v, judged, parents is not None),
             top=top,
             stop_reason=self.out.stop_reason,
             feature_position=proposal.feature_position,
             context=base,
             race=race,
             parents=parents,
+            nodes=nodes,
         )
 
     def _tree_record(self, proposal: Proposal, v, path: list[int]):

@@ -28,6 +28,7 @@ class Decision:
     accept_prob: float  # min(1, p/q); greedy: 1 if x is the target's argmax else 0
     u: float | None  # the uniform draw; None under greedy, where nothing is random
     accepted: bool
+    node: int | None = None  # a tree round: the draft's index in Step.drafted (a chain's are in order)
 
 
 @dataclass
@@ -60,6 +61,7 @@ class Step:
     # A tree round: each listed draft's parent (an index into drafted; -1: below the committed text).
     # The kept path is listed first, so drafted[:accepted] are the accepted drafts as for a chain.
     parents: list[int] | None = None
+    nodes: int = 0  # the node budget the round's draft was given (0: a chain of k)
 
     def spans(self) -> list[tuple[str, str]]:
         """(text, kind) pieces in display order, rejected drafts where they were proposed.

@@ -68,6 +68,7 @@ def summarize(steps: Sequence[Step], costs: Costs | None = None) -> dict:
         cost_ratio_c=c,
         # Drafts a round that drafted, verified in its one pass: k for a chain, a tree's node count.
         nodes_per_round=mean_k if drafted else None,
+        tree_rounds=sum(1 for s in steps if s.parents is not None),
         expected_tokens_per_pass=None,
         theoretical_speedup=None,
         predicted_speedup=None,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
+from app.core import tree_shape
 from app.core.config import SpecConfig
 from app.core.costs import Costs
 
@@ -14,8 +15,19 @@ class KPolicy(Protocol):
     def next_k(self) -> int:
         """The draft length of the next round."""
 
-    def update(self, drafted: int, accepted: int, context: int | None = None) -> None:
-        """Learn from one round: drafts offered and kept, and the context length the next round starts from."""
+    def next_nodes(self) -> int:
+        """The node budget of the next round's draft tree (0: a chain of next_k drafts)."""
+
+    def update(
+        self,
+        drafted: int,
+        accepted: int,
+        context: int | None = None,
+        parents: list[int] | None = None,
+        path: list[int] | None = None,
+    ) -> None:
+        """Learn from one round: drafts offered and kept, the context length the next round starts
+        from, and for a tree its parents and kept path (node indices as proposed)."""
 
 
 class FixedK:
@@ -28,7 +40,10 @@ class FixedK:
     def next_k(self) -> int:
         return self.k
 
-    def update(self, drafted: int, accepted: int, context: int | None = None) -> None:
+    def next_nodes(self) -> int:
+        return self.spec.tree
+
+    def update(self, drafted, accepted, context=None, parents=None, path=None) -> None:
         pass
 
 
@@ -39,7 +54,7 @@ class HeuristicK(FixedK):
         super().__init__(spec)
         self.k = min(spec.k, spec.k_max)
 
-    def update(self, drafted, accepted, context=None):
+    def update(self, drafted, accepted, context=None, parents=None, path=None):
         if drafted:
             self.k = min(self.k + 2, self.spec.k_max) if accepted == drafted else max(self.k - 1, 1)
 
@@ -72,7 +87,10 @@ class AdaptiveK(FixedK):
     def alpha(self) -> float:
         return self.accepted / (self.accepted + self.rejected)
 
-    def update(self, drafted, accepted, context=None):
+    def next_nodes(self) -> int:
+        return 0
+
+    def update(self, drafted, accepted, context=None, parents=None, path=None):
         alpha = min(self.alpha, 0.999)
         if not drafted:
             # Only a chosen plain step counts: a k > 0 round can draft nothing (prompt lookup without
@@ -90,8 +108,100 @@ class AdaptiveK(FixedK):
         self.k = self.costs.best_k(min(self.alpha, 0.999), self.spec.k_max, context, k_min=0)
 
 
+class TreeShape(FixedK):
+    """Pick each round's shape, a plain step, a chain of k or a tree of n nodes k deep, with the
+    most expected tokens per second (Costs.best_shape) at the context the round starts from.
+
+    The acceptance model is a hazard per child rank: h_r, the chance that a node's r-th child is kept
+    once the r - 1 drafted before it were not, learnt from every judged node (children are tried in
+    the order drafted, by every rule), decayed per rank as AdaptiveK decays a. h_1 is AdaptiveK's a.
+    Ranks past the first are only seen in tree rounds, so after PROBE_EVERY rounds without a tree one
+    round drafts the best tree, and after as many plain steps one round drafts again. No clock is read.
+    """
+
+    DECAY = AdaptiveK.DECAY
+    PROBE_EVERY = AdaptiveK.PROBE_EVERY
+    RANKS = 8  # hazards kept per rank; later children share the last
+    # Weak priors: the first child kept 3 times in 4 (AdaptiveK's), a later one once in 5.
+    PRIOR = ((3.0, 1.0),) + ((0.25, 1.0),) * (RANKS - 1)
+
+    def __init__(self, spec: SpecConfig, costs: Costs | None = None):
+        super().__init__(spec)
+        self.costs = costs or Costs.idealised(k_max=spec.tree + 1)
+        self.kept, self.missed = [list(x) for x in zip(*self.PRIOR, strict=True)]
+        self.k, self.nodes = min(spec.k, spec.k_max), 0
+        self.without_tree = self.plain = 0
+
+    @property
+    def hazards(self) -> list[float]:
+        return [min(a / (a + b), 0.999) for a, b in zip(self.kept, self.missed, strict=True)]
+
+    def next_nodes(self) -> int:
+        return self.nodes if self.nodes > self.k else 0
+
+    def update(self, drafted, accepted, context=None, parents=None, path=None):
+        if drafted:
+            self._learn(drafted, accepted, parents, path)
+            self.plain = 0
+        elif self.k == 0:
+            self.plain += 1
+        self.without_tree = 0 if self.nodes > self.k else self.without_tree + 1
+        k, nodes = self.costs.best_shape(self.hazards, self.spec.k_max, self.spec.tree, context)
+        if k == 0 and self.plain >= self.PROBE_EVERY:
+            k, nodes = self._best_drafting(context, tree=False)
+            self.plain = 0
+        elif k and nodes == k and self.without_tree >= self.PROBE_EVERY:
+            k, nodes = self._best_drafting(context, tree=True)
+        self.k, self.nodes = k, nodes
+
+    def _best_drafting(self, context, tree: bool) -> tuple[int, int]:
+        h, verify = self.hazards, self.costs.verify_curve(context)
+        shapes: list[tuple[int, int]] = [
+            (k, n)
+            for k in range(1, self.spec.k_max + 1)
+            for n in tree_shape.tree_budgets(k, self.spec.tree)
+            if n > k or not tree
+        ] or [(1, 1)]
+        return max(
+            shapes,
+            key=lambda s: (
+                tree_shape.expected_tokens(h, s[0], s[1]) / self.costs.tree_round_s(s[0], s[1], verify),
+                -s[0],
+                -s[1],
+            ),
+        )
+
+    def _learn(self, drafted: int, accepted: int, parents: list[int] | None, path: list[int] | None) -> None:
+        """Count, per child rank, the children judged and the one kept at each depth the round reached."""
+        if parents is None:  # a chain: one child a depth
+            parents, path = list(range(-1, drafted - 1)), list(range(accepted))
+        path = path or []
+        children: dict[int, list[int]] = {}
+        for node, parent in enumerate(parents):
+            children.setdefault(parent, []).append(node)
+        seen = [0] * self.RANKS
+        kept = [0] * self.RANKS
+        for depth, at in enumerate([-1, *path]):
+            tried = children.get(at, [])
+            chosen = path[depth] if depth < len(path) else None
+            for rank, node in enumerate(tried):
+                r = min(rank, self.RANKS - 1)
+                seen[r] += 1
+                if node == chosen:
+                    kept[r] += 1
+                    break
+        d = self.DECAY
+        for r in range(self.RANKS):
+            if seen[r]:
+                self.kept[r] = d * self.kept[r] + kept[r]
+                self.missed[r] = d * self.missed[r] + seen[r] - kept[r]
+
+
 def make_policy(spec: SpecConfig, costs: Costs | None = None) -> KPolicy:
-    """The policy that spec names; `costs` (this machine's, from calibrate.py) guides adaptive k."""
+    """The policy that spec names; `costs` (this machine's, from calibrate.py) guides adaptive k and
+    the shape of trees chosen by the cost model."""
+    if spec.tree_auto:
+        return TreeShape(spec, costs)
     if spec.k_policy == "adaptive":
         return AdaptiveK(spec, costs)
     return {"fixed": FixedK, "heuristic": HeuristicK}[spec.k_policy](spec)

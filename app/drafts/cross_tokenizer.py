@@ -72,6 +72,7 @@ class CrossTokenizerProposer:
 
     wants_features = False
     cache_factory: Callable[[Any], KVCache] | None = None  # its cache is rebuilt from text each round: the dynamic one
+    tree = 0  # its drafts are re-tokenised text, one chain: it never branches
 
     def __init__(self, model: PreTrainedModel, bridge: TokenBridge, name: str):
         self.model, self.bridge, self.name = model, bridge, name

@@ -8,6 +8,7 @@ import torch
 from app.core import sampling
 from app.core.config import SamplingConfig
 from app.core.contracts import Proposal, Proposer
+from app.core.tree_shape import siblings_per_depth
 
 __all__ = ["Proposal", "Proposer", "draw"]
 
@@ -42,19 +43,6 @@ def draw(
         return int(sampling.race(q, sampling.race_noise(cfg.seed, at, q.shape[-1], q.device))), q
     assert gen is not None, "a sampled draw needs the run's generator"
     return sampling.sample(q, gen), q
-
-
-def siblings_per_depth(k: int, nodes: int) -> list[int]:
-    """Extra children at each depth of a k-deep chain, for a tree of `nodes` nodes. The budget past
-    the chain goes first where a branch is reached most often, near the root: sibling s at depth d
-    ranks d + s. The shape depends on k and the budget alone, never on what was drafted, which keeps
-    the sampling rule exact (verify.tree_sampling)."""
-    extra = max(0, nodes - k)
-    ranked = sorted((d + s, d) for d in range(k) for s in range(1, extra + 1))[:extra]
-    counts = [0] * k
-    for _, d in ranked:
-        counts[d] += 1
-    return counts
 
 
 def draw_siblings(

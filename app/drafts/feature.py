@@ -15,8 +15,9 @@ from transformers import PreTrainedModel
 from app.core import passes, sampling
 from app.core.config import SamplingConfig, SpecConfig
 from app.core.contracts import KVCache, Proposer
+from app.core.tree_shape import siblings_per_depth
 from app.drafts.draft_spec import BaseDraft, BaseKind, Draft, DraftInfo, DraftSpec, Loading
-from app.drafts.draw import Branches, Proposal, draw, draw_siblings, siblings_per_depth, tree_paths
+from app.drafts.draw import Branches, Proposal, draw, draw_siblings, tree_paths
 
 
 class FeatureProposer:

@@ -94,6 +94,7 @@ def parse(values: dict) -> Form:
         max_new_tokens=int(v["max_new_tokens"]),
         chat=bool(v["chat"]),
         tree=int(v["tree"]),
+        tree_auto=v["k_policy"] == "adaptive" and int(v["tree"]) > 0,  # adaptive k's trees: shaped each round
     )
     return Form(v["prompt"], target, draft, settings, not blank(v["seed"]))
 

@@ -44,6 +44,7 @@ class Teaching:
     key: tuple  # the request's settings; a different key starts a new session
     id: str = field(default_factory=lambda: uuid.uuid4().hex)
     ks: tuple[int, ...] = ()  # k of each round shown so far, in order
+    nodes: tuple[int, ...] = ()  # each round's tree budget (0: a chain), where the policy shapes rounds
     done: bool = False  # the last round shown ended the generation
 
     @property
@@ -54,8 +55,8 @@ class Teaching:
 class _Replay:
     """The request's own policy, made to choose the recorded k for the rounds already shown."""
 
-    def __init__(self, inner: KPolicy, ks: tuple[int, ...]):
-        self.inner, self.ks, self.round = inner, ks, 0
+    def __init__(self, inner: KPolicy, ks: tuple[int, ...], nodes: tuple[int, ...] = ()):
+        self.inner, self.ks, self.nodes, self.round = inner, ks, nodes, 0
 
     def next_k(self) -> int:
         k = self.inner.next_k()
@@ -64,8 +65,12 @@ class _Replay:
         self.round += 1
         return k
 
-    def update(self, drafted, accepted, context=None):
-        self.inner.update(drafted, accepted, context)
+    def next_nodes(self) -> int:  # asked after next_k, for the same round
+        nodes = self.inner.next_nodes()
+        return self.nodes[self.round - 1] if self.round - 1 < len(self.nodes) else nodes
+
+    def update(self, drafted, accepted, context=None, parents=None, path=None):
+        self.inner.update(drafted, accepted, context, parents, path)
 
 
 @dataclass
@@ -145,7 +150,9 @@ def advance(
     if step is None:
         return replace(session, done=True), held.steps, None
     held.steps.append(step)
-    session = replace(session, ks=(*session.ks, step.k), done=bool(step.stop_reason))
+    session = replace(
+        session, ks=(*session.ks, step.k), nodes=(*session.nodes, step.nodes), done=bool(step.stop_reason)
+    )
     if not session.done:
         live.put(session.id, held)
     return session, held.steps, step
@@ -153,7 +160,7 @@ def advance(
 
 def _rebuild(session: Teaching, start: Start, policy: Callable[[], KPolicy]) -> _Live:
     """Re-run the engine through the rounds already shown, with their k, and hold it there."""
-    run = start(_Replay(policy(), session.ks))
+    run = start(_Replay(policy(), session.ks, session.nodes))
     steps = []
     for k in session.ks:
         step = next(run, None)

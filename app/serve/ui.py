@@ -150,8 +150,9 @@ def _decoding_controls(c) -> None:
             32,
             0,
             step=1,
-            label="Tree nodes: 0 drafts a chain; N drafts a tree of N nodes, k deep (fixed k), "
-            "verified in one target pass",
+            label="Tree nodes: 0 drafts a chain. With fixed k, a tree of N nodes, k deep; with adaptive k, "
+            "this machine's cost model shapes each round (a plain step, a chain or a tree of up to N nodes). "
+            "One target pass verifies the whole tree",
         )
 
 

@@ -8,6 +8,7 @@ import plotly.graph_objects as go
 
 from app.core import metrics
 from app.core.events import BONUS, CORRECTED, KIND_LABELS, TARGET, Step
+from app.views import render
 from app.views.render import visible
 
 COLOURS = {
@@ -49,19 +50,16 @@ TEMPLATE = go.layout.Template(
 def _figure(data, title: str, x: str, y: str, y_range=None, **layout) -> go.Figure:
     """A figure with its whole layout given at construction (updating a layout afterwards costs more)."""
     # The legend sits under the plot, left-aligned: above it, it collides with the title on narrow screens.
-    return go.Figure(
-        data,
-        layout=dict(
-            template=TEMPLATE,
-            title=dict(text=title, x=0.02, font=dict(size=14)),
-            height=300,
-            margin=dict(l=45, r=10, t=40, b=40),
-            xaxis=dict(title=dict(text=x)),
-            yaxis=dict(title=dict(text=y), **({} if y_range is None else {"range": y_range})),
-            legend=dict(orientation="h", y=-0.38, x=0, xanchor="left", yanchor="top"),
-            **layout,
-        ),
+    base = dict(
+        template=TEMPLATE,
+        title=dict(text=title, x=0.02, font=dict(size=14)),
+        height=300,
+        margin=dict(l=45, r=10, t=40, b=40),
+        xaxis=dict(title=dict(text=x)),
+        yaxis=dict(title=dict(text=y), **({} if y_range is None else {"range": y_range})),
+        legend=dict(orientation="h", y=-0.38, x=0, xanchor="left", yanchor="top"),
     )
+    return go.Figure(data, layout=base | layout)
 
 
 def capped_last_round(steps: Sequence[Step]) -> Step | None:
@@ -105,6 +103,18 @@ def k_per_round(steps: Sequence[Step]) -> go.Figure:
                 marker=dict(color=COLOURS["corrected"], symbol="diamond-open", size=11),
             )
         )
+    trees = [s for s in steps if s.parents is not None]
+    if trees:  # a tree round's k is its depth; its width is how many nodes one pass verified
+        data.append(
+            go.Scatter(
+                x=[s.round for s in trees],
+                y=[len(s.drafted) for s in trees],
+                mode="markers",
+                name="nodes per round (a tree, k deep)",
+                marker=dict(color=COLOURS["accepted"], symbol="triangle-up", size=9),
+            )
+        )
+        return _figure(data, "k and nodes per round", "round", "k (depth) · nodes")
     return _figure(data, "k per round", "round", "k")
 
 
@@ -178,14 +188,101 @@ def tokens_per_round(steps: Sequence[Step]) -> go.Figure:
 REJECTED_MARK = " (rejected draft)"  # the label of the draft token the target turned down
 
 
+def tree_figure(step: Step) -> go.Figure:
+    """A tree round as drafted: one row per node, depth first and indented by depth (render.tree_order),
+    an edge to its parent; the kept path and the target's own token in their colours, judged and
+    rejected nodes grey, nodes never judged faint. Hover gives q, p and the decision."""
+    assert step.parents is not None, "a tree figure needs a tree round"
+    order = render.tree_order(step.parents)
+    row = {node: i + 1 for i, (node, _) in enumerate(order)}  # row 0: the committed text
+    depth = dict(order)
+    by_node = {d.node: d for d in step.decisions}
+    xs, ys = [], []
+    for node, parent in enumerate(step.parents):
+        xs += [depth.get(parent, 0), depth[node], None]
+        ys += [row.get(parent, 0), row[node], None]
+    path_end = (step.accepted, row[step.accepted - 1] if step.accepted else 0)
+    edges = go.Scatter(
+        x=xs, y=ys, mode="lines", line=dict(color="#c8ccd2", width=1), hoverinfo="skip", showlegend=False
+    )
+    groups = {"kept path": [], "rejected": [], "not judged": []}
+    for node, _ in order:
+        d = by_node.get(node)
+        group = "kept path" if node < step.accepted else "rejected" if d is not None else "not judged"
+        groups[group].append(node)
+    colours = {"kept path": COLOURS["accepted"], "rejected": COLOURS["rejected"], "not judged": "#dde0e4"}
+    data = [edges]
+    for group, nodes in groups.items():
+        if not nodes:
+            continue
+        hover = []
+        for node in nodes:
+            d = by_node.get(node)
+            hover.append(
+                f"q {d.q:.3f} · p {d.p:.3f} · {'accept' if d.accepted else 'reject'}"
+                if d is not None and d.p is not None
+                else "not judged"
+            )
+        data.append(
+            go.Scatter(
+                x=[depth[n] for n in nodes],
+                y=[row[n] for n in nodes],
+                mode="markers+text",
+                text=[visible(step.draft_text[n]) or f"#{step.drafted[n]}" for n in nodes],
+                textposition="middle right",
+                hovertext=hover,
+                hoverinfo="text",
+                marker=dict(size=10, color=colours[group]),
+                name=group,
+            )
+        )
+    data.append(
+        go.Scatter(
+            x=[path_end[0] + 1],
+            y=[path_end[1]],
+            mode="markers+text",
+            text=[visible(step.token_text)],
+            textposition="middle right",
+            marker=dict(size=12, symbol="diamond", color=COLOURS[step.token_kind]),
+            name=f"the target's {KIND_LABELS[step.token_kind]} token",
+            hoverinfo="name",
+        )
+    )
+    data.append(
+        go.Scatter(
+            x=[0],
+            y=[0],
+            mode="markers+text",
+            text=["committed text"],
+            textposition="middle right",
+            marker=dict(size=10, color=COLOURS["target"]),
+            showlegend=False,
+            hoverinfo="skip",
+        )
+    )
+    width = max(depth.values(), default=1) + 2
+    return _figure(
+        data,
+        f"round {step.round}: a tree of {len(step.drafted)} nodes, kept {step.accepted}",
+        "depth",
+        "",
+        y_range=[len(order) + 0.7, -0.7],  # the committed text on top, rows downwards
+        height=max(300, 90 + 22 * len(order)),
+        xaxis=dict(range=[-0.3, width + 0.8], dtick=1, title=dict(text="depth")),
+        showlegend=True,
+    )
+
+
 def decision_figure(step: Step, greedy: bool = False, shared_noise: bool = False) -> go.Figure:
     """Where the target's own token came from, over the top tokens at that position.
 
     After a rejection: p, q and the residual norm(max(0, p - q)) it was drawn from, with the rejected
     draft token among the bars; under greedy nothing is drawn, and the token is argmax p; under shared
     noise the token wins p's race over the position's noise (the teaching note shows the race). A bonus or
-    draftless token is drawn from p itself, so p is drawn once.
+    draftless token is drawn from p itself, so p is drawn once. A tree round draws its tree (tree_figure).
     """
+    if step.parents is not None:
+        return tree_figure(step)
     labels = []
     rejected = step.rejected[0] if step.rejected else None
     for t in step.top:  # whitespace made visible, and never two bars under one label

@@ -116,7 +116,8 @@ def summary_markdown(
         ("tokens per target pass (mean acceptance length)", _fmt(b["tokens_per_pass"]), _fmt(a["tokens_per_pass"])),
         ("acceptance rate (accepted ÷ drafted)", pct(b["acceptance_rate"]), "–"),
         ("α per token (accepted ÷ (accepted + rejections))", pct(b["alpha"]), "–"),
-        ("mean k", _fmt(b["mean_k"]), "–"),
+        ("mean k" if not b["tree_rounds"] else "nodes per round (a tree's nodes, a chain's k)", _fmt(b["mean_k"]), "–"),
+        *([("rounds that drafted a tree", b["tree_rounds"], "–")] if b["tree_rounds"] else []),
         ("measured cost ratio c (draft token ÷ target pass)", _fmt(b["cost_ratio_c"], ".3f"), "–"),
         ("rounds that drafted nothing", b["rounds_by_kind"][TARGET], "–"),
     ]
@@ -124,7 +125,13 @@ def summary_markdown(
         f"| {name} | {x} | {y} |" for name, x, y in rows
     )
     theory = f"{_fmt(b['theoretical_speedup'], '.2f', '×')} Leviathan's idealised"
-    if b.get("predicted_speedup") is None:
+    if b["tree_rounds"]:
+        # Leviathan's formulas are a chain's: one guess per depth. A tree is judged by its tokens per pass.
+        theory = (
+            f"{_fmt(b['tokens_per_pass'])} tokens per target pass with trees: one pass checked every branch, "
+            "so a round kept its longest branch the target agreed with, where a chain has one guess per depth"
+        )
+    elif b.get("predicted_speedup") is None:
         theory += " (this run's α and c, a verify pass costed as one plain step)"
     else:
         # Both from the same α, rounds and measured costs (metrics.summarize): idealised ≥ predicted.
@@ -207,37 +214,61 @@ SHARED_HEADERS = ["draft token", "q(x)", "p(x)", "draft == argmax p/E (both race
 GREEDY_HEADERS = ["draft token", "q(x)", "p(x) at T = 1", "draft == argmax p", "u", "decision"]
 
 
+def tree_order(parents: Sequence[int]) -> list[tuple[int, int]]:
+    """(node, depth) of a tree's nodes depth first, each node's children in the order listed, so the
+    kept path (listed first, Step.parents) comes first and every branch sits under its parent."""
+    children: dict[int, list[int]] = {}
+    for node, parent in enumerate(parents):
+        children.setdefault(parent, []).append(node)
+    out: list[tuple[int, int]] = []
+    stack = [(node, 1) for node in reversed(children.get(-1, []))]
+    while stack:
+        node, depth = stack.pop()
+        out.append((node, depth))
+        stack += [(child, depth + 1) for child in reversed(children.get(node, []))]
+    return out
+
+
+def _cell(text: str) -> str:
+    return visible(text) or "(no text yet)"  # a byte of a multi-byte character has none
+
+
 def decision_rows(step: Step, rule: str = REJECTION) -> list[list]:
     """One table row per judged draft: token, q(x), p(x), the rule applied, u, decision.
 
     The rule column (headers_for) is min(1, p/q) under the rejection rule, and yes/no under greedy
     ("draft == argmax p") and shared noise ("draft wins the race"), where nothing is drawn per draft.
+    A tree round lists every node depth first, indented under its parent, the kept path first.
     """
     rule = (
         (lambda d: "yes" if d.accept_prob >= 1 else "no") if rule != REJECTION else (lambda d: round(d.accept_prob, 4))
     )
-    cell = lambda text: visible(text) or "(no text yet)"  # noqa: E731 - a byte of a multi-byte character
-    rows = [
-        [
-            cell(d.text),
-            round(d.q, 4),
-            round(d.p, 4),
-            rule(d),
-            "–" if d.u is None else round(d.u, 4),
-            "accept" if d.accepted else "reject",
+
+    def row(label: str, d) -> list:
+        return [label, round(d.q, 4), round(d.p, 4), rule(d), "–" if d.u is None else round(d.u, 4)]
+
+    if step.parents is not None:
+        by_node = {d.node: d for d in step.decisions}
+        rows = []
+        for node, depth in tree_order(step.parents):
+            label = "  " * (depth - 1) + ("└ " if depth > 1 else "") + _cell(step.draft_text[node])
+            d = by_node.get(node)
+            if d is None:
+                rows.append([label, "–", "–", "–", "–", "not judged (its parent or a sibling before it decided)"])
+            else:
+                rows.append(row(label, d) + ["accept · kept path" if d.accepted else "reject"])
+    else:
+        rows = [row(_cell(d.text), d) + ["accept" if d.accepted else "reject"] for d in step.decisions]
+        rows += [
+            [_cell(step.draft_text[i]), "–", "–", "–", "–", "never judged (after a rejection)"]
+            for i in range(len(step.decisions), len(step.drafted))
         ]
-        for d in step.decisions
-    ]
-    rows += [
-        [cell(step.draft_text[i]), "–", "–", "–", "–", "never judged (after a rejection)"]
-        for i in range(len(step.decisions), len(step.drafted))
-    ]
     why = {
         CORRECTED: "drawn where the first draft was rejected",
         BONUS: "drawn after every draft was kept",
         TARGET: "nothing was drafted this round",
     }.get(step.token_kind, "")
-    rows.append([cell(step.token_text), "–", "–", "–", "–", f"{step.token_kind}: the target's own token ({why})"])
+    rows.append([_cell(step.token_text), "–", "–", "–", "–", f"{step.token_kind}: the target's own token ({why})"])
     return rows
 
 

@@ -1,0 +1,46 @@
+"""The shape of a draft tree: how a node budget spreads over a k-deep chain, and what it is expected to keep."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+
+def siblings_per_depth(k: int, nodes: int) -> list[int]:
+    """Extra children at each depth of a k-deep chain, for a tree of `nodes` nodes. The budget past
+    the chain goes first where a branch is reached most often, near the root: sibling s at depth d
+    ranks d + s. The shape depends on k and the budget alone, never on what was drafted, which keeps
+    the sampling rule exact (verify.tree_sampling)."""
+    extra = max(0, nodes - k)
+    ranked = sorted((d + s, d) for d in range(k) for s in range(1, extra + 1))[:extra]
+    counts = [0] * k
+    for _, d in ranked:
+        counts[d] += 1
+    return counts
+
+
+def tree_budgets(k: int, nodes_max: int) -> list[int]:
+    """The node budgets a cost model weighs for a k-deep draft: the chain (k), each extra sibling up
+    to k + 8, then every eighth budget up to nodes_max."""
+    wide = range(16, nodes_max + 1, 8)
+    return sorted({n for n in (*range(k, k + 9), *wide, nodes_max) if k <= n <= nodes_max})
+
+
+def expected_tokens(hazards: Sequence[float], k: int, nodes: int) -> float:
+    """Expected tokens per target pass of a k-deep chain with sibling leaves (siblings_per_depth),
+    where hazards[r - 1] is the chance that a node's r-th child is kept once the r - 1 before it were
+    not; the last entry stands for every later child.
+
+    A depth keeps a token if any of its children is kept, and the round goes deeper only through
+    the chain's child: E = 1 + sum over depths d of h1^d (1 - prod over the depth's children of
+    (1 - h_r)). With no siblings this is Leviathan's (1 - a^(k+1)) / (1 - a) with a = h1. A tree the
+    feature head grows EAGLE-2's way puts its siblings where they are likelier kept, so it does at
+    least this well in expectation.
+    """
+    total, reach = 1.0, 1.0
+    for extra in siblings_per_depth(k, nodes):
+        missed = 1.0
+        for r in range(1 + extra):
+            missed *= 1.0 - hazards[min(r, len(hazards) - 1)]
+        total += reach * (1.0 - missed)
+        reach *= hazards[0]
+    return total
