@@ -72,7 +72,11 @@ def add_generation_args(ap: argparse.ArgumentParser) -> None:
         help="format the prompt with the chat template (default: when the target has one)",
     )
     ap.add_argument("--device", help="cuda, cuda:1, mps or cpu (default: best available)")
-    ap.add_argument("--dtype", help="fp32, fp16 or bf16 (default: bf16 on CUDA, fp32 on CPU)")
+    ap.add_argument(
+        "--dtype",
+        help="fp32, fp16, bf16 or auto: the one whose passes run fastest here, timed once per model "
+        "(default: bf16 on CUDA, fp32 on CPU)",
+    )
     ap.add_argument(
         "--threads",
         type=threads.cli_value,

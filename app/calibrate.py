@@ -21,7 +21,7 @@ import numpy
 import torch
 
 from app import runs
-from app.core import engine
+from app.core import divergence, engine
 from app.core.config import RunConfig, SamplingConfig, Settings, SpecConfig
 from app.core.costs import Costs, by_width
 from app.core.policy import FixedK
@@ -251,6 +251,7 @@ def measure(
         draft_s=tuple(_draft_curve(drafts, draft_points, ks, k_max, draft_round)),
         verify_per_context_s=per_context,
         context=at.reference,
+        logit_noise=divergence.noise_floor(pair.target, ids, k_max + 1, target_cache),
     )
     if not trees:
         return costs

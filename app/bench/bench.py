@@ -34,10 +34,11 @@ from app.args import add_generation_args, settings, with_chat
 from app.bench import progress
 from app.bench.contenders import CONSTANT, SWEEP, TREE, TREE_AUTO, Contender, adaptive_k, fixed_k, hf, ours
 from app.bench.report import _f, _x, html_report, prompt_row, summarize_rows  # noqa: F401
-from app.core import engine, metrics
+from app.core import divergence, engine, metrics
 from app.core.config import settings_dict
 from app.data.prompts import suite
 from app.kv import direct_pass
+from app.kv.cache import CachedModel
 from app.models import threads
 
 
@@ -282,6 +283,8 @@ def _prompt(args, pair, lookup_pair, st, i: int, prompt: str, of: int) -> dict:
     if lookup_own is not None:
         row["lookup_costs"] = lookup_own.to_dict()
     row["outside_forward"] = outside_forward(pair, ids, s, sp, r, own)
+    if s.greedy:
+        row["divergences"] = _divergences(pair, ids, field, outputs, steps, own)
     if assisted is not None:
         row["hf_passes"] = hf_passes_share(pair, assisted, ids, r.max_new_tokens)
     progress.say(
@@ -291,6 +294,19 @@ def _prompt(args, pair, lookup_pair, st, i: int, prompt: str, of: int) -> dict:
         f"ours/HF at k = {sp.k} {_x(row['ours_over_hf'].get('fixed_k'))}",
     )
     return row
+
+
+def _divergences(pair, ids, field, outputs, steps, costs) -> dict:
+    """For each of our speculative contenders whose greedy output differs from plain decoding's:
+    whether it is a near-tie within this dtype's rounding or a mismatch (core/divergence.py)."""
+    plain, out = outputs["autoregressive"], {}
+    for c in field:
+        if not c.ours or c.name == "autoregressive" or outputs[c.name] == plain:
+            continue
+        width = max((len(x.drafted) + 1 for x in steps[c.name] or []), default=1)
+        d = divergence.explain(pair.target, CachedModel, ids, outputs[c.name], plain, width, costs.logit_noise)
+        out[c.name] = d.to_dict()
+    return out
 
 
 def main(argv: list[str]) -> int:

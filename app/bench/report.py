@@ -86,6 +86,11 @@ def summarize_rows(rows: list[dict], names: list[str], k: int) -> dict:
         contenders=per,
         median_speedup=adaptive,
         all_identical=all(r["identical"] for r in rows),
+        # Greedy outputs that differ from plain decoding, by verdict: rounding (near-tie) or a bug.
+        divergences={
+            kind: sum(d["kind"] == kind for r in rows for d in r.get("divergences", {}).values())
+            for kind in ("near-tie", "mismatch")
+        },
         achieved_over_predicted=med(
             [r["speedup"] / r["adaptive"]["predicted_speedup"] for r in rows if r["adaptive"].get("predicted_speedup")]
         ),

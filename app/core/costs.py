@@ -53,6 +53,9 @@ class Costs:
     # draws, a feature head's wider passes); measured only when a run lets the cost model choose trees.
     tree_fixed_s: float = 0.0
     draft_node_s: float = 0.0
+    # Not a time: the largest logit difference between a pass over k_max + 1 tokens and one-token
+    # passes over the same positions, the rounding noise a greedy check is judged against (divergence.py).
+    logit_noise: float = 0.0
 
     def draft_time(self, k: int) -> float:
         """Seconds of one draft call of k tokens."""

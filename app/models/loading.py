@@ -21,7 +21,7 @@ from app.drafts import feature_head, kinds
 from app.drafts.draft_spec import Draft, DraftSpec
 from app.kv import direct_pass
 from app.kv.cache import refuse_uncroppable
-from app.models import gguf_target, hosting
+from app.models import gguf_target, hosting, precision
 from app.models.hub import hub_reachable, offline_message
 from app.models.presets import DEFAULT_TARGET, ROOT, SMOLLM2, default_draft, id_of, preset_ids
 
@@ -104,6 +104,8 @@ def load(
     spread=True places a CUDA model over all visible GPUs with device_map="auto".
     Messages name the model as it was typed, never by a resolved host path.
     """
+    if dtype is not None and dtype.strip().lower() == "auto":
+        return _load_fastest(model_id, device, spread, role)
     name = resolve(model_id, role)
     shown = hosting.shown(model_id)
     token = hosting.token_for(model_id.strip(), preset_ids())
@@ -129,6 +131,34 @@ def load(
                 _cache.pop(next(iter(_cache)))
             _cache[key] = loaded
         return loaded
+
+
+DTYPE_NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
+
+
+def _load_fastest(model_id: str, device: str | None, spread: bool, role: str):
+    """load() in the dtype its passes run fastest in here (precision.py): on a CPU, loaded in fp32,
+    timed against a bf16 copy once, and kept in the winner; the GPU's and MPS's low precision else."""
+    dev, _ = choose_device(device)
+    if dev.type != "cpu":
+        return load(model_id, device, DTYPE_NAMES[precision.choose("", _DeviceOnly(dev))], spread, role)
+    name = resolve(model_id, role)
+    known = precision.chosen(name, str(dev))
+    if known is None:
+        model, tokenizer = load(model_id, device, "fp32", spread, role)
+        known = precision.choose(name, model)
+        if known != torch.float32:  # the fp32 copy gives way to the faster one under its own key
+            with _lock:
+                _cache.pop((name, str(dev), torch.float32, spread), None)
+                _cache[(name, str(dev), known, spread)] = (model.to(known), tokenizer)
+    return load(model_id, device, DTYPE_NAMES[known], spread, role)
+
+
+class _DeviceOnly:
+    """What precision.choose reads of a model on a GPU: its device."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
 
 
 def _load_uncached(name: str, shown: str, token, dev: torch.device, torch_dtype: torch.dtype, spread: bool):

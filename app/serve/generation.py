@@ -10,7 +10,7 @@ import gradio as gr
 import torch
 
 from app import request
-from app.core import metrics
+from app.core import divergence, metrics
 from app.core.config import Settings, UserError
 from app.models import threads
 from app.serve import heap, queue_limits
@@ -109,7 +109,20 @@ def _stream(prompt: str, target: str, draft: str, settings: Settings, control, p
     doc["comparison"] = metrics.compare(doc["speculative"]["stats"], doc["autoregressive"]["stats"])
     doc["stopped"] = stopped  # True: Stop ended both runs early, so every figure is partial
     doc["threads"] = threads.key()  # "auto" or the fixed count (docs/threads.md)
-    yield _outputs(shown, spec, ar, _rule(s), _figures(spec, ar), doc, stopped=stopped, costs=costs)
+    verdict = None if stopped or not s.greedy else _verdict(pair, ids, spec, ar, costs, speculative.target_cache)
+    if verdict is not None:
+        doc["divergence"] = verdict.to_dict()
+    yield _outputs(shown, spec, ar, _rule(s), _figures(spec, ar), doc, stopped=stopped, costs=costs, verdict=verdict)
+
+
+def _verdict(pair, ids, spec, ar, costs, target_cache):
+    """Why greedy outputs differ, when they do (core/divergence.py); None when they are identical."""
+    a, b = [t for x in ar for t in x.emitted], [t for x in spec for t in x.emitted]
+    if a == b:
+        return None
+    width = max((len(x.drafted) + 1 for x in spec), default=1)
+    noise = costs.logit_noise if costs is not None else 0.0
+    return divergence.explain(pair.target, target_cache, ids, b, a, width, noise)
 
 
 def _rule(s) -> str:
@@ -117,11 +130,11 @@ def _rule(s) -> str:
     return render.GREEDY if s.greedy else s.rule
 
 
-def _outputs(prompt, spec, ar, rule, figures, doc, done=True, stopped=False, costs=None):
+def _outputs(prompt, spec, ar, rule, figures, doc, done=True, stopped=False, costs=None, verdict=None):
     return (
         render.pane_html(prompt, spec),
         render.pane_html(prompt, ar, kind_classes=False),
-        render.identity_check(spec, ar, rule, done and not stopped, stopped),
+        render.identity_check(spec, ar, rule, done and not stopped, stopped, verdict),
         render.summary_markdown(spec, ar, done and not stopped, stopped, costs),
         *figures,
         doc if doc is not None else gr.skip(),

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 
 from app.core import metrics
 from app.core.config import REJECTION, SHARED_NOISE
+from app.core.divergence import IDENTICAL, NEAR_TIE, Divergence
 from app.core.events import ACCEPTED, BONUS, CORRECTED, KIND_LABELS, REJECTED, TARGET, Step
 
 CLASS = {ACCEPTED: "acc", CORRECTED: "cor", BONUS: "bon", REJECTED: "rej", TARGET: "tgt"}
@@ -171,10 +172,17 @@ GREEDY = "greedy"  # identity_check's rule when nothing is sampled
 
 
 def identity_check(
-    spec: Sequence[Step], ar: Sequence[Step], rule: str, done: bool = True, stopped: bool = False
+    spec: Sequence[Step],
+    ar: Sequence[Step],
+    rule: str,
+    done: bool = True,
+    stopped: bool = False,
+    divergence: Divergence | None = None,
 ) -> str:
     """Whether both panes hold the same tokens, where they must: under greedy decoding, and under the
-    shared-noise rule, where a seed fixes the text (rule: GREEDY, or the sampling rule of the run)."""
+    shared-noise rule, where a seed fixes the text (rule: GREEDY, or the sampling rule of the run).
+    divergence: the verdict on greedy outputs that differ (core/divergence.py), which says whether
+    it is rounding or a bug."""
     a = [t for s in ar for t in s.emitted]
     b = [t for s in spec for t in s.emitted]
     if rule not in (GREEDY, SHARED_NOISE):
@@ -188,6 +196,8 @@ def identity_check(
         return text + (_ending(spec, ar) if done else "")
     name = "Greedy check" if rule == GREEDY else "Same-seed check (shared noise)"
     n = min(len(a), len(b))
+    if divergence is not None and divergence.kind != IDENTICAL:
+        return divergence_line(name, divergence)
     if a[:n] != b[:n]:
         first = next(i for i in range(n) if a[i] != b[i])
         return f"{_mark('fail', name + ' failed')}: the outputs differ at token {first}."
@@ -204,6 +214,30 @@ def identity_check(
         f"{_mark('ok', name + ' passed')}: the two outputs are identical, token for token "
         f"({n} tokens){_ending(spec, ar)}."
     )
+
+
+def divergence_line(name: str, d: Divergence) -> str:
+    """The check's line for greedy outputs that differ: a near-tie within rounding, or a bug."""
+    where = f"the outputs differ from token {d.position}"
+    if d.kind == NEAR_TIE:
+        return (
+            f"{_mark('ok', name + ': rounding')}: {where}: a near-tie (top two {abs(d.margin):.3g} apart; "
+            f"{d.dtype} rounding here reaches {d.noise:.3g}), both continuations are the target's greedy "
+            "choice within rounding. Every speculative token is the target's argmax within that noise."
+        )
+    if d.plain_token is None or d.spec_token is None:
+        detail = "one output ends where the other goes on"
+    elif abs(d.margin) > d.noise:
+        detail = (
+            f"the target's logits of the two tokens are {abs(d.margin):.3g} apart, "
+            f"above the {d.noise:.3g} rounding reaches"
+        )
+    else:
+        detail = (
+            f"token {d.worst_at} of the speculative output is {d.worst_shortfall:.3g} below the target's argmax, "
+            f"above the {d.noise:.3g} rounding reaches"
+        )
+    return f"{_mark('fail', name + ' failed')}: {where}, and {detail} ({d.dtype}): a bug, not rounding."
 
 
 DECISION_HEADERS = ["draft token", "q(x)", "p(x)", "min(1, p/q)", "u", "decision"]

@@ -1,0 +1,154 @@
+"""Why a greedy speculative text differs from plain decoding: a near-tie that low precision rounds
+the other way, or a bug.
+
+A verify pass over several tokens runs other kernel shapes than a one-token pass, and in bf16 or
+fp16 their sums round differently: where the target's top two logits are closer than that rounding,
+the two runs can pick different tokens, and both are the target's greedy choice within rounding.
+The noise floor is measured, never assumed: the largest logit difference between a wide pass and
+one-token passes over the same positions (`noise_floor`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from app.core.contracts import KVCache
+
+IDENTICAL, NEAR_TIE, MISMATCH = "identical", "near-tie", "mismatch"
+
+
+@dataclass(frozen=True)
+class Divergence:
+    """The verdict on two greedy outputs of the same target and prompt."""
+
+    kind: str  # IDENTICAL, NEAR_TIE or MISMATCH
+    position: int | None = None  # index in the outputs of the first differing token
+    plain_token: int | None = None  # what plain decoding chose there (None: its output had ended)
+    spec_token: int | None = None  # what the speculative run chose there (None: its output had ended)
+    # The target's logits at the branch point, as a one-token pass computed them (plain decoding's)
+    # and as a pass of the verify width did: (token, logit) of the leaders, the two candidates first.
+    plain_row: list[tuple[int, float]] = field(default_factory=list)
+    verify_row: list[tuple[int, float]] = field(default_factory=list)
+    margin: float = 0.0  # the one-token pass's logit of plain's token minus the speculative token's
+    noise: float = 0.0  # the largest rounding difference measured between pass widths here
+    # Teacher-forced over the whole speculative output: the most any of its tokens falls short of
+    # the argmax of its row (0 when every token is the argmax), and where.
+    worst_shortfall: float = 0.0
+    worst_at: int | None = None
+    dtype: str = ""  # the target's, as torch names it less the prefix (bfloat16, float32)
+
+    def to_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+@torch.inference_mode()
+def noise_floor(
+    target, ids: list[int], width: int, target_cache: Callable[..., KVCache], end: int | None = None
+) -> float:
+    """Largest |logit| difference between one pass over `width` tokens and one-token passes over
+    the same positions, the window ending at `end` (default: the end of ids)."""
+    end = len(ids) if end is None else end
+    start = max(1, end - width)
+    lm = target_cache(target)
+    try:
+        lm.extend(ids[:start], keep=1)
+        base = lm.length
+        wide = lm.extend(ids[start:end], keep=end - start).float()
+        lm.rollback(base)
+        narrow = torch.stack([lm.extend([t], keep=1)[-1] for t in ids[start:end]]).float()
+    finally:
+        lm.close()
+    return float((wide - narrow).abs().max())
+
+
+@torch.inference_mode()
+def explain(
+    target,
+    target_cache: Callable[..., KVCache],
+    prompt_ids: list[int],
+    spec_ids: list[int],
+    plain_ids: list[int],
+    width: int,
+    noise: float = 0.0,
+) -> Divergence:
+    """The verdict on two greedy outputs: identical, a near-tie within the rounding noise, or a
+    mismatch above it. width: the verify pass's width to compare one-token passes with; noise: a
+    floor measured before (calibration), raised by what this text's own windows show."""
+    if spec_ids == plain_ids:
+        return Divergence(IDENTICAL)
+    n = min(len(spec_ids), len(plain_ids))
+    j = next((i for i in range(n) if spec_ids[i] != plain_ids[i]), n)
+    text = prompt_ids + spec_ids
+    at = len(prompt_ids) + j  # the position whose token differs; its logits come from at - 1
+    noise = max(noise, noise_floor(target, text, width, target_cache, end=min(at + 1, len(text))))
+    shortfalls = _teacher_forced(target, target_cache, prompt_ids, spec_ids, width)
+    worst_at = max(range(len(shortfalls)), key=shortfalls.__getitem__) if shortfalls else None
+    worst = shortfalls[worst_at] if worst_at is not None else 0.0
+    plain_token = plain_ids[j] if j < len(plain_ids) else None
+    spec_token = spec_ids[j] if j < len(spec_ids) else None
+    plain_row = _one_token_row(target, target_cache, prompt_ids + plain_ids[:j])
+    verify_row = _wide_row(target, target_cache, text[: at + 1] if spec_token is not None else text, width)
+    candidates = [t for t in (plain_token, spec_token) if t is not None]
+    margin = float(plain_row[plain_token] - plain_row[spec_token]) if len(candidates) == 2 else float("inf")
+    tie = len(candidates) == 2 and abs(margin) <= noise and worst <= noise
+    return Divergence(
+        NEAR_TIE if tie else MISMATCH,
+        j,
+        plain_token,
+        spec_token,
+        _leaders(plain_row, candidates),
+        _leaders(verify_row, candidates),
+        margin,
+        noise,
+        worst,
+        worst_at,
+        str(target.dtype).removeprefix("torch."),
+    )
+
+
+def _one_token_row(target, target_cache, ids: list[int]) -> torch.Tensor:
+    """The logits after ids as plain decoding computes them: the last token in a pass of its own."""
+    lm = target_cache(target)
+    try:
+        lm.extend(ids[:-1], keep=1)
+        return lm.extend(ids[-1:], keep=1)[-1].float()
+    finally:
+        lm.close()
+
+
+def _wide_row(target, target_cache, ids: list[int], width: int) -> torch.Tensor:
+    """The logits after ids[:-1] as a verify pass of `width` tokens ending there computes them."""
+    lm = target_cache(target)
+    try:
+        start = max(1, len(ids) - 1 - width)
+        lm.extend(ids[:start], keep=1)
+        return lm.extend(ids[start:-1], keep=len(ids) - 1 - start)[-1].float()
+    finally:
+        lm.close()
+
+
+def _teacher_forced(target, target_cache, prompt_ids: list[int], spec_ids: list[int], width: int) -> list[float]:
+    """How far each speculative token's logit falls short of its row's maximum, with the output fed
+    in passes of the verify width after the prompt, as the verify passes fed it."""
+    lm = target_cache(target)
+    out: list[float] = []
+    try:
+        rows = [lm.extend(prompt_ids, keep=1)[-1].float()]
+        fed = spec_ids[:-1]
+        for i in range(0, len(fed), width):
+            rows += list(lm.extend(fed[i : i + width], keep=len(fed[i : i + width])).float())
+        for row, t in zip(rows, spec_ids, strict=True):
+            out.append(float(row.max() - row[t]))
+    finally:
+        lm.close()
+    return out
+
+
+def _leaders(row: torch.Tensor, candidates: list[int], n: int = 4) -> list[tuple[int, float]]:
+    """(token, logit) of the candidates, then the row's leaders up to n in all."""
+    top = [int(t) for t in row.topk(n).indices]
+    ids = list(dict.fromkeys(candidates + top))[: max(n, len(candidates))]
+    return [(t, float(row[t])) for t in ids]

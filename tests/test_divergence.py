@@ -1,0 +1,88 @@
+"""The greedy check's verdict: identical, a near-tie within the measured rounding noise, or a
+mismatch above it, which a planted off-by-one in the verify rule gets in bf16 as in fp32."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from conftest import run
+
+from app.core import divergence, verify
+from app.core.divergence import IDENTICAL, MISMATCH, NEAR_TIE
+from app.drafts.model import ModelProposer
+from app.kv.cache import CachedModel
+from app.views import render
+
+PROMPT = "def add(a, b):\n  return a"
+
+
+def greedy_continuation(target, ids: list[int], n: int) -> list[int]:
+    out = []
+    for _ in range(n):
+        with torch.inference_mode():
+            t = int(target(torch.tensor([ids + out])).logits[0, -1].argmax())
+        out.append(t)
+    return out
+
+
+def test_noise_floor_is_the_largest_difference_between_pass_widths(target, tokenizer):
+    ids = tokenizer(PROMPT * 3)["input_ids"]
+    assert divergence.noise_floor(target, ids, 5, CachedModel) < 1e-3  # fp32
+
+    # A cache that adds rounding to every wide pass: the floor is what it added.
+    class Noisy(CachedModel):
+        def extend(self, fed, keep=1):
+            out = super().extend(fed, keep)
+            return out + 0.25 * (len(fed) > 1)
+
+    assert divergence.noise_floor(target, ids, 5, Noisy) == pytest.approx(0.25, abs=1e-3)
+
+
+def test_identical_outputs_are_identical(target, near_draft, tokenizer, no_eos):
+    ids = tokenizer(PROMPT)["input_ids"]
+    got, _ = run(target, tokenizer, PROMPT, ModelProposer(near_draft, "near"), k=3, k_policy="fixed", max_new_tokens=16)
+    plain, _ = run(target, tokenizer, PROMPT, max_new_tokens=16)
+    assert divergence.explain(target, CachedModel, ids, got, plain, 4).kind == IDENTICAL
+
+
+def test_a_branch_at_a_near_tie_is_rounding_and_above_the_noise_a_mismatch(target, tokenizer):
+    """The speculative side takes the runner-up at the closest call of plain decoding's output and
+    goes on greedily from there: a near-tie when the noise covers that margin, a bug when it does not."""
+    ids = tokenizer(PROMPT)["input_ids"]
+    plain = greedy_continuation(target, ids, 12)
+    with torch.inference_mode():
+        rows = target(torch.tensor([ids + plain])).logits[0, len(ids) - 1 : -1].float()
+    top2 = rows.topk(2).values
+    j = int((top2[:, 0] - top2[:, 1]).argmin())
+    runner_up = int(rows[j].topk(2).indices[1])
+    spec = plain[:j] + [runner_up]
+    spec += greedy_continuation(target, ids + spec, 12 - len(spec))
+    margin = float(top2[j, 0] - top2[j, 1])
+    tie = divergence.explain(target, CachedModel, ids, spec, plain, 4, noise=margin * 1.5 + 1e-3)
+    assert tie.kind == NEAR_TIE and tie.position == j and tie.margin == pytest.approx(margin, abs=1e-3)
+    assert {t for t, _ in tie.plain_row[:2]} == {plain[j], runner_up}
+    assert "near-tie" in render.divergence_line("Greedy check", tie)
+    bug = divergence.explain(target, CachedModel, ids, spec, plain, 4)
+    assert bug.kind == MISMATCH and "a bug, not rounding" in render.divergence_line("Greedy check", bug)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_planted_off_by_one_in_the_verify_rule_is_a_loud_mismatch(
+    target, near_draft, tokenizer, no_eos, monkeypatch, dtype
+):
+    """The verify rule reads the next position's logits (an off-by-one): its drafts are judged against
+    the wrong row and the output drifts from the target's, by far more than rounding."""
+    p_model = copy.deepcopy(target).to(dtype)
+    q_model = copy.deepcopy(near_draft).to(dtype)
+    ids = tokenizer(PROMPT)["input_ids"]
+    plain, _ = run(p_model, tokenizer, PROMPT, max_new_tokens=24)
+    real = verify.greedy
+    monkeypatch.setattr(verify, "greedy", lambda drafts, logits, teach=True: real(drafts, logits.roll(-1, 0), teach))
+    got, _ = run(p_model, tokenizer, PROMPT, ModelProposer(q_model, "near"), k=3, k_policy="fixed", max_new_tokens=24)
+    monkeypatch.undo()
+    assert got != plain
+    noise = divergence.noise_floor(p_model, ids + plain, 4, CachedModel)
+    d = divergence.explain(p_model, CachedModel, ids, got, plain, 4, noise)
+    assert d.kind == MISMATCH and d.worst_shortfall > d.noise
