@@ -31,7 +31,7 @@ import torch
 
 from app import calibrate, models
 from app.args import add_generation_args, settings, with_chat
-from app.bench import progress
+from app.bench import progress, specbench
 from app.bench.contenders import CONSTANT, SWEEP, TREE, TREE_AUTO, Contender, adaptive_k, fixed_k, hf, ours
 from app.bench.report import _f, _x, html_report, prompt_row, summarize_rows  # noqa: F401
 from app.core import divergence, engine, metrics
@@ -311,7 +311,15 @@ def _divergences(pair, ids, field, outputs, steps, costs) -> dict:
 
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(prog="python -m app bench", description=__doc__.splitlines()[0])
-    ap.add_argument("--suite", choices=["code", "prose", "all"], default="code")
+    ap.add_argument(
+        "--suite",
+        default="code",
+        help="code, prose or all (held-out built-in suites), or a file: Spec-Bench's question.jsonl format "
+        "(one {question_id, category, turns} a line; multi-turn through the chat template) or one prompt a line",
+    )
+    ap.add_argument("--categories", help="with a question file: only these categories (comma-separated)")
+    ap.add_argument("--per-category", type=int, default=0, help="with a question file: at most N questions of each")
+    ap.add_argument("--drafts", help="with a question file: several drafts (comma-separated), one interleaved run")
     ap.add_argument("--limit", type=int, default=0, help="use only the first N prompts")
     ap.add_argument("--reps", type=int, default=3, help="timed repetitions per prompt and contender (>= 1)")
     ap.add_argument("--no-hf", dest="hf", action="store_false", help="skip transformers' generate")
@@ -356,15 +364,22 @@ def main(argv: list[str]) -> int:
     from app.bench.rules import rules
     from app.bench.threads_check import threads_check  # it times this module's contenders
 
+    questions = specbench.is_file_suite(args.suite)
+    if not questions and args.suite not in ("code", "prose", "all"):
+        ap.error(f"--suite takes code, prose, all or a question file (.jsonl or .txt), got {args.suite!r}")
     modes = [(args.card, card), (args.rules, rules), (args.passes, passes), (args.threads_check, threads_check)]
-    mode = next((fn for chosen, fn in modes if chosen), bench)
+    mode = next((fn for chosen, fn in modes if chosen), specbench.specbench if questions else bench)
+    if questions and mode is specbench.specbench:  # the file is read and checked before anything loads
+        specbench.select(specbench.read_questions(Path(args.suite)), args.categories, args.per_category)
     doc = mode(args)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     written = [args.out.with_suffix(".json")]
     written[0].write_text(json.dumps(doc, indent=1) + "\n")
-    if mode is bench:
+    if mode in (bench, specbench.specbench):
         written.append(args.out.with_suffix(".html"))
-        written[1].write_text(html_report(doc))
+        written[1].write_text(html_report(doc) if mode is bench else specbench.html_report(doc))
+    if mode is specbench.specbench:
+        print(specbench.table(doc), file=sys.stderr)
     json.dump(doc.get("summary", doc), sys.stdout, indent=1)
     print()
     print("wrote " + " and ".join(str(w) for w in written), file=sys.stderr)
