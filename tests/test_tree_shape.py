@@ -120,10 +120,15 @@ def test_greedy_auto_trees_give_the_targets_own_output(target, near_draft, token
     assert widths and any(s.parents is None and s.drafted for s in steps) or len(widths) > 1, widths
 
 
-def test_calibration_with_trees_prices_a_node_and_times_the_wide_passes(target, near_draft, tokenizer):
+def test_calibration_with_trees_prices_a_node_and_times_the_wide_passes(target, near_draft, tokenizer, monkeypatch):
     pair = pair_of(target, tokenizer, "tiny", near_draft)
+    sizes, real = [], calibrate._tree_seconds
+    monkeypatch.setattr(
+        calibrate, "_tree_seconds", lambda trees, *a: sizes.extend(len(s.drafted) for s, _ in trees) or real(trees, *a)
+    )
     costs = calibrate.measure(pair, 4, tree=24)
-    assert len(costs.verify_s) == 25 and costs.draft_node_s > 0
+    assert set(sizes) == {6, 24}, "tree rounds of a small and the widest tree, k_max deep"
+    assert len(costs.verify_s) == 25 and costs.tree_fixed_s >= 0 and costs.draft_node_s >= 0
     assert list(costs.verify_s) == sorted(costs.verify_s)
     assert costs.verify_time(25) > costs.verify_time(5) > 0
     assert calibrate.wide_widths(5, 25) == [12, 16, 24, 25]

@@ -13,7 +13,7 @@ import itertools
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
-from app.core.tree_shape import expected_tokens, tree_budgets
+from app.core.tree_shape import expected_from, misses, tree_budgets
 
 
 def by_width(values: Sequence[float], width: int) -> float:
@@ -107,10 +107,11 @@ class Costs:
         (k, k) and trees of up to nodes_max nodes up to k_max deep (tree_shape.expected_tokens); on a tie
         the shallower and smaller shape."""
         verify = self.verify_curve(context)
+        missed, h1 = misses(hazards, nodes_max), hazards[0]  # once: the policy asks every round
         best, best_rate = (0, 0), 1.0 / self._plain_s(verify)
         for k in range(1, k_max + 1):
             for nodes in tree_budgets(k, nodes_max):
-                rate = expected_tokens(hazards, k, nodes) / self.tree_round_s(k, nodes, verify)
+                rate = expected_from(missed, h1, k, nodes) / self.tree_round_s(k, nodes, verify)
                 if rate > best_rate:
                     best, best_rate = (k, nodes), rate
         return best

@@ -156,6 +156,7 @@ class TreeShape(FixedK):
 
     def _best_drafting(self, context, tree: bool) -> tuple[int, int]:
         h, verify = self.hazards, self.costs.verify_curve(context)
+        missed = tree_shape.misses(h, self.spec.tree)
         shapes: list[tuple[int, int]] = [
             (k, n)
             for k in range(1, self.spec.k_max + 1)
@@ -165,7 +166,7 @@ class TreeShape(FixedK):
         return max(
             shapes,
             key=lambda s: (
-                tree_shape.expected_tokens(h, s[0], s[1]) / self.costs.tree_round_s(s[0], s[1], verify),
+                tree_shape.expected_from(missed, h[0], s[0], s[1]) / self.costs.tree_round_s(s[0], s[1], verify),
                 -s[0],
                 -s[1],
             ),

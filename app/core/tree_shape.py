@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
+import functools
+import itertools
 from collections.abc import Sequence
+
+
+@functools.lru_cache(maxsize=4096)  # the cost model weighs the same shapes every round
+def _siblings(k: int, nodes: int) -> tuple[int, ...]:
+    return tuple(_spread(k, nodes))
 
 
 def siblings_per_depth(k: int, nodes: int) -> list[int]:
@@ -10,6 +17,11 @@ def siblings_per_depth(k: int, nodes: int) -> list[int]:
     the chain goes first where a branch is reached most often, near the root: sibling s at depth d
     ranks d + s. The shape depends on k and the budget alone, never on what was drafted, which keeps
     the sampling rule exact (verify.tree_sampling)."""
+    return list(_siblings(k, nodes))
+
+
+def _spread(k: int, nodes: int) -> list[int]:
+    """The budget spread itself (siblings_per_depth, cached)."""
     extra = max(0, nodes - k)
     ranked = sorted((d + s, d) for d in range(k) for s in range(1, extra + 1))[:extra]
     counts = [0] * k
@@ -18,11 +30,12 @@ def siblings_per_depth(k: int, nodes: int) -> list[int]:
     return counts
 
 
-def tree_budgets(k: int, nodes_max: int) -> list[int]:
+@functools.lru_cache(maxsize=1024)
+def tree_budgets(k: int, nodes_max: int) -> tuple[int, ...]:
     """The node budgets a cost model weighs for a k-deep draft: the chain (k), each extra sibling up
     to k + 8, then every eighth budget up to nodes_max."""
     wide = range(16, nodes_max + 1, 8)
-    return sorted({n for n in (*range(k, k + 9), *wide, nodes_max) if k <= n <= nodes_max})
+    return tuple(sorted({n for n in (*range(k, k + 9), *wide, nodes_max) if k <= n <= nodes_max}))
 
 
 def expected_tokens(hazards: Sequence[float], k: int, nodes: int) -> float:
@@ -36,11 +49,19 @@ def expected_tokens(hazards: Sequence[float], k: int, nodes: int) -> float:
     feature head grows EAGLE-2's way puts its siblings where they are likelier kept, so it does at
     least this well in expectation.
     """
+    return expected_from(misses(hazards, nodes), hazards[0], k, nodes)
+
+
+def misses(hazards: Sequence[float], nodes: int) -> list[float]:
+    """[s]: the chance that a node's first s + 1 children are all rejected, s = 0..nodes - 1."""
+    h = [hazards[min(r, len(hazards) - 1)] for r in range(max(nodes, 1))]
+    return list(itertools.accumulate((1.0 - x for x in h), lambda a, b: a * b))
+
+
+def expected_from(missed: Sequence[float], h1: float, k: int, nodes: int) -> float:
+    """expected_tokens from misses() computed once for many shapes, as the cost model weighs them."""
     total, reach = 1.0, 1.0
-    for extra in siblings_per_depth(k, nodes):
-        missed = 1.0
-        for r in range(1 + extra):
-            missed *= 1.0 - hazards[min(r, len(hazards) - 1)]
-        total += reach * (1.0 - missed)
-        reach *= hazards[0]
+    for extra in _siblings(k, nodes):
+        total += reach * (1.0 - missed[extra])
+        reach *= h1
     return total
