@@ -699,3 +699,24 @@ def test_gradio_client_shared_noise_sampling_is_identical_and_steps_show_the_rac
     _pane, table, note, _fig = client.predict(**common, max_new_tokens=32, api_name="/step")
     assert table["headers"][3].startswith("draft == argmax p/E")
     assert "Shared noise where the target chose" in note
+
+
+def test_step_one_round_draws_a_tree_round_and_lists_every_node():
+    """Tree nodes with fixed k: each stepped round is a tree, drawn node by node with the kept path
+    in colour, and the table lists every node under its parent."""
+    from app.serve import ui
+    from app.views.render import tree_order
+
+    args = [PROMPT, "stdlib-code target (bundled)", "", "feature draft (EAGLE-style, bundled)", "", False]
+    args += ["greedy", 0.8, 0, 1.0, 0, 24, "fixed", 3]
+    session, figures, tables = None, [], []
+    for _ in range(3):
+        session, _pane, table, _note, fig = ui.step_round(session, *args, tree=8)
+        figures.append(fig), tables.append(table)
+    tree = figures[-1]
+    names = {getattr(trace, "name", None) for trace in tree.data}
+    assert "kept path" in names or "rejected" in names, names
+    assert tree.layout.title.text.startswith("round 3: a tree of")
+    rows = tables[-1]["data"]
+    assert 4 < len(rows) <= 8 + 1 and any(str(r[0]).startswith("  └ ") for r in rows), rows
+    assert tree_order([-1, 0, -1, 1]) == [(0, 1), (1, 2), (3, 3), (2, 1)]

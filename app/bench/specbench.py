@@ -237,13 +237,18 @@ def table(doc: dict) -> str:
         for d in doc["drafts"]:
             v = entry[d]
             sp = v["speedup"]
+            span = f"{sp['min']:.2f}-{sp['max']:.2f}x"
             lines.append(
-                f"{category:<16} {d[-28:]:<28} {entry['questions']:>3} {_f(v['tokens_per_pass'])} {_f(v['alpha'], 6)} "
-                f"{v['tokens_per_s']:>7.1f} {v['plain_tokens_per_s']:>7.1f} {sp['median']:>7.2f}x "
-                f"{sp['min']:.2f}-{sp['max']:.2f}x".rjust(13)
-                + f" {100 * v['identical']:>4.0f}%"
+                f"{category:<16} {_label(d):<28} {entry['questions']:>3} {_f(v['tokens_per_pass'])} "
+                f"{_f(v['alpha'], 6)} {v['tokens_per_s']:>7.1f} {v['plain_tokens_per_s']:>7.1f} "
+                f"{sp['median']:>7.2f}x {span:>13} {100 * v['identical']:>4.0f}%"
             )
     return "\n".join(lines)
+
+
+def _label(draft: str) -> str:
+    """A draft as the table names it: a directory by its last part, at most 28 characters."""
+    return (Path(draft).name if "/" in draft else draft)[:28]
 
 
 def _f(x, width: int = 8) -> str:
