@@ -101,16 +101,25 @@ class Costs:
         return drafting + by_width(verify, nodes + 1) + self.overhead_s
 
     def best_shape(
-        self, hazards: Sequence[float], k_max: int, nodes_max: int, context: int | None = None
+        self,
+        hazards: Sequence[float],
+        k_max: int,
+        nodes_max: int,
+        context: int | None = None,
+        plain: bool = True,
+        trees_only: bool = False,
     ) -> tuple[int, int]:
-        """(k, nodes) with the most expected tokens per second, among a plain step (0, 0), chains
-        (k, k) and trees of up to nodes_max nodes up to k_max deep (tree_shape.expected_tokens); on a tie
-        the shallower and smaller shape."""
+        """(k, nodes) with the most expected tokens per second, among a plain step (0, 0) unless not
+        `plain`, chains (k, k) unless `trees_only`, and trees of up to nodes_max nodes up to k_max deep
+        (tree_shape.expected_tokens); on a tie the shallower and smaller shape. (1, 1) where nothing
+        is left to weigh."""
         verify = self.verify_curve(context)
         missed, h1 = misses(hazards, nodes_max), hazards[0]  # once: the policy asks every round
-        best, best_rate = (0, 0), 1.0 / self._plain_s(verify)
+        best, best_rate = ((0, 0), 1.0 / self._plain_s(verify)) if plain else ((1, 1), float("-inf"))
         for k in range(1, k_max + 1):
             for nodes in tree_budgets(k, nodes_max):
+                if trees_only and nodes == k:
+                    continue
                 rate = expected_from(missed, h1, k, nodes) / self.tree_round_s(k, nodes, verify)
                 if rate > best_rate:
                     best, best_rate = (k, nodes), rate

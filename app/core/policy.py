@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Protocol
 
-from app.core import tree_shape
 from app.core.config import SpecConfig
 from app.core.costs import Costs
 
@@ -146,31 +146,13 @@ class TreeShape(FixedK):
         elif self.k == 0:
             self.plain += 1
         self.without_tree = 0 if self.nodes > self.k else self.without_tree + 1
-        k, nodes = self.costs.best_shape(self.hazards, self.spec.k_max, self.spec.tree, context)
-        if k == 0 and self.plain >= self.PROBE_EVERY:
-            k, nodes = self._best_drafting(context, tree=False)
-            self.plain = 0
-        elif k and nodes == k and self.without_tree >= self.PROBE_EVERY:
-            k, nodes = self._best_drafting(context, tree=True)
+        shape = functools.partial(self.costs.best_shape, self.hazards, self.spec.k_max, self.spec.tree, context)
+        k, nodes = shape()
+        if k == 0 and self.plain >= self.PROBE_EVERY:  # a probe: the best shape that drafts
+            (k, nodes), self.plain = shape(plain=False), 0
+        elif k and nodes == k and self.without_tree >= self.PROBE_EVERY:  # a probe: the best tree
+            k, nodes = shape(plain=False, trees_only=True)
         self.k, self.nodes = k, nodes
-
-    def _best_drafting(self, context, tree: bool) -> tuple[int, int]:
-        h, verify = self.hazards, self.costs.verify_curve(context)
-        missed = tree_shape.misses(h, self.spec.tree)
-        shapes: list[tuple[int, int]] = [
-            (k, n)
-            for k in range(1, self.spec.k_max + 1)
-            for n in tree_shape.tree_budgets(k, self.spec.tree)
-            if n > k or not tree
-        ] or [(1, 1)]
-        return max(
-            shapes,
-            key=lambda s: (
-                tree_shape.expected_from(missed, h[0], s[0], s[1]) / self.costs.tree_round_s(s[0], s[1], verify),
-                -s[0],
-                -s[1],
-            ),
-        )
 
     def _learn(self, drafted: int, accepted: int, parents: list[int] | None, path: list[int] | None) -> None:
         """Count, per child rank, the children judged and the one kept at each depth the round reached."""
