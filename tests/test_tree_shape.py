@@ -130,5 +130,5 @@ def test_calibration_with_trees_prices_a_node_and_times_the_wide_passes(target, 
     assert set(sizes) == {6, 24}, "tree rounds of a small and the widest tree, k_max deep"
     assert len(costs.verify_s) == 25 and costs.tree_fixed_s >= 0 and costs.draft_node_s >= 0
     assert list(costs.verify_s) == sorted(costs.verify_s)
-    assert costs.verify_time(25) > costs.verify_time(5) > 0
+    assert costs.verify_time(25) >= costs.verify_time(5) > 0  # a tiny model's pass can be flat out to 25
     assert calibrate.wide_widths(5, 25) == [12, 16, 24, 25]
