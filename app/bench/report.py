@@ -117,32 +117,31 @@ def summarize_rows(rows: list[dict], names: list[str], k: int) -> dict:
             hf_assisted_passes_share=med([r["hf_passes"]["share"] for r in rows]),
             ours_over_hf_ceiling=med([r["hf_passes"]["ceiling"] for r in rows]),
         )
-    chain = f"k={k}"
-    if all("tree" in r["contenders"] and chain in r["contenders"] for r in rows):
-        # Paired per prompt: the tree against the chain of the same draft and depth.
-        pair = [(r["contenders"]["tree"], r["contenders"][chain]) for r in rows]
-        out |= dict(
-            tree_tokens_per_pass=med([t["tokens_per_pass"] for t, _ in pair]),
-            chain_tokens_per_pass=med([c["tokens_per_pass"] for _, c in pair]),
-            tree_over_chain_tokens_per_pass=med([t["tokens_per_pass"] / c["tokens_per_pass"] for t, c in pair]),
-            tree_over_chain_speed=med([t["tokens_per_s"] / c["tokens_per_s"] for t, c in pair]),
-            tree_nodes_per_round=med([t["nodes_per_round"] for t, _ in pair]),
-        )
-    if all("tree_auto" in r["contenders"] for r in rows):
-        # Paired per prompt: each round shaped by the cost model against adaptive k's chain.
-        pair = [(r["contenders"]["tree_auto"], r["contenders"]["adaptive"]) for r in rows]
-        out |= dict(
-            tree_auto_tokens_per_pass=med([t["tokens_per_pass"] for t, _ in pair]),
-            adaptive_tokens_per_pass=med([c["tokens_per_pass"] for _, c in pair]),
-            tree_auto_over_adaptive_tokens_per_pass=med([t["tokens_per_pass"] / c["tokens_per_pass"] for t, c in pair]),
-            tree_auto_over_adaptive_speed=med([t["tokens_per_s"] / c["tokens_per_s"] for t, c in pair]),
-            tree_auto_nodes_per_round=med([t["nodes_per_round"] for t, _ in pair]),
-        )
+    # Paired per prompt: the tree against the chain of the same draft and depth, and each round shaped
+    # by the cost model against adaptive k's chain.
+    out |= _paired(rows, "tree", f"k={k}", ("tree", "chain"), med)
+    out |= _paired(rows, "tree_auto", "adaptive", ("tree_auto", "adaptive"), med)
     for key in ("defaults", "fixed_k", "lookup_defaults", "lookup_fixed_k"):
         values = [r["ours_over_hf"].get(key) for r in rows]
         if any(v is not None for v in values):
             out[f"ours_over_hf_{key}"] = med(values)
     return out
+
+
+def _paired(rows: list[dict], tree: str, chain: str, names: tuple[str, str], med) -> dict:
+    """A tree contender against a chain one, prompt by prompt: both tokens per pass, their ratios of
+    tokens per pass and speed, and the tree's nodes per round; {} unless every prompt ran both."""
+    if not all(tree in r["contenders"] and chain in r["contenders"] for r in rows):
+        return {}
+    pair = [(r["contenders"][tree], r["contenders"][chain]) for r in rows]
+    t, c = names
+    return {
+        f"{t}_tokens_per_pass": med([a["tokens_per_pass"] for a, _ in pair]),
+        f"{c}_tokens_per_pass": med([b["tokens_per_pass"] for _, b in pair]),
+        f"{t}_over_{c}_tokens_per_pass": med([a["tokens_per_pass"] / b["tokens_per_pass"] for a, b in pair]),
+        f"{t}_over_{c}_speed": med([a["tokens_per_s"] / b["tokens_per_s"] for a, b in pair]),
+        f"{t}_nodes_per_round": med([a["nodes_per_round"] for a, _ in pair]),
+    }
 
 
 def calibration_spread(draws: list[Costs], med) -> dict:
