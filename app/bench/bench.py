@@ -303,8 +303,7 @@ def _divergences(pair, ids, field, outputs, steps, costs) -> dict:
     for c in field:
         if not c.ours or c.name == "autoregressive" or outputs[c.name] == plain:
             continue
-        width = max((len(x.drafted) + 1 for x in steps[c.name] or []), default=1)
-        d = divergence.explain(pair.target, CachedModel, ids, outputs[c.name], plain, width, costs.logit_noise)
+        d = divergence.explain_run(pair.target, CachedModel, ids, steps[c.name], plain, costs.logit_noise)
         out[c.name] = d.to_dict()
     return out
 

@@ -84,13 +84,12 @@ def explain(
     text = prompt_ids + spec_ids
     at = len(prompt_ids) + j  # the position whose token differs; its logits come from at - 1
     noise = max(noise, noise_floor(target, text, width, target_cache, end=min(at + 1, len(text))))
-    shortfalls = _teacher_forced(target, target_cache, prompt_ids, spec_ids, width)
+    shortfalls, verify_row = _teacher_forced(target, target_cache, prompt_ids, spec_ids, width, j)
     worst_at = max(range(len(shortfalls)), key=shortfalls.__getitem__) if shortfalls else None
     worst = shortfalls[worst_at] if worst_at is not None else 0.0
     plain_token = plain_ids[j] if j < len(plain_ids) else None
     spec_token = spec_ids[j] if j < len(spec_ids) else None
     plain_row = _one_token_row(target, target_cache, prompt_ids + plain_ids[:j])
-    verify_row = _wide_row(target, target_cache, text[: at + 1] if spec_token is not None else text, width)
     candidates = [t for t in (plain_token, spec_token) if t is not None]
     margin = float(plain_row[plain_token] - plain_row[spec_token]) if len(candidates) == 2 else float("inf")
     tie = len(candidates) == 2 and abs(margin) <= noise and worst <= noise
@@ -109,6 +108,15 @@ def explain(
     )
 
 
+def explain_run(
+    target, target_cache: Callable[..., KVCache], prompt_ids: list[int], spec_steps, plain_ids: list[int], noise: float
+) -> Divergence:
+    """explain() for a speculative run's Steps, set against the widest pass its rounds verified."""
+    spec_ids = [t for s in spec_steps for t in s.emitted]
+    width = max((len(s.drafted) + 1 for s in spec_steps), default=1)
+    return explain(target, target_cache, prompt_ids, spec_ids, plain_ids, width, noise)
+
+
 def _one_token_row(target, target_cache, ids: list[int]) -> torch.Tensor:
     """The logits after ids as plain decoding computes them: the last token in a pass of its own."""
     lm = target_cache(target)
@@ -119,32 +127,31 @@ def _one_token_row(target, target_cache, ids: list[int]) -> torch.Tensor:
         lm.close()
 
 
-def _wide_row(target, target_cache, ids: list[int], width: int) -> torch.Tensor:
-    """The logits after ids[:-1] as a verify pass of `width` tokens ending there computes them."""
-    lm = target_cache(target)
-    try:
-        start = max(1, len(ids) - 1 - width)
-        lm.extend(ids[:start], keep=1)
-        return lm.extend(ids[start:-1], keep=len(ids) - 1 - start)[-1].float()
-    finally:
-        lm.close()
-
-
-def _teacher_forced(target, target_cache, prompt_ids: list[int], spec_ids: list[int], width: int) -> list[float]:
+def _teacher_forced(
+    target, target_cache, prompt_ids: list[int], spec_ids: list[int], width: int, keep: int
+) -> tuple[list[float], torch.Tensor]:
     """How far each speculative token's logit falls short of its row's maximum, with the output fed
-    in passes of the verify width after the prompt, as the verify passes fed it."""
+    in passes of the verify width after the prompt, as the verify passes fed it; and row `keep`
+    (the logits that chose spec_ids[keep], or those after the whole output)."""
     lm = target_cache(target)
     out: list[float] = []
+    j, fed_to = 0, 0  # row j chose spec_ids[j]
     try:
-        rows = [lm.extend(prompt_ids, keep=1)[-1].float()]
-        fed = spec_ids[:-1]
-        for i in range(0, len(fed), width):
-            rows += list(lm.extend(fed[i : i + width], keep=len(fed[i : i + width])).float())
-        for row, t in zip(rows, spec_ids, strict=True):
-            out.append(float(row.max() - row[t]))
+        rows = lm.extend(prompt_ids, keep=1)
+        while True:
+            for row in rows.float():
+                if j == keep:
+                    kept = row
+                if j < len(spec_ids):
+                    out.append(float(row.max() - row[spec_ids[j]]))
+                j += 1
+            if fed_to == len(spec_ids):
+                return out, kept
+            fed = spec_ids[fed_to : fed_to + width]
+            fed_to += len(fed)
+            rows = lm.extend(fed, keep=len(fed))
     finally:
         lm.close()
-    return out
 
 
 def _leaders(row: torch.Tensor, candidates: list[int], n: int = 4) -> list[tuple[int, float]]:

@@ -117,12 +117,11 @@ def _stream(prompt: str, target: str, draft: str, settings: Settings, control, p
 
 def _verdict(pair, ids, spec, ar, costs, target_cache):
     """Why greedy outputs differ, when they do (core/divergence.py); None when they are identical."""
-    a, b = [t for x in ar for t in x.emitted], [t for x in spec for t in x.emitted]
-    if a == b:
+    plain = [t for x in ar for t in x.emitted]
+    if plain == [t for x in spec for t in x.emitted]:
         return None
-    width = max((len(x.drafted) + 1 for x in spec), default=1)
     noise = costs.logit_noise if costs is not None else 0.0
-    return divergence.explain(pair.target, target_cache, ids, b, a, width, noise)
+    return divergence.explain_run(pair.target, target_cache, ids, spec, plain, noise)
 
 
 def _rule(s) -> str:
