@@ -140,8 +140,8 @@ def _load_fastest(model_id: str, device: str | None, spread: bool, role: str):
     """load() in the dtype its passes run fastest in here (precision.py): on a CPU, loaded in fp32,
     timed against a bf16 copy once, and kept in the winner; the GPU's and MPS's low precision else."""
     dev, _ = choose_device(device)
-    if dev.type != "cpu":
-        return load(model_id, device, DTYPE_NAMES[precision.choose("", _DeviceOnly(dev))], spread, role)
+    if dev.type != "cpu":  # choose_device's own default there is the low precision
+        return load(model_id, device, None, spread, role)
     name = resolve(model_id, role)
     known = precision.chosen(name, str(dev))
     if known is None:
@@ -152,13 +152,6 @@ def _load_fastest(model_id: str, device: str | None, spread: bool, role: str):
                 _cache.pop((name, str(dev), torch.float32, spread), None)
                 _cache[(name, str(dev), known, spread)] = (model.to(known), tokenizer)
     return load(model_id, device, DTYPE_NAMES[known], spread, role)
-
-
-class _DeviceOnly:
-    """What precision.choose reads of a model on a GPU: its device."""
-
-    def __init__(self, device: torch.device):
-        self.device = device
 
 
 def _load_uncached(name: str, shown: str, token, dev: torch.device, torch_dtype: torch.dtype, spread: bool):

@@ -57,13 +57,9 @@ def pass_seconds(model, widths: tuple[int, ...] = WIDTHS, reps: int = REPS) -> f
 
 
 def choose(name: str, model) -> torch.dtype:
-    """The dtype `model` (loaded in fp32) runs its passes fastest in on this machine and thread setting."""
-    device = model.device
-    if device.type == "cuda":
-        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-    if device.type == "mps":
-        return torch.float16
-    key = (name, str(device), threads.key())
+    """The dtype `model` (loaded in fp32 on a CPU) runs its passes fastest in on this machine and
+    thread setting; a GPU's is loading.choose_device's default."""
+    key = (name, str(model.device), threads.key())
     with _lock:
         known = _choice.get(key)
     if known is None:
