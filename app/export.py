@@ -58,6 +58,13 @@ def engine_spec(spec: SpecConfig) -> tuple[SpecConfig, list[str]]:
     return replace(spec, tree=0, tree_auto=False), [note]
 
 
+def _engine_settings(target: str, draft: DraftInfo, spec: SpecConfig, runs: Path) -> tuple[SpecConfig, int, list[str]]:
+    """The speculation and fixed k an engine gets (engine_spec, choose_k), with their notes."""
+    spec, shape_notes = engine_spec(spec)
+    k, k_notes = choose_k(target, draft, spec, runs)
+    return spec, k, shape_notes + k_notes
+
+
 def choose_k(target: str, draft: DraftInfo, spec: SpecConfig, runs: Path = RUNS) -> tuple[int, list[str]]:
     """The fixed k an engine gets, and a note saying where it came from."""
     if spec.k_policy == "fixed":
@@ -74,9 +81,7 @@ def choose_k(target: str, draft: DraftInfo, spec: SpecConfig, runs: Path = RUNS)
 
 def vllm(target: str, draft: DraftInfo, spec: SpecConfig, sampling: SamplingConfig, runs: Path = RUNS) -> Export:
     """`vllm serve` with --speculative-config: a draft model, ngram, or eagle."""
-    spec, shape_notes = engine_spec(spec)
-    k, k_notes = choose_k(target, draft, spec, runs)
-    k_notes = shape_notes + k_notes
+    spec, k, k_notes = _engine_settings(target, draft, spec, runs)
     config, notes = draft.kind.vllm(draft, k, spec)
     argv = ["vllm", "serve", target]
     if config:
@@ -111,9 +116,7 @@ def llama_server(
     target: str, draft: DraftInfo, spec: SpecConfig, sampling: SamplingConfig, runs: Path = RUNS
 ) -> Export:
     """`llama-server` with -md/--draft-max/--draft-min, or --spec-type ngram-simple for prompt lookup."""
-    spec, shape_notes = engine_spec(spec)
-    k, k_notes = choose_k(target, draft, spec, runs)
-    k_notes = shape_notes + k_notes
+    spec, k, k_notes = _engine_settings(target, draft, spec, runs)
     notes: list[str] = []
     argv = ["llama-server", "-m", _gguf(target, notes)]
     draft_args, draft_notes = draft.kind.llama_server(draft, k, spec, _gguf)
@@ -165,9 +168,7 @@ def _num(x: float) -> str:
 
 def sglang(target: str, draft: DraftInfo, spec: SpecConfig, runs: Path = RUNS) -> Export | None:
     """`python -m sglang.launch_server` with its speculative options, for a draft kind that has them."""
-    spec, shape_notes = engine_spec(spec)
-    k, k_notes = choose_k(target, draft, spec, runs)
-    k_notes = shape_notes + k_notes
+    spec, k, k_notes = _engine_settings(target, draft, spec, runs)
     args, notes = draft.kind.sglang(draft, k, spec)
     if args is None:
         return None
