@@ -218,7 +218,7 @@ def measure(
     limit, new_tokens = _window(pair, max(k_max, tree), target_cache)
     n = min(limit // 2, CONTEXT)
     ids = _repeat(probe, n)
-    widest = tree + 1 if tree + 1 > k_max + 1 else 0
+    widest = tree + 1 if tree > k_max else 0
     curve = verify_curve(pair.target, ids, k_max + 1, target_cache, widest=widest)
     far = min(2 * n, limit - len(curve))
     per_context = context_slopes(pair.target, probe, curve, n, far, target_cache, dense=k_max + 1)
@@ -433,6 +433,7 @@ def costs_for(
     """This machine's costs for `pair`, measured once per pair, draft, k_max, threads, cache kind and
     cost class of the sampling settings (`cost_class`; default greedy), under the first request's."""
     sampling = sampling or SamplingConfig()
+    tree = spec.tree if spec.tree_auto else 0  # the widest tree the cost model may choose
     key = (
         pair.target_name,
         pair.draft_name,
@@ -442,13 +443,12 @@ def costs_for(
         threads.key(),
         getattr(target_cache, "__name__", str(target_cache)),
         cost_class(sampling),
-        spec.tree if spec.tree_auto else 0,
+        tree,
     )
     with _lock:
         if key not in _cache:
             if len(_cache) >= MAX_CACHED:  # the least recently used goes: greedy stays while it is in use
                 _cache.pop(next(iter(_cache)))
-            tree = spec.tree if spec.tree_auto else 0
             _cache[key] = measure(pair, spec.k_max, target_cache, sampling=sampling, tree=tree)
         _cache[key] = _cache.pop(key)  # now the most recently used
         return _cache[key]

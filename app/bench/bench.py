@@ -67,7 +67,7 @@ def _ours_field(args, pair, lookup_pair, s, sp, r, costs, lookup_costs, tree_cos
         for j in sorted(fixed)
     ]
     if sp.tree_auto:  # beside adaptive k's chain, on the same draft
-        auto = replace(adaptive_k(sp), tree=sp.tree, tree_auto=True)
+        auto = _auto_spec(sp)
         label = f"ours: {pair.draft_name}, each round's shape by the cost model (trees up to {sp.tree} nodes)"
         out.append(Contender(TREE_AUTO, label, ours(pair, s, auto, r, True, tree_costs)))
     elif sp.tree:
@@ -203,11 +203,16 @@ def hf_passes_share(pair, assisted: Contender, ids: list[int], n: int) -> dict:
     return dict(share=inside[0] / seconds, ceiling=seconds / inside[0])
 
 
+def _auto_spec(sp):
+    """--tree auto as the bench times it: adaptive k's spec, its rounds shaped by the cost model."""
+    return replace(adaptive_k(sp), tree=sp.tree, tree_auto=True)
+
+
 def _tree_costs(pair, sp, s, cached: bool = True):
     """The calibration a tree shaped by the cost model reads (None without --tree auto)."""
     if not sp.tree_auto:
         return None
-    spec = replace(adaptive_k(sp), tree=sp.tree, tree_auto=True)
+    spec = _auto_spec(sp)
     if cached:
         return calibrate.costs_for(pair, spec, sampling=s)
     return calibrate.measure(pair, spec.k_max, sampling=s, tree=sp.tree)

@@ -223,7 +223,7 @@ class _Loop:
         nodes = 0
         if self.proposer is not None and k:
             nodes = self.policy.next_nodes()
-            if nodes != getattr(self.proposer, "tree", 0):  # a shape chosen round by round (policy.TreeShape)
+            if nodes != self.proposer.tree:  # a shape chosen round by round (policy.TreeShape)
                 self.proposer.tree = nodes
         proposal = Proposal([], None) if self.proposer is None else self.proposer.propose(k, self.cfg, self.gen)
         _check_drafts(proposal.tokens, self.vocab)
