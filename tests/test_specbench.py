@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+from app import questions
 from app.bench import bench, specbench
 from app.core.config import UserError
 from app.models import load
@@ -16,14 +17,14 @@ TINY = "stdlib-code target (bundled)"
 
 
 def test_the_sample_holds_every_task_and_multi_turn_questions():
-    questions = specbench.read_questions(specbench.SAMPLE)
-    categories = {q.category for q in questions}
+    sample = questions.read_questions(questions.SAMPLE)
+    categories = {q.category for q in sample}
     assert {"coding", "writing", "translation", "summarization", "qa", "math_reasoning", "rag"} <= categories
-    assert any(len(q.turns) == 2 for q in questions)
-    picked = specbench.select(questions, "qa,rag", 1)
+    assert any(len(q.turns) == 2 for q in sample)
+    picked = questions.select(sample, "qa,rag", 1)
     assert [q.category for q in picked] == ["qa", "rag"]
     with pytest.raises(UserError, match="no questions of category poetry"):
-        specbench.select(questions, "poetry", 0)
+        questions.select(sample, "poetry", 0)
 
 
 @pytest.mark.parametrize(
@@ -42,7 +43,7 @@ def test_a_bad_line_is_refused_with_its_number_before_anything_runs(tmp_path, mo
     good = json.dumps({"question_id": 1, "category": "qa", "turns": ["What is 2 + 2?"]})
     path.write_text(good + "\n\n" + line + "\n")
     with pytest.raises(UserError, match=rf"q.jsonl:3: .*{message}"):
-        specbench.read_questions(path)
+        questions.read_questions(path)
     monkeypatch.setattr("app.models.load_pair", lambda *a, **k: pytest.fail("a run started"))
     from app import cli
 
@@ -52,7 +53,7 @@ def test_a_bad_line_is_refused_with_its_number_before_anything_runs(tmp_path, mo
 
 def test_a_later_turn_follows_the_earlier_answer():
     _, tokenizer = load(TINY_TARGET)
-    ids = specbench.conversation(tokenizer, ["def f(x):", "def g(y):"], ["    return x"], False, 1000)
+    ids = questions.conversation(tokenizer, ["def f(x):", "def g(y):"], ["    return x"], False, 1000)
     assert tokenizer.decode(ids, skip_special_tokens=True).startswith("def f(x):\n\n    return x\n\ndef g(y):")
 
 
@@ -89,8 +90,8 @@ def test_a_question_file_gives_the_leaderboards_figures_per_category(tmp_path):
 def test_a_plain_file_is_one_prompt_a_line(tmp_path):
     path = tmp_path / "prompts.txt"
     path.write_text("def add(a, b):\n\nThe weather today\n")
-    questions = specbench.read_questions(path)
-    assert [(q.category, q.turns) for q in questions] == [
+    read = questions.read_questions(path)
+    assert [(q.category, q.turns) for q in read] == [
         ("prompts", ("def add(a, b):",)),
         ("prompts", ("The weather today",)),
     ]

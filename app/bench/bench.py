@@ -29,7 +29,7 @@ from pathlib import Path
 
 import torch
 
-from app import calibrate, models
+from app import calibrate, models, questions
 from app.args import add_generation_args, settings, with_chat
 from app.bench import progress, specbench
 from app.bench.contenders import CONSTANT, SWEEP, TREE, TREE_AUTO, Contender, adaptive_k, fixed_k, hf, ours
@@ -368,13 +368,13 @@ def main(argv: list[str]) -> int:
     from app.bench.rules import rules
     from app.bench.threads_check import threads_check  # it times this module's contenders
 
-    questions = specbench.is_file_suite(args.suite)
-    if not questions and args.suite not in ("code", "prose", "all"):
+    from_file = specbench.is_file_suite(args.suite)
+    if not from_file and args.suite not in ("code", "prose", "all"):
         ap.error(f"--suite takes code, prose, all or a question file (.jsonl or .txt), got {args.suite!r}")
     modes = [(args.card, card), (args.rules, rules), (args.passes, passes), (args.threads_check, threads_check)]
-    mode = next((fn for chosen, fn in modes if chosen), specbench.specbench if questions else bench)
-    if questions and mode is specbench.specbench:  # the file is read and checked before anything loads
-        specbench.select(specbench.read_questions(Path(args.suite)), args.categories, args.per_category)
+    mode = next((fn for chosen, fn in modes if chosen), specbench.specbench if from_file else bench)
+    if from_file and mode is specbench.specbench:  # the file is read and checked before anything loads
+        questions.select(questions.read_questions(Path(args.suite)), args.categories, args.per_category)
     doc = mode(args)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     written = [args.out.with_suffix(".json")]

@@ -10,11 +10,10 @@ from dataclasses import dataclass
 import torch
 from transformers import StoppingCriteria, StoppingCriteriaList
 
-from app import runs
+from app import questions
 from app.core import engine
 from app.core.config import RunConfig, SamplingConfig, Settings, SpecConfig
 from app.core.costs import Costs
-from app.core.policy import make_policy
 from app.models import threads
 
 SWEEP = range(1, 9)  # fixed k values timed beside adaptive
@@ -35,16 +34,7 @@ class Contender:
 
 def ours(pair, s: SamplingConfig, sp: SpecConfig, r: RunConfig, speculative: bool, costs: Costs | None):
     """Our engine as a contender; the wall clock covers everything from prompt ids to the last token."""
-
-    def run(ids: list[int], n: int):
-        job = runs.Run(pair, ids, Settings(s, sp, RunConfig(n, r.stop, r.chat)), speculative, costs=costs)
-        policy = make_policy(sp, costs) if speculative else None
-        start = time.perf_counter()
-        steps = list(job.steps(policy, display=False))  # as transformers', nothing but the output is decoded
-        engine.sync(pair.target.device)
-        return [t for x in steps for t in x.emitted], time.perf_counter() - start, steps
-
-    return run
+    return questions.timed(pair, Settings(s, sp, r), speculative, costs)
 
 
 def hf(target, assistant=None, assistant_settings: dict | None = None, lookup: dict | None = None):

@@ -39,8 +39,9 @@ def seconds(max_new_tokens) -> int:
     return int(min(MAX_SECONDS, BASE_SECONDS + SECONDS_PER_TOKEN * n))
 
 
-def gpu(fn: Callable) -> Callable:
-    """`spaces.GPU` with a duration from the call's max_new_tokens where `spaces` exists, else fn."""
+def gpu(fn: Callable, longest: bool = False) -> Callable:
+    """`spaces.GPU` with a duration from the call's max_new_tokens (`longest`: the longest loan, for
+    a call that runs many prompts) where `spaces` exists, else fn."""
     GPU_FUNCTIONS.append(fn)
     try:
         import spaces
@@ -49,6 +50,8 @@ def gpu(fn: Callable) -> Callable:
     signature = inspect.signature(fn)
 
     def duration(*args, **kwargs) -> int:
+        if longest:
+            return MAX_SECONDS
         try:
             return seconds(signature.bind_partial(*args, **kwargs).arguments.get("max_new_tokens"))
         except TypeError:

@@ -1,0 +1,115 @@
+"""The "By kind of text" panel: a bundled question per category (the Spec-Bench-format sample, written
+for this project), answered by plain decoding and by the current pair and settings through the bench's
+own runner (app/questions.py), streamed question by question and drawn as the bench's bar chart."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import time
+
+import gradio as gr
+
+from app import models, questions
+from app.core.config import Settings, UserError
+from app.models import hosting
+from app.serve import heap, queue_limits
+from app.serve.form import Form, takes_form
+from app.serve.handlers import _pair, _user_error, guarded
+from app.serve.zerogpu import gpu
+from app.views import plots, render
+
+PER_CATEGORY = 1  # questions of each category: the panel's whole run fits one visitor's run limit
+TOKENS = 48  # new tokens a turn at most, for the same reason
+COMMAND = (
+    "python -m app bench --suite assets/specbench-sample.jsonl --per-category {per} --max-new-tokens {n} "
+    "--target TARGET --draft DRAFT (and the same decoding and k settings)"
+)
+
+
+def panel_settings(settings: Settings, tokenizer) -> Settings:
+    """The visitor's settings, with at most TOKENS new tokens a turn and chat formatting wherever the
+    target has a chat template (the questions are instructions), as the bench sets it."""
+    chat = bool(getattr(tokenizer, "chat_template", None))
+    n = min(settings.run.max_new_tokens, TOKENS)
+    return dataclasses.replace(settings, run=dataclasses.replace(settings.run, max_new_tokens=n, chat=chat))
+
+
+@functools.partial(gpu, longest=True)
+@guarded
+@takes_form(after=(("control", None), ("progress", gr.Progress())))
+def by_kind(form: Form, control=None, progress=gr.Progress()):
+    """Stream (status, chart, records) question by question; Stop or the run limit ends it after the
+    current round, with the figures of the questions answered so far."""
+    try:
+        yield from _stream(form, control, progress)
+    except UserError as e:
+        raise _user_error(e) from None
+    finally:
+        heap.release()
+
+
+def _stream(form: Form, control, progress):
+    picked = questions.select(questions.read_questions(questions.SAMPLE), None, PER_CATEGORY)
+    progress(0.0, desc="loading models (the first request for a pair)")
+    pair = _pair(form.target, form.draft, form.dtype)
+    settings = panel_settings(form.settings, pair.tokenizer)
+    deadline = time.monotonic() + queue_limits.run_seconds()
+
+    def stop() -> bool:
+        return bool(control and control.get("stop")) or time.monotonic() > deadline
+
+    progress(0.0, desc="measuring this machine's round costs (once per pair and kind of sampling)")
+    costs = questions.costs(pair, settings)
+    draft = hosting.shown(form.draft)  # as typed: a resolved name can be an install path on this host
+    plain = questions.timed(pair, settings, False, None, stop)
+    field = {draft: questions.timed(pair, settings, True, costs, stop)}
+    context = models.context_length(pair.target)
+    rows: list[dict] = []
+    stopped = False
+    for n, q in enumerate(picked):
+        # Progress goes in the status text: a progress bar would cover the figures streamed so far.
+        note = f"Question {n + 1} of {len(picked)} ({q.category}, {len(q.turns)} turn(s)): answering…"
+        yield _status(rows, draft, note), gr.skip(), gr.skip()
+        try:
+            rows.append(questions.answer(q, pair.tokenizer, plain, field, settings.run, context, n))
+        except questions.Stopped:
+            stopped = True
+            break
+        yield _status(rows, draft, None), _chart(rows, draft), gr.skip()
+    doc = _doc(rows, draft, settings, stopped, len(picked))
+    ending = f"Stopped after {len(rows)} of {len(picked)} questions." if stopped else None
+    yield _status(rows, draft, ending, settings if not stopped else None), _chart(rows, draft), doc
+
+
+def _summary(rows: list[dict], draft: str) -> dict:
+    return questions.summarize(rows, [draft]) if rows else {}
+
+
+def _chart(rows: list[dict], draft: str):
+    return plots.category_figure(dict(summary=_summary(rows, draft), drafts=[draft])) if rows else gr.skip()
+
+
+def _status(rows: list[dict], draft: str, note: str | None, final: Settings | None = None) -> str:
+    parts = [note] if note else []
+    if rows:
+        parts.append(render.category_table(_summary(rows, draft), [draft]))
+    if final is not None:
+        parts.append(
+            f"Greedy figures (tokens per pass, α, same text) are the bench's for the same settings: "
+            f"`{COMMAND.format(per=PER_CATEGORY, n=final.run.max_new_tokens)}`. Speedups are this run's wall clock."
+        )
+    return "\n\n".join(parts)
+
+
+def _doc(rows: list[dict], draft: str, settings: Settings, stopped: bool, total: int) -> dict:
+    return dict(
+        format="spec-bench",
+        file=questions.SAMPLE.name,
+        drafts=[draft],
+        settings=settings.as_dict("bench"),
+        stopped=stopped,
+        questions_asked=total,
+        summary=_summary(rows, draft),
+        questions=rows,
+    )

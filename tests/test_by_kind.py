@@ -1,0 +1,71 @@
+"""The app's "By kind of text" panel: the bench's runner on the bundled sample, question by question,
+with the bench's own figures, ended by Stop or the run limit after a round."""
+
+from __future__ import annotations
+
+import json
+
+from app import questions
+from app.bench import bench
+from app.serve import by_kind, queue_limits
+
+TINY = "stdlib-code target (bundled)"
+FIELDS = dict(
+    prompt="unused by the panel",
+    target=TINY,
+    custom_target="",
+    draft="prompt-lookup",
+    custom_draft="",
+    chat=False,
+    decoding="greedy",
+    temperature=1.0,
+    top_k=0,
+    top_p=1.0,
+    seed=0,
+    max_new_tokens=16,
+    k_policy="fixed",
+    k=3,
+)
+
+
+def _run(control=None):
+    return list(by_kind.by_kind(**FIELDS, control=control or {"stop": False}, progress=lambda *a, **k: None))
+
+
+def test_the_panel_gives_the_benchs_figures_for_the_same_questions_and_settings(tmp_path):
+    updates = _run()
+    doc = updates[-1][2]
+    sample = questions.select(questions.read_questions(questions.SAMPLE), None, by_kind.PER_CATEGORY)
+    assert not doc["stopped"] and len(doc["questions"]) == len(sample) == 7
+    assert sum(isinstance(u[0], str) and "answering" in u[0] for u in updates) == 7, "progress per question"
+    out = tmp_path / "bench"
+    argv = ["--suite", str(questions.SAMPLE), "--per-category", "1", "--target", TINY, "--draft", "prompt-lookup"]
+    argv += ["--k-policy", "fixed", "--k", "3", "--max-new-tokens", "16", "--out", str(out)]
+    assert bench.main(argv) == 0
+    want = json.loads(out.with_suffix(".json").read_text())["summary"]
+    assert list(doc["summary"]) == list(want)
+    for category, entry in want.items():
+        got = doc["summary"][category]["prompt-lookup"]
+        for key in ("tokens_per_pass", "alpha", "identical"):
+            assert got[key] == entry["prompt-lookup"][key], (category, key)
+    status = updates[-1][0]
+    assert "| **overall** |" in status and "python -m app bench --suite" in status
+    assert updates[-1][1].data, "the bar chart"
+
+
+def test_stop_ends_the_panel_after_a_round_with_the_questions_answered_so_far():
+    control = {"stop": False}
+    updates = []
+    for update in by_kind.by_kind(**FIELDS, control=control, progress=lambda *a, **k: None):
+        updates.append(update)
+        if "| coding |" in str(update[0]):
+            control["stop"] = True  # after the first question's figures
+    doc = updates[-1][2]
+    assert doc["stopped"] and len(doc["questions"]) == 1 and doc["questions_asked"] == 7
+    assert updates[-1][0].startswith("Stopped after 1 of 7 questions")
+
+
+def test_the_run_limit_ends_the_panel_as_stop_does(monkeypatch):
+    monkeypatch.setattr(queue_limits, "run_seconds", lambda: 0.0)
+    doc = _run()[-1][2]
+    assert doc["stopped"] and doc["questions"] == []
