@@ -86,3 +86,39 @@ def test_a_planted_off_by_one_in_the_verify_rule_is_a_loud_mismatch(
     noise = divergence.noise_floor(p_model, ids + plain, 4, CachedModel)
     d = divergence.explain(p_model, CachedModel, ids, got, plain, 4, noise)
     assert d.kind == MISMATCH and d.worst_shortfall > d.noise
+
+
+def test_under_shared_noise_a_branch_at_a_close_race_is_rounding_and_above_the_noise_a_mismatch(target, tokenizer):
+    """The same verdict for the same-seed check: the scores are the race's, log p − log E, whose
+    noise floor is 2/T times the logits'."""
+    from app.core import sampling
+    from app.core.config import SHARED_NOISE, SamplingConfig
+
+    cfg = SamplingConfig(temperature=0.8, seed=7, rule=SHARED_NOISE)
+
+    def scores(history: list[int]) -> torch.Tensor:
+        with torch.inference_mode():
+            p = sampling.probs(target(torch.tensor([history])).logits[0, -1], cfg).double()
+        return p.log() - sampling.race_noise(cfg.seed, len(history), p.shape[-1]).double().log()
+
+    def race_continuation(history: list[int], n: int) -> list[int]:
+        out: list[int] = []
+        for _ in range(n):
+            out.append(int(scores(history + out).argmax()))
+        return out
+
+    ids = tokenizer(PROMPT)["input_ids"]
+    plain = race_continuation(ids, 10)
+    top2 = [scores(ids + plain[:i]).topk(2) for i in range(len(plain))]
+    j = min(range(len(plain)), key=lambda i: float(top2[i].values[0] - top2[i].values[1]))
+    spec = plain[:j] + [int(top2[j].indices[1])]
+    spec += race_continuation(ids + spec, 10 - len(spec))
+    margin = float(top2[j].values[0] - top2[j].values[1])
+    noise = margin * cfg.temperature / 2 * 1.5 + 1e-3  # in logits: the race's floor is 2/T of it
+    tie = divergence.explain(target, CachedModel, ids, spec, plain, 4, noise=noise, cfg=cfg)
+    assert tie.kind == NEAR_TIE and tie.position == j and tie.score == "race"
+    assert tie.margin == pytest.approx(margin, abs=1e-3) and tie.noise == pytest.approx(noise * 2 / 0.8)
+    line = render.divergence_line("Same-seed check (shared noise)", tie)
+    assert "race scores log p − log E" in line and "near-tie" in line
+    bug = divergence.explain(target, CachedModel, ids, spec, plain, 4, cfg=cfg)
+    assert bug.kind == MISMATCH and "a bug, not rounding" in render.divergence_line("Same-seed check", bug)

@@ -1,11 +1,15 @@
-"""Why a greedy speculative text differs from plain decoding: a near-tie that low precision rounds
-the other way, or a bug.
+"""Why a speculative text differs from plain decoding where they must be equal (greedy decoding, and
+sampling under the shared-noise rule): a near-tie that low precision rounds the other way, or a bug.
 
 A verify pass over several tokens runs other kernel shapes than a one-token pass, and in bf16 or
 fp16 their sums round differently: where the target's top two logits are closer than that rounding,
 the two runs can pick different tokens, and both are the target's greedy choice within rounding.
 The noise floor is measured, never assumed: the largest logit difference between a wide pass and
 one-token passes over the same positions (`noise_floor`).
+
+Under shared noise the token at a position is the winner of a race, argmax p/E over noise E fixed
+by the seed and the position, so the scores compared are log p − log E: a logit moved by d moves a
+log-probability by at most 2d/T (the logit itself, and the normaliser), which is the floor there.
 """
 
 from __future__ import annotations
@@ -15,6 +19,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from app.core import sampling
+from app.core.config import SamplingConfig
 from app.core.contracts import KVCache
 
 IDENTICAL, NEAR_TIE, MISMATCH = "identical", "near-tie", "mismatch"
@@ -32,13 +38,15 @@ class Divergence:
     # and as a pass of the verify width did: (token, logit) of the leaders, the two candidates first.
     plain_row: list[tuple[int, float]] = field(default_factory=list)
     verify_row: list[tuple[int, float]] = field(default_factory=list)
-    margin: float = 0.0  # the one-token pass's logit of plain's token minus the speculative token's
-    noise: float = 0.0  # the largest rounding difference measured between pass widths here
+    margin: float = 0.0  # the one-token pass's score of plain's token minus the speculative token's
+    noise: float = 0.0  # the largest rounding difference measured between pass widths here, in scores
     # Teacher-forced over the whole speculative output: the most any of its tokens falls short of
     # the argmax of its row (0 when every token is the argmax), and where.
     worst_shortfall: float = 0.0
     worst_at: int | None = None
     dtype: str = ""  # the target's, as torch names it less the prefix (bfloat16, float32)
+    # What decides a token: "logit" (greedy: the argmax) or "race" (shared noise: argmax of log p − log E).
+    score: str = "logit"
 
     def to_dict(self) -> dict:
         return dict(self.__dict__)
@@ -73,23 +81,30 @@ def explain(
     plain_ids: list[int],
     width: int,
     noise: float = 0.0,
+    cfg: SamplingConfig | None = None,
 ) -> Divergence:
-    """The verdict on two greedy outputs: identical, a near-tie within the rounding noise, or a
-    mismatch above it. width: the verify pass's width to compare one-token passes with; noise: a
-    floor measured before (calibration), raised by what this text's own windows show."""
+    """The verdict on two outputs that must be equal: identical, a near-tie within the rounding noise,
+    or a mismatch above it. width: the verify pass's width to compare one-token passes with; noise: a
+    floor measured before (calibration), raised by what this text's own windows show; cfg: the
+    sampling settings of a shared-noise run (None or greedy: greedy decoding)."""
     if spec_ids == plain_ids:
         return Divergence(IDENTICAL)
+    score = _scorer(cfg)
     n = min(len(spec_ids), len(plain_ids))
     j = next((i for i in range(n) if spec_ids[i] != plain_ids[i]), n)
     text = prompt_ids + spec_ids
     at = len(prompt_ids) + j  # the position whose token differs; its logits come from at - 1
     noise = max(noise, noise_floor(target, text, width, target_cache, end=min(at + 1, len(text))))
-    shortfalls, verify_row = _teacher_forced(target, target_cache, prompt_ids, spec_ids, width, j)
+    if cfg is not None and cfg.shared_noise:
+        noise *= 2 / cfg.temperature
+    shortfalls, verify_row = _teacher_forced(target, target_cache, prompt_ids, spec_ids, width, j, score)
     worst_at = max(range(len(shortfalls)), key=shortfalls.__getitem__) if shortfalls else None
     worst = shortfalls[worst_at] if worst_at is not None else 0.0
     plain_token = plain_ids[j] if j < len(plain_ids) else None
     spec_token = spec_ids[j] if j < len(spec_ids) else None
-    plain_row = _one_token_row(target, target_cache, prompt_ids + plain_ids[:j])
+    history = prompt_ids + plain_ids[:j]
+    plain_row = score(_one_token_row(target, target_cache, history), history)
+    verify_row = score(verify_row, prompt_ids + spec_ids[:j])
     candidates = [t for t in (plain_token, spec_token) if t is not None]
     margin = float(plain_row[plain_token] - plain_row[spec_token]) if len(candidates) == 2 else float("inf")
     tie = len(candidates) == 2 and abs(margin) <= noise and worst <= noise
@@ -105,16 +120,39 @@ def explain(
         worst,
         worst_at,
         str(target.dtype).removeprefix("torch."),
+        "race" if cfg is not None and cfg.shared_noise else "logit",
     )
 
 
 def explain_run(
-    target, target_cache: Callable[..., KVCache], prompt_ids: list[int], spec_steps, plain_ids: list[int], noise: float
+    target,
+    target_cache: Callable[..., KVCache],
+    prompt_ids: list[int],
+    spec_steps,
+    plain_ids: list[int],
+    noise: float,
+    cfg: SamplingConfig | None = None,
 ) -> Divergence:
     """explain() for a speculative run's Steps, set against the widest pass its rounds verified."""
     spec_ids = [t for s in spec_steps for t in s.emitted]
     width = max((len(s.drafted) + 1 for s in spec_steps), default=1)
-    return explain(target, target_cache, prompt_ids, spec_ids, plain_ids, width, noise)
+    return explain(target, target_cache, prompt_ids, spec_ids, plain_ids, width, noise, cfg)
+
+
+def _scorer(cfg: SamplingConfig | None) -> Callable[[torch.Tensor, list[int]], torch.Tensor]:
+    """(logits row, the history it follows) -> the scores whose argmax picks the token: the logits
+    themselves under greedy decoding, log p − log E under shared noise (p processed as the run's)."""
+    if cfg is None or not cfg.shared_noise:
+        return lambda row, history: row
+    seed = cfg.seed
+
+    def race_score(row: torch.Tensor, history: list[int]) -> torch.Tensor:
+        row = sampling.penalise(row[None], history, [], cfg)[0] if cfg.penalised else row
+        p = sampling.probs(row, cfg).double()
+        e = sampling.race_noise(seed, len(history), p.shape[-1]).double()
+        return (p.log() - e.log()).float()
+
+    return race_score
 
 
 def _one_token_row(target, target_cache, ids: list[int]) -> torch.Tensor:
@@ -128,9 +166,9 @@ def _one_token_row(target, target_cache, ids: list[int]) -> torch.Tensor:
 
 
 def _teacher_forced(
-    target, target_cache, prompt_ids: list[int], spec_ids: list[int], width: int, keep: int
+    target, target_cache, prompt_ids: list[int], spec_ids: list[int], width: int, keep: int, score
 ) -> tuple[list[float], torch.Tensor]:
-    """How far each speculative token's logit falls short of its row's maximum, with the output fed
+    """How far each speculative token's score falls short of its row's maximum, with the output fed
     in passes of the verify width after the prompt, as the verify passes fed it; and row `keep`
     (the logits that chose spec_ids[keep], or those after the whole output)."""
     lm = target_cache(target)
@@ -143,7 +181,8 @@ def _teacher_forced(
                 if j == keep:
                     kept = row
                 if j < len(spec_ids):
-                    out.append(float(row.max() - row[spec_ids[j]]))
+                    scores = score(row, prompt_ids + spec_ids[:j])
+                    out.append(float(scores.max() - scores[spec_ids[j]]))
                 j += 1
             if fed_to == len(spec_ids):
                 return out, kept

@@ -217,24 +217,30 @@ def identity_check(
 
 
 def divergence_line(name: str, d: Divergence) -> str:
-    """The check's line for greedy outputs that differ: a near-tie within rounding, or a bug."""
+    """The check's line for outputs that must match and differ: a near-tie within rounding, or a bug.
+    Under shared noise the scores are the race's, log p − log E."""
     where = f"the outputs differ from token {d.position}"
+    race = d.score == "race"
     if d.kind == NEAR_TIE:
+        scores = "race scores log p − log E of the top two" if race else "top two"
+        choice = "the race's winner" if race else "the target's greedy choice"
+        best = "its race's winner" if race else "the target's argmax"
         return (
-            f"{_mark('ok', name + ': rounding')}: {where}: a near-tie (top two {abs(d.margin):.3g} apart; "
-            f"{d.dtype} rounding here reaches {d.noise:.3g}), both continuations are the target's greedy "
-            "choice within rounding. Every speculative token is the target's argmax within that noise."
+            f"{_mark('ok', name + ': rounding')}: {where}: a near-tie ({scores} {abs(d.margin):.3g} apart; "
+            f"{d.dtype} rounding here reaches {d.noise:.3g}), both continuations are {choice} within "
+            f"rounding. Every speculative token is {best} within that noise."
         )
     if d.plain_token is None or d.spec_token is None:
         detail = "one output ends where the other goes on"
     elif abs(d.margin) > d.noise:
         detail = (
-            f"the target's logits of the two tokens are {abs(d.margin):.3g} apart, "
-            f"above the {d.noise:.3g} rounding reaches"
+            f"the target's {'race scores' if d.score == 'race' else 'logits'} of the two tokens are "
+            f"{abs(d.margin):.3g} apart, above the {d.noise:.3g} rounding reaches"
         )
     else:
+        best = "its race's winner" if d.score == "race" else "the target's argmax"
         detail = (
-            f"token {d.worst_at} of the speculative output is {d.worst_shortfall:.3g} below the target's argmax, "
+            f"token {d.worst_at} of the speculative output is {d.worst_shortfall:.3g} below {best}, "
             f"above the {d.noise:.3g} rounding reaches"
         )
     return f"{_mark('fail', name + ' failed')}: {where}, and {detail} ({d.dtype}): a bug, not rounding."
@@ -337,3 +343,23 @@ def race_markdown(step: Step) -> str:
         + "\n\n| token | p | q | p/E | q/E | |\n|---|---|---|---|---|---|\n"
         + "\n".join(rows)
     )
+
+
+def category_table(summary: dict, drafts: Sequence[str]) -> str:
+    """The per-category figures (questions.summarize) as a Markdown table, a row per category and draft."""
+    lines = [
+        "| kind of text | draft | questions | tokens per target pass | α | speedup (range) | same text |",
+        "|---|---|---:|---:|---:|---:|---:|",
+    ]
+    for category, entry in summary.items():
+        for d in drafts:
+            v = entry[d]
+            sp = v["speedup"]
+            name = f"**{category}**" if category == "overall" else category
+            draft = html.escape(d).replace("|", "\\|")
+            lines.append(
+                f"| {name} | {draft} | {entry['questions']} | {_fmt(v['tokens_per_pass'])} | "
+                f"{_fmt(v['alpha'])} | {sp['median']:.2f}× ({sp['min']:.2f}–{sp['max']:.2f}) | "
+                f"{100 * v['identical']:.0f}% |"
+            )
+    return "\n".join(lines)
