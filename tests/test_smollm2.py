@@ -71,6 +71,28 @@ def test_greedy_output_is_the_targets_own_generate(draft):
 
 
 @pytest.mark.slow
+def test_the_feature_heads_greedy_tree_is_the_targets_own_text_and_each_depth_batched_drafts_as_node_by_node(
+    monkeypatch,
+):
+    from app.drafts import feature
+
+    pair = models.load_pair(models.SMOLLM2, models.SMOLLM2_FEATURE)
+    assert pair.draft.head.draft_vocab is not None, "the batched depth reads the draft vocabulary"
+    ids = pair.encode(PROMPTS[0], chat=True)
+    with torch.inference_mode():
+        want = pair.target.generate(torch.tensor([ids]), max_new_tokens=NEW, do_sample=False)[0, len(ids) :]
+    settings = Settings(spec=SpecConfig(k=4, k_policy="fixed", tree=16), run=RunConfig(NEW, chat=True))
+    trees = {}
+    for batched in (True, False):
+        monkeypatch.setattr(feature, "BATCHED_GREEDY", batched)
+        steps = list(runs.Run(pair, ids, settings).steps())
+        assert [t for s in steps for t in s.emitted] == want.tolist()
+        trees[batched] = [(s.drafted, s.parents) for s in steps]
+    assert trees[True] == trees[False], "the same trees, every round"
+    assert max(len(d) for d, _ in trees[True]) == 16
+
+
+@pytest.mark.slow
 def test_a_tiny_slice_trains_both_drafts_end_to_end(tmp_path):
     out = tmp_path / "drafts"
     cmd = [sys.executable, "-m", "app", "train", "--target", "smollm2", "--out", str(out), "--scale", "0.005"]

@@ -19,6 +19,8 @@ from app.core.tree_shape import siblings_per_depth
 from app.drafts.draft_spec import BaseDraft, BaseKind, Draft, DraftInfo, DraftSpec, Loading
 from app.drafts.draw import Branches, Proposal, draw, draw_siblings, tree_paths
 
+BATCHED_GREEDY = True  # greedy trees: each depth's parents in one product over the draft vocabulary
+
 
 class FeatureProposer:
     """EAGLE-1 drafting: a one-layer head over the target's own features, with its own KV cache.
@@ -101,32 +103,61 @@ class FeatureProposer:
         # The frontier: (node, path probability, the feature its children are drawn from); -1 is the root.
         frontier = [(-1, 1.0, predicted[-1])]
         widths = [1 + n for n in siblings_per_depth(k, self.tree)]
+        batched = BATCHED_GREEDY and cfg.greedy and not cfg.penalised and self.vocab is not None
         for depth, width in enumerate(widths):
-            rows = [self._logits(feature) for _, _, feature in frontier]
-            scored = [row.float().softmax(-1) if cfg.greedy else sampling.probs(row, cfg) for row in rows]
-            offers = sorted(
-                (
-                    (score * value, i)
-                    for i, ((_, score, _), row) in enumerate(zip(frontier, scored, strict=True))
-                    for value in row.topk(min(width, row.shape[-1])).values.tolist()
-                ),
-                reverse=True,
-            )[:width]
-            new: list[int] = []
-            for i, ((node, score, feature), logits, probs) in enumerate(zip(frontier, rows, scored, strict=True)):
-                count = sum(1 for _, j in offers if j == i)
-                if count:
-                    history = self.ids + tree.branch(node)
-                    x, q = draw(logits, history, cfg, gen)
-                    more, more_q = draw_siblings(logits, history, cfg, gen, x, count - 1)
-                    for t, row in zip([x, *more], [q, *more_q], strict=True):
-                        new.append(tree.add(t, node, row, score * float(probs[t]), feature))
+            if batched:
+                new = self._greedy_depth(tree, frontier, width)
+            else:
+                new = self._drawn_depth(tree, frontier, width, cfg, gen)
             if depth == len(widths) - 1 or not new:
                 break
             features = self._tree_step(tree, new)
             frontier = [(node, tree.scores[node], features[j]) for j, node in enumerate(new)]
         self._tree = tree
         return Proposal(list(tree.tokens), tree.q(), self.read_feature, list(tree.parents))
+
+    def _drawn_depth(self, tree: _Tree, frontier: list, width: int, cfg: SamplingConfig, gen) -> list[int]:
+        """One depth of the tree, parent by parent: the `width` best offers (path probability times a
+        child's draft probability) decide how many children each parent gets, then they are drawn."""
+        rows = [self._logits(feature) for _, _, feature in frontier]
+        scored = [row.float().softmax(-1) if cfg.greedy else sampling.probs(row, cfg) for row in rows]
+        offers = sorted(
+            (
+                (score * value, i)
+                for i, ((_, score, _), row) in enumerate(zip(frontier, scored, strict=True))
+                for value in row.topk(min(width, row.shape[-1])).values.tolist()
+            ),
+            reverse=True,
+        )[:width]
+        new: list[int] = []
+        for i, ((node, score, feature), logits, probs) in enumerate(zip(frontier, rows, scored, strict=True)):
+            count = sum(1 for _, j in offers if j == i)
+            if count:
+                history = self.ids + tree.branch(node)
+                x, q = draw(logits, history, cfg, gen)
+                more, more_q = draw_siblings(logits, history, cfg, gen, x, count - 1)
+                for t, row in zip([x, *more], [q, *more_q], strict=True):
+                    new.append(tree.add(t, node, row, score * float(probs[t]), feature))
+        return new
+
+    def _greedy_depth(self, tree: _Tree, frontier: list, width: int) -> list[int]:
+        """One depth of the greedy tree over the draft vocabulary, every parent at once: the same
+        offers and children as drawing each parent's row (its best tokens, by path probability)
+        without a full-vocabulary row per node."""
+        assert self.w_sub is not None and self.vocab is not None  # gathered with the draft vocabulary
+        features = torch.stack([feature for _, _, feature in frontier])
+        probs = torch.nn.functional.linear(features, self.w_sub).float().softmax(-1)  # (parents, draft vocab)
+        top = probs.topk(min(width, probs.shape[-1]), dim=-1)
+        values, tokens = top.values.tolist(), self.vocab[top.indices].tolist()
+        offers = sorted(
+            ((score * value, i) for i, (_, score, _) in enumerate(frontier) for value in values[i]), reverse=True
+        )[:width]
+        new: list[int] = []
+        for i, (node, score, feature) in enumerate(frontier):
+            count = sum(1 for _, j in offers if j == i)
+            for r in range(count):
+                new.append(tree.add(tokens[i][r], node, None, score * values[i][r], feature))
+        return new
 
     def _tree_step(self, tree: _Tree, new: list[int]) -> torch.Tensor:
         """The (len(new), H) features of one depth's new nodes: one head pass over the pairs (node
