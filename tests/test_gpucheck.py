@@ -60,4 +60,21 @@ def test_gpucheck_checks_the_bundled_family_against_generate(capsys):
         # One prompt, greedy bare and with its penalties (plain and four speculative settings each),
         # then shared noise (four speculative settings against its plain run).
         assert row["checked"] == 14 and row["identical"] == 14 and row["mismatches"] == []
+        assert row["near_ties"] == row["bugs"] == 0
         assert row["tokens_per_s"]["autoregressive"] > 0 and row["speedup"] > 0
+
+
+def test_gpucheck_gives_a_planted_bug_the_mismatch_verdict(monkeypatch):
+    """An off-by-one in the greedy verify rule: each difference is judged, and none passes as rounding."""
+    from app import models
+    from app.bench import gpucheck
+    from app.core import verify
+
+    pair = models.load_pair(models.TINY_TARGET, models.PROMPT_LOOKUP, "cpu", "fp32")
+    example = {"prompt": "def parse(line):\n", "settings": {"repetition_penalty": 1.0, "no_repeat_ngram_size": 0}}
+    real = verify.greedy
+    monkeypatch.setattr(verify, "greedy", lambda drafts, logits, teach=True: real(drafts, logits.roll(-1, 0), teach))
+    monkeypatch.setattr(gpucheck, "EQUALITY_SPECS", gpucheck.EQUALITY_SPECS[1::2])  # k = 4 and adaptive
+    row = gpucheck._equal_runs(pair, [example], 24, compiled=False)
+    assert row["bugs"] > 0 and row["near_ties"] == 0
+    assert {m["verdict"] for m in row["mismatches"]} == {"mismatch"}

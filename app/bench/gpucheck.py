@@ -29,7 +29,7 @@ from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast, Qwen2Con
 
 from app import models, request
 from app.bench import progress
-from app.core import engine
+from app.core import divergence, engine
 from app.core.config import SHARED_NOISE, RunConfig, SamplingConfig, Settings, SpecConfig
 from app.drafts.model import ModelProposer
 from app.kv import static_cache
@@ -227,9 +227,10 @@ def equality(device: torch.device, dtype: str, n_prompts: int, new_tokens: int, 
     """The bundled family's outputs on this device, each cache kind against its reference.
 
     Each prompt runs bare greedy and with its example's repetition settings, against generate(),
-    and shared-noise sampling against the engine's plain decoding with the same seed. A mismatch is
-    reported with the first position that differs; under bf16 a verify pass over k+1 tokens
-    and a one-token step may round differently, so a rare flip there is numerics, not logic.
+    and shared-noise sampling against the engine's plain decoding with the same seed. Every
+    difference gets the app's verdict (core/divergence.py): under bf16 a verify pass over k+1 tokens
+    and a one-token step may round a near-tie differently, which is numerics, while a margin above
+    the measured noise is a mismatch, a bug.
     """
     examples = [
         e for e in json.loads((models.ROOT / "assets" / "prompts-tiny.json").read_text()) if e["kind"] == "code"
@@ -244,7 +245,11 @@ def equality(device: torch.device, dtype: str, n_prompts: int, new_tokens: int, 
             row = rows[kind] = _reported(_equal_runs, pair, examples[:n_prompts], new_tokens, kind == "compiled")
             print(
                 f"gpucheck: equality {name} {kind}: "
-                + (row.get("error") or f"{row['identical']}/{row['checked']} identical, {row['speedup']:.2f}x"),
+                + (
+                    row.get("error")
+                    or f"{row['identical']}/{row['checked']} identical, {row['near_ties']} near-ties within "
+                    f"rounding, {row['bugs']} mismatches, {row['speedup']:.2f}x"
+                ),
                 file=sys.stderr,
             )
         del pair
@@ -271,8 +276,10 @@ def _cases(pair, ids: list[int], example: dict, new_tokens: int, compiled: bool)
 
 
 def _equal_runs(pair, examples: list[dict], new_tokens: int, compiled: bool) -> dict:
-    """Every run of one draft and cache kind, against its reference: counts, first mismatches, speeds."""
+    """Every run of one draft and cache kind, against its reference: counts, the verdict on each
+    difference (core/divergence.py: a near-tie within rounding, or a mismatch, a bug), speeds."""
     checked = matched = 0
+    verdicts = {divergence.NEAR_TIE: 0, divergence.MISMATCH: 0}
     mismatches, speeds = [], {"autoregressive": [], "speculative": []}
     for example in examples:
         ids = pair.encode(example["prompt"])
@@ -291,9 +298,21 @@ def _equal_runs(pair, examples: list[dict], new_tokens: int, compiled: bool) -> 
                 checked += 1
                 matched += got == ref
                 if got != ref:
-                    same = [a == b for a, b in zip(got, ref, strict=False)] + [False]
+                    noise = run.costs.logit_noise if run.costs is not None else 0.0
+                    d = divergence.explain_run(
+                        pair.target, run.target_cache, ids, steps, ref, noise, None if s.greedy else s
+                    )
+                    verdicts[d.kind] += 1
                     mismatches.append(
-                        dict(prompt=example["prompt"][:30], run=label, settings=shown, position=same.index(False))
+                        dict(
+                            prompt=example["prompt"][:30],
+                            run=label,
+                            settings=shown,
+                            position=d.position,
+                            verdict=d.kind,
+                            margin=d.margin,
+                            noise=d.noise,
+                        )
                     )
                 if s.greedy and label in ("autoregressive", "adaptive"):
                     speeds["autoregressive" if sp is None else "speculative"].append(len(got) / seconds)
@@ -302,6 +321,8 @@ def _equal_runs(pair, examples: list[dict], new_tokens: int, compiled: bool) -> 
     return dict(
         checked=checked,
         identical=matched,
+        near_ties=verdicts[divergence.NEAR_TIE],
+        bugs=verdicts[divergence.MISMATCH],
         mismatches=mismatches[:8],
         tokens_per_s=dict(autoregressive=ar, speculative_adaptive=spec),
         speedup=spec / ar,
