@@ -75,7 +75,7 @@ def add_generation_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument(
         "--dtype",
         help="fp32, fp16, bf16 or auto: the one whose passes run fastest here, timed once per model "
-        "(default: bf16 on CUDA, fp32 on CPU)",
+        "(default: auto, or SPECDEC_DTYPE; fp32 gives the bit-exact greedy check)",
     )
     ap.add_argument(
         "--threads",

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
@@ -9,6 +11,9 @@ from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 from app.models import threads
 
+# Tests run in fp32, where greedy output is the target's bit for bit; --dtype auto is tested with a
+# mocked probe (test_precision.py). Servers the tests start inherit it.
+os.environ.setdefault("SPECDEC_DTYPE", "fp32")
 threads.apply()  # the app's thread policy (SPECDEC_THREADS overrides): tests stay fast on a busy machine
 
 CHARS = "abcdefghijklmnopqrstuvwxyz .,:()=\n_0123456789"

@@ -119,6 +119,20 @@ def test_no_message_contains_a_resolved_host_path(monkeypatch, typed, mode):
     assert len(message) < 600
 
 
+def test_an_id_typed_into_a_private_server_gets_no_token_unless_the_owner_opts_in(monkeypatch):
+    """A plain reverse proxy can make visitors look local, so a server never lends a typed id the owner's login."""
+    for name in ("SPACE_ID", "SPECDEC_OWNER_TOKEN", "GRADIO_SERVER_NAME"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(hosting, "_proxied", False)
+    monkeypatch.setattr(hosting, "_serving", False)
+    assert not hosting.public() and hosting.token_for("me/private-model", set()) is None, "the CLI: the owner's own"
+    hosting.serving()
+    assert hosting.token_for("me/private-model", set()) is False
+    assert hosting.token_for("Qwen/some-model", {"Qwen/some-model"}) is None, "a preset the owner listed"
+    monkeypatch.setenv("SPECDEC_OWNER_TOKEN", "1")
+    assert hosting.token_for("me/private-model", set()) is None
+
+
 class _Recorder(http.server.BaseHTTPRequestHandler):
     seen: list = []
 

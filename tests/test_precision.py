@@ -43,3 +43,13 @@ def test_without_native_bf16_auto_stays_fp32_untimed(fresh, monkeypatch):
 def test_the_real_probe_times_both_dtypes(fresh):
     model, _ = models.load(TINY_TARGET, "cpu", "fp32")
     assert precision.pass_seconds(model, widths=(1, 3), reps=1) > 0
+
+
+def test_auto_is_the_default_unless_specdec_dtype_names_another(fresh, monkeypatch):
+    monkeypatch.setattr(precision, "pass_seconds", lambda model, *a, **kw: 0.5 if model.dtype == torch.bfloat16 else 1)
+    monkeypatch.delenv(loading.DTYPE_ENV, raising=False)
+    assert models.load(TINY_TARGET, "cpu")[0].dtype == torch.bfloat16, "auto, with no dtype given"
+    pair = models.load_pair(TINY_TARGET, "small draft (bundled)", "cpu")
+    assert pair.target.dtype == pair.draft.model.dtype == torch.bfloat16, "the draft runs in the target's dtype"
+    monkeypatch.setenv(loading.DTYPE_ENV, "fp32")  # what the tests run in (conftest.py)
+    assert models.load(TINY_TARGET, "cpu")[0].dtype == torch.float32

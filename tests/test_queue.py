@@ -33,6 +33,7 @@ ARGS = [
     0,
     "rejection",
     0,  # tree nodes: a chain
+    "fp32",  # precision
 ]
 
 
@@ -156,7 +157,9 @@ def test_one_visitor_cannot_fill_the_queue_and_another_is_still_served(tmp_path)
         same_address = [_join(url, fn_index, uuid.uuid4().hex, "10.0.0.2", 8) for _ in range(10)]
         assert [r.status_code for r in same_session].count(200) == 2
         assert "each visitor may have 2" in same_session[-1].json()["detail"]
-        assert [r.status_code for r in same_address].count(200) == 10, "up to its share, one address is served"
+        codes = [r.status_code for r in same_address]
+        assert codes.count(200) == queue_limits.PER_IP == 3, "one address holds a few places, whatever its sessions"
+        assert "Your network already has" in same_address[-1].json()["detail"]
         out = Client(url, verbose=False).predict(*ARGS[:11], 8, *ARGS[12:], api_name="/generate")
         assert out[-1]["speculative"]["token_ids"] == out[-1]["autoregressive"]["token_ids"]
         # The direct route skips the queue: it is closed for every queued event, the private one too.
@@ -204,12 +207,13 @@ def test_forged_session_hashes_and_forwarded_for_take_no_more_than_a_share(tmp_p
 
 
 def test_a_classroom_behind_one_address_is_served(tmp_path):
-    """Many visitors behind one school NAT: each has its own session, and every one is served."""
+    """Many visitors behind one school NAT, on a host that raised the places per address as the docs
+    say: each has its own session, and every one is served."""
     from concurrent.futures import ThreadPoolExecutor
 
     from gradio_client import Client
 
-    with serve(tmp_path / "server.log", SPACE_ID="someone/specdec") as url:
+    with serve(tmp_path / "server.log", SPACE_ID="someone/specdec", SPECDEC_QUEUE_PER_IP="30") as url:
 
         def student(i: int) -> bool:
             client = Client(url, verbose=False, headers={"x-forwarded-for": f"172.16.0.{i}, 10.5.5.5"})

@@ -250,6 +250,37 @@ def test_a_request_says_it_is_loading_and_measuring_before_its_first_tokens():
         assert isinstance(inspect.signature(handler).parameters["progress"].default, gr.Progress)
 
 
+def test_the_precision_picked_is_the_one_used_and_shown(monkeypatch):
+    from app.models import loading, precision
+    from app.serve import ui
+
+    args = [PROMPT, "stdlib-code target (bundled)", "", "prompt lookup (n-grams)", "", False, "greedy", 0.8, 0, 1.0]
+    args += [0, 8, "fixed", 3]
+    for dtype, used in (("fp32", "float32"), ("bf16", "bfloat16")):
+        *_, summary, _, _, _, _, _, doc = list(ui.generate_both(*args, dtype=dtype, control={"stop": False}))[-1]
+        assert doc["dtype"] == {"asked": dtype, "used": used}
+        assert f"Target in **{dtype}**" in summary and ("bit-exact" in summary) == (dtype == "bf16")
+    monkeypatch.setattr(precision, "_choice", {})
+    monkeypatch.setattr(loading, "_cache", {})
+    monkeypatch.setattr(precision, "native_bf16", lambda: False)  # auto: fp32, untimed, on this mock
+    *_, summary, _, _, _, _, _, doc = list(ui.generate_both(*args, dtype="auto", control={"stop": False}))[-1]
+    assert doc["dtype"] == {"asked": "auto", "used": "float32"} and "(auto: the faster" in summary
+    *_, doc = list(ui.generate_both(*args, control={"stop": False}))[-1]
+    assert doc["dtype"]["asked"] == "fp32", "an API call without one gets the server's (SPECDEC_DTYPE, conftest.py)"
+    with pytest.raises(Exception, match="precision must be one of"):
+        ui.check_request(*args, dtype="fp64")
+
+
+def test_a_typed_id_in_an_error_toast_is_text_not_html():
+    from app.serve import ui
+
+    typed = "<img src=x onerror=alert(1)>"
+    with pytest.raises(Exception) as e:
+        args = [PROMPT, "stdlib-code target (bundled)", typed, "prompt-lookup", "", False, "greedy", 1.0, 0, 1.0]
+        ui.check_request(*args, 0, 8, "fixed", 3)
+    assert "<img" not in str(e.value) and "&lt;img src=x onerror=alert(1)&gt;" in str(e.value)
+
+
 def test_user_error_is_one_log_line_and_keeps_results(caplog):
     import gradio as gr
 
@@ -290,9 +321,9 @@ def test_stop_ends_the_run_with_a_partial_update():
     outs = list(
         ui.generate_both(
             PROMPT,
-            next(iter(models.TARGET_PRESETS)),
+            "stdlib-code target (bundled)",
             "",
-            next(iter(models.DRAFT_PRESETS)),
+            "feature draft (EAGLE-style, bundled)",
             "",
             False,
             "greedy",
@@ -486,13 +517,13 @@ needs_browser = pytest.mark.skipif(
 )
 
 
-@pytest.fixture
-def page(server):
-    """A headless Debian Chromium page on the app, launched the way this machine allows."""
+@pytest.fixture(scope="module")
+def browser():
+    """One headless Debian Chromium for the module's browser tests, launched the way this machine allows."""
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as pw:
-        browser = pw.chromium.launch(
+        chromium = pw.chromium.launch(
             executable_path=CHROMIUM,
             args=[
                 "--headless",
@@ -505,10 +536,18 @@ def page(server):
                 "--disable-sync",
             ],
         )
-        page = browser.new_page(viewport={"width": 1400, "height": 1700})
-        page.goto(server, wait_until="domcontentloaded")
-        yield page
-        browser.close()
+        yield chromium
+        chromium.close()
+
+
+@pytest.fixture
+def page(server, browser):
+    """A fresh page (its own context: a new visitor session) on the app."""
+    context = browser.new_context(viewport={"width": 1400, "height": 1700})
+    page = context.new_page()
+    page.goto(server, wait_until="domcontentloaded")
+    yield page
+    context.close()
 
 
 SCROLLER = """id => { const box = [...document.querySelectorAll(`#${id}, #${id} *`)]
@@ -597,11 +636,13 @@ def test_browser_rejected_drafts_as_marks_keep_the_text_and_show_the_drafts_on_a
 @needs_browser
 @pytest.mark.slow
 def test_browser_stop_button_cancels_both_panes(page):
-    # The weak draft makes the run several seconds long, so Stop lands before it could finish.
-    page.get_by_label("or a custom draft", exact=False).fill(str(models.BUNDLED / "draft-weak"))
+    # 500 tokens take SmolLM2 half a minute, so Stop lands long before the run could finish; prompt
+    # lookup on SmolLM2 is measured already (test_gradio_client_named_parameters), so the run starts at once.
+    page.get_by_label("or a custom draft", exact=False).fill("prompt-lookup")
     _set_max_new_tokens(page, 500)
     page.get_by_role("button", name="Generate", exact=True).click()
-    page.wait_for_selector("#spec-pane .tok", timeout=240_000)
+    # Attached, not visible: prompt lookup's first span can be a rejected draft's mark, hidden inline.
+    page.wait_for_selector("#spec-pane .tok", state="attached", timeout=240_000)
     page.get_by_role("button", name="Stop", exact=True).click()
 
     def panes():
@@ -620,6 +661,21 @@ def test_browser_stop_button_cancels_both_panes(page):
     assert "token for token" not in check, "the run never finished"
     assert check.startswith("Stopped after") and "so far" not in check, check
     assert "partial" in page.locator("#summary").inner_text()
+
+
+@needs_browser
+@pytest.mark.slow
+def test_browser_by_kind_of_text_draws_the_chart_and_stop_ends_it(page):
+    _set_max_new_tokens(page, 8)
+    page.locator(".label-wrap", has_text="By kind of text").first.click()
+    page.locator("#kind-run").click()
+    page.wait_for_selector("#kind-status :text('Question 1 of 7')", timeout=240_000)
+    page.wait_for_selector("#kind-plot .js-plotly-plot", timeout=240_000)  # the first question's figures
+    page.locator("#kind-stop").click()
+    page.wait_for_selector("#kind-status :text('Stopped after')", timeout=120_000)
+    status = page.locator("#kind-status").inner_text()
+    assert "coding" in status and "of 7 questions" in status, status
+    assert page.locator("#kind-plot .js-plotly-plot .bars path").count() >= 2, "speedup and tokens per pass"
 
 
 @needs_browser

@@ -14,12 +14,19 @@ LOOPBACK = {"127.0.0.1", "localhost", "::1", ""}
 MAX_ID_CHARS = 200  # longer ids are refused before they reach the filesystem or the Hub
 
 _bind_host: str | None = None
+_serving = False  # this process serves visitors (app.py): an id typed there is a visitor's
 
 
 def configure(host: str | None) -> None:
     """Record the address the server binds to (app.py calls this before launching)."""
     global _bind_host
     _bind_host = host
+
+
+def serving(on: bool = True) -> None:
+    """Record that this process serves visitors (ui.launch): every id typed there is a visitor's."""
+    global _serving
+    _serving = on
 
 
 _proxied = False  # a request came through a proxy or tunnel (serve/boundary.py's ProxyWatch saw it)
@@ -151,11 +158,13 @@ def check_size(repo_id: str, token: str | bool | None, bytes_per_param: int = 4,
 def token_for(model_id: str, presets: set[str]) -> str | bool | None:
     """The Hub token for loading `model_id`: the owner's only for listed ids, and only on opt-in.
 
-    None lets huggingface_hub use the owner's login (a private machine: the user is the owner);
-    False sends no token at all, which is what every id a visitor typed gets on a public server.
+    None lets huggingface_hub use the owner's login (the CLI, where the user is the owner); False
+    sends no token at all. Every id typed into a server gets False unless the owner opts in with
+    SPECDEC_OWNER_TOKEN=1 on a private server: a plain reverse proxy can make visitors look local.
     """
     if not public():
-        return None
+        typed = _serving and model_id not in presets
+        return False if typed and os.environ.get("SPECDEC_OWNER_TOKEN") != "1" else None
     listed = allowed_ids(presets)
     opted_in = os.environ.get("SPECDEC_OWNER_TOKEN_FOR_PRESETS") == "1"
     if opted_in and listed is not None and model_id in listed:

@@ -104,7 +104,8 @@ def load(
     spread=True places a CUDA model over all visible GPUs with device_map="auto".
     Messages name the model as it was typed, never by a resolved host path.
     """
-    if dtype is not None and dtype.strip().lower() == "auto":
+    dtype = default_dtype() if dtype is None else dtype
+    if dtype.strip().lower() == "auto":
         return _load_fastest(model_id, device, spread, role)
     name = resolve(model_id, role)
     shown = hosting.shown(model_id)
@@ -134,14 +135,20 @@ def load(
 
 
 DTYPE_NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
+DTYPE_ENV = "SPECDEC_DTYPE"  # the dtype a load without one uses: auto, or fp32, bf16, fp16
+
+
+def default_dtype() -> str:
+    """auto (the dtype whose passes run fastest here), unless SPECDEC_DTYPE names another."""
+    return os.environ.get(DTYPE_ENV, "").strip().lower() or "auto"
 
 
 def _load_fastest(model_id: str, device: str | None, spread: bool, role: str):
     """load() in the dtype its passes run fastest in here (precision.py): on a CPU, loaded in fp32,
     timed against a bf16 copy once, and kept in the winner; the GPU's and MPS's low precision else."""
-    dev, _ = choose_device(device)
+    dev, low = choose_device(device, "")
     if dev.type != "cpu":  # choose_device's own default there is the low precision
-        return load(model_id, device, None, spread, role)
+        return load(model_id, device, DTYPE_NAMES[low], spread, role)
     name = resolve(model_id, role)
     known = precision.chosen(name, str(dev))
     if known is None:
@@ -406,5 +413,6 @@ def load_pair(
     draft_id = draft_id or default_draft(target_id)
     draft_name = resolve(draft_id, "draft")
     spec = kinds.parse(draft_name)  # the one place a draft's text is read
-    loading = _Loading(target, tokenizer, target_name, draft_name, draft_id, dtype)
+    # A draft model runs in the target's dtype, as the auto choice found it: one probe a pair, not two.
+    loading = _Loading(target, tokenizer, target_name, draft_name, draft_id, DTYPE_NAMES.get(target.dtype, dtype))
     return Pair(target, tokenizer, target_name, spec.kind.load(spec, loading))

@@ -21,6 +21,7 @@ import time
 from collections.abc import Callable
 
 from app.core.config import K_MAX, RULES, TREE_MAX, UserError
+from app.serve.form import DTYPES
 
 log = logging.getLogger(__name__)
 INTERNAL = "internal error (logged): please try again, or report it with the time it happened"
@@ -146,6 +147,7 @@ FIELDS: dict[str, Callable] = {
     "no_repeat_ngram_size": whole("no-repeat n-gram size", 0, 64),
     "rule": choice("sampling rule", RULES),
     "tree": whole("tree nodes", 0, TREE_MAX),
+    "dtype": choice("precision", DTYPES),
 }
 
 
@@ -243,6 +245,9 @@ class RateLimited(logging.Filter):
         return True
 
 
+CLOSED_ROUTES = ("upload", "process_recording")  # Gradio's routes that take files from a client
+
+
 class NoUploads:
     """ASGI middleware: the app has no file inputs, so Gradio's upload route stores nothing and
     answers no path; every other request passes untouched."""
@@ -251,7 +256,7 @@ class NoUploads:
         self.app = app
 
     async def __call__(self, scope, receive, send):
-        if scope["type"] == "http" and scope["path"].rstrip("/").rsplit("/", 1)[-1] == "upload":
+        if scope["type"] == "http" and scope["path"].rstrip("/").rsplit("/", 1)[-1] in CLOSED_ROUTES:
             await send({"type": "http.response.start", "status": 403, "headers": [(b"content-type", b"text/plain")]})
             await send({"type": "http.response.body", "body": b"this app takes no file uploads"})
             return

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -18,6 +19,15 @@ from app.args import make_settings
 from app.core.config import REJECTION, Settings, SpecConfig
 
 _REQUIRED = inspect.Parameter.empty
+DTYPES = ("auto", "fp32", "bf16")  # the precisions a visitor may pick for the target
+
+
+def server_dtype() -> str:
+    """The precision a visitor starts with: the server's own (SPECDEC_DTYPE), else auto."""
+    chosen = os.environ.get("SPECDEC_DTYPE", "").strip().lower()
+    return chosen if chosen in DTYPES else "auto"
+
+
 # (name, default) in the order the UI wires its inputs; the last four came later, so API callers
 # that omit them get the old behaviour.
 FIELDS: tuple[tuple[str, object], ...] = (
@@ -39,6 +49,7 @@ FIELDS: tuple[tuple[str, object], ...] = (
     ("no_repeat_ngram_size", 0),
     ("rule", REJECTION),
     ("tree", 0),
+    ("dtype", server_dtype()),
 )
 NAMES = tuple(name for name, _ in FIELDS)
 
@@ -61,6 +72,7 @@ class Form:
     draft: str
     settings: Settings
     seed_given: bool  # False: the Seed box was blank and the seed was filled (fill_seed)
+    dtype: str = "auto"  # the target's precision: auto (the fastest here), fp32 (bit-exact check) or bf16
 
     def with_seed(self, seed: int) -> Form:
         sampling = dataclasses.replace(self.settings.sampling, seed=seed)
@@ -96,7 +108,7 @@ def parse(values: dict) -> Form:
         tree=int(v["tree"]),
         tree_auto=v["k_policy"] == "adaptive" and int(v["tree"]) > 0,  # adaptive k's trees: shaped each round
     )
-    return Form(v["prompt"], target, draft, settings, not blank(v["seed"]))
+    return Form(v["prompt"], target, draft, settings, not blank(v["seed"]), str(v["dtype"]))
 
 
 def takes_form(before: tuple[str, ...] = (), after: tuple[tuple[str, object], ...] = ()):

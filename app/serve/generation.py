@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import gradio as gr
 import torch
 
-from app import request
+from app import models, request
 from app.core import divergence, metrics
 from app.core.config import Settings, UserError
 from app.models import threads
@@ -60,7 +60,7 @@ def generate_both(form: Form, control=None, progress=gr.Progress()):
     round with a final, partial update (cancelling the event instead would flag every output "Error").
     """
     try:
-        yield from _stream(form.prompt, form.target, form.draft, form.settings, control, progress)
+        yield from _stream(form.prompt, form.target, form.draft, form.settings, control, progress, form.dtype)
     except UserError as e:
         raise _user_error(e) from None
     except torch.cuda.OutOfMemoryError:
@@ -72,15 +72,18 @@ def generate_both(form: Form, control=None, progress=gr.Progress()):
         heap.release()  # a finished, failed or cancelled run leaves its freed memory to the OS
 
 
-def _stream(prompt: str, target: str, draft: str, settings: Settings, control, progress=None) -> Iterator[tuple]:
+def _stream(
+    prompt: str, target: str, draft: str, settings: Settings, control, progress=None, dtype: str = "auto"
+) -> Iterator[tuple]:
     """Both runs, interleaved, as screen updates; the last carries the full records."""
     s, r = settings.sampling, settings.run
     progress = progress or (lambda *a, **k: None)
     # A first request loads the pair and measures this machine, which takes a while: each says so.
     progress(0.0, desc=LOADING)
-    pair = _pair(target, draft)
+    pair = _pair(target, draft, dtype)
     ids = pair.encode(prompt, r.chat)
     shown = pair.tokenizer.decode(ids, skip_special_tokens=True)
+    precision = _precision(pair, dtype)
     progress(0.5, desc=MEASURING)
     speculative = request.start(pair, ids, settings)  # calibrated once per pair and kind of sampling
     costs = speculative.costs
@@ -100,7 +103,7 @@ def _stream(prompt: str, target: str, draft: str, settings: Settings, control, p
             if now - last_plot >= PLOT_EVERY:
                 figures, last_plot = _figures(spec, ar), now
             last_text = now
-            yield _outputs(shown, spec, ar, _rule(s), figures, None, done=False, costs=costs)
+            yield _outputs(shown, spec, ar, _rule(s), figures, None, done=False, costs=costs, precision=precision)
     # Models named as the visitor picked them: a resolved name can be an install path on this host.
     doc = {
         "speculative": metrics.report(spec, target, draft, settings.as_dict("speculative"), costs),
@@ -109,19 +112,40 @@ def _stream(prompt: str, target: str, draft: str, settings: Settings, control, p
     doc["comparison"] = metrics.compare(doc["speculative"]["stats"], doc["autoregressive"]["stats"])
     doc["stopped"] = stopped  # True: Stop ended both runs early, so every figure is partial
     doc["threads"] = threads.key()  # "auto" or the fixed count (docs/threads.md)
-    verdict = None if stopped or not s.greedy else _verdict(pair, ids, spec, ar, costs, speculative.target_cache)
+    doc["dtype"] = dict(asked=dtype, used=str(pair.target.dtype).removeprefix("torch."))
+    must_match = s.greedy or s.shared_noise  # a seed fixes the text under shared noise
+    verdict = None if stopped or not must_match else _verdict(pair, ids, spec, ar, costs, speculative.target_cache, s)
     if verdict is not None:
         doc["divergence"] = verdict.to_dict()
-    yield _outputs(shown, spec, ar, _rule(s), _figures(spec, ar), doc, stopped=stopped, costs=costs, verdict=verdict)
+    yield _outputs(
+        shown,
+        spec,
+        ar,
+        _rule(s),
+        _figures(spec, ar),
+        doc,
+        stopped=stopped,
+        costs=costs,
+        verdict=verdict,
+        precision=precision,
+    )
 
 
-def _verdict(pair, ids, spec, ar, costs, target_cache):
-    """Why greedy outputs differ, when they do (core/divergence.py); None when they are identical."""
+def _verdict(pair, ids, spec, ar, costs, target_cache, s):
+    """Why outputs that must match differ, when they do (core/divergence.py); None when identical."""
     plain = [t for x in ar for t in x.emitted]
     if plain == [t for x in spec for t in x.emitted]:
         return None
     noise = costs.logit_noise if costs is not None else 0.0
-    return divergence.explain_run(pair.target, target_cache, ids, spec, plain, noise)
+    return divergence.explain_run(pair.target, target_cache, ids, spec, plain, noise, None if s.greedy else s)
+
+
+def _precision(pair, asked: str) -> str:
+    """The precision line under the summary: the dtype in use, and why."""
+    used = models.DTYPE_NAMES.get(pair.target.dtype, str(pair.target.dtype))
+    why = " (auto: the faster of fp32 and bf16 on this machine)" if asked == "auto" else ""
+    exact = "" if used == "fp32" else "; fp32 (Models › Precision) gives the bit-exact greedy check"
+    return f"Target in **{used}** on {pair.target.device}{why}{exact}."
 
 
 def _rule(s) -> str:
@@ -129,12 +153,13 @@ def _rule(s) -> str:
     return render.GREEDY if s.greedy else s.rule
 
 
-def _outputs(prompt, spec, ar, rule, figures, doc, done=True, stopped=False, costs=None, verdict=None):
+def _outputs(prompt, spec, ar, rule, figures, doc, done=True, stopped=False, costs=None, verdict=None, precision=""):
+    summary = render.summary_markdown(spec, ar, done and not stopped, stopped, costs)
     return (
         render.pane_html(prompt, spec),
         render.pane_html(prompt, ar, kind_classes=False),
         render.identity_check(spec, ar, rule, done and not stopped, stopped, verdict),
-        render.summary_markdown(spec, ar, done and not stopped, stopped, costs),
+        f"{summary}\n\n{precision}" if precision else summary,
         *figures,
         doc if doc is not None else gr.skip(),
     )

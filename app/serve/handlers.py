@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import html
 import json
 import logging
 from pathlib import Path
@@ -21,18 +22,20 @@ log = logging.getLogger(__name__)
 
 
 def _user_error(e: Exception) -> gr.Error:
-    """A user error: one line in the server log, the message in the browser, no traceback."""
+    """A user error: one line in the server log, the message in the browser, no traceback. Gradio
+    renders a message as HTML, and messages quote what a visitor typed: it goes out as text."""
     log.warning("user error: %s", e)
-    return gr.Error(str(e), print_exception=False)
+    return gr.Error(html.escape(str(e), quote=False), print_exception=False)
 
 
 # Every handler a client can call: inputs checked by name, no raw exception text out (boundary.py).
 guarded = boundary.guarded(_user_error, passthrough=(gr.Error,))
 
 
-def _pair(target: str, draft: str) -> models.Pair:
+def _pair(target: str, draft: str, dtype: str = "auto") -> models.Pair:
     try:  # a slow load goes on in the background and never holds the device slot for long
-        return queue_limits.within_load_time((target, draft), lambda: models.load_pair(target, draft))
+        key = (target, draft, dtype)
+        return queue_limits.within_load_time(key, lambda: models.load_pair(target, draft, dtype=dtype))
     except UserError as e:
         raise _user_error(e) from None
 
@@ -51,7 +54,7 @@ def check_request(form: Form) -> None:
                 f"max new tokens must be a whole number from 1 to {cap} for this target, "
                 f"got {form.settings.run.max_new_tokens}"
             )
-        _pair(form.target, form.draft).encode(form.prompt, form.settings.run.chat)
+        _pair(form.target, form.draft, form.dtype).encode(form.prompt, form.settings.run.chat)
     except UserError as e:
         raise _user_error(e) from None
 
@@ -94,11 +97,11 @@ def _choices(presets: dict[str, str]) -> list[tuple[str, str]]:
 
 
 @guarded
-def load_pair(target, custom_target, draft, custom_draft, progress=gr.Progress()):
+def load_pair(target, custom_target, draft, custom_draft, dtype="auto", progress=gr.Progress()):
     """Load (or fetch from the shared cache) a pair and say what was loaded."""
     target, draft = model_ids(target, custom_target, draft, custom_draft)
     progress(0.1, desc=f"loading {target}")
-    pair = _pair(target, draft)
+    pair = _pair(target, draft, dtype)
     progress(1.0, desc="ready")
     t = pair.target
     # Preset names as the user picked them; a custom id or directory as given.
@@ -118,15 +121,15 @@ def export_for(form: Form) -> str:
 
     try:
         typed = (form.target, form.draft)  # commands name the models as picked
-        return export.for_pair(_pair(*typed), form.settings.spec, form.settings.sampling, typed=typed)
+        return export.for_pair(_pair(*typed, form.dtype), form.settings.spec, form.settings.sampling, typed=typed)
     except UserError as e:
         return f"# no export: {e}"
 
 
 @guarded
-def cap_for_loaded(target, custom_target, draft, custom_draft, value) -> gr.Slider:
+def cap_for_loaded(target, custom_target, draft, custom_draft, dtype, value) -> gr.Slider:
     """After a load: cap Max new tokens to the loaded target's context (the pair is cached by then)."""
-    pair = _pair(*model_ids(target, custom_target, draft, custom_draft))
+    pair = _pair(*model_ids(target, custom_target, draft, custom_draft), dtype)
     return _cap_box(min(MAX_NEW_TOKENS_CAP, models.context_length(pair.target)), value)
 
 

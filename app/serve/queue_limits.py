@@ -15,7 +15,8 @@ proxy, which appends the address it saw to X-Forwarded-For. Whatever a client wr
 itself comes first, so the address is the entry the trusted proxy added: the last one, or
 with SPECDEC_PROXY_HOPS=N proxies in a row, the N-th from the end. Elsewhere the header is
 the client's own word and is ignored. A whole class behind one school NAT shares an address,
-so its share is wide: a quarter of the queue when it is the only one waiting.
+and so its few places: a host serving a classroom raises SPECDEC_QUEUE_PER_IP. A queued visitor
+sees Gradio's own status: their place in the queue and its estimated wait.
 
 SPECDEC_CONCURRENCY is how many generations share the device at once (default 1). Each run
 has its own KV caches, so memory grows with it: raise it only where the device has room for
@@ -38,6 +39,7 @@ from app.core.config import UserError
 
 T = TypeVar("T")
 MAX_QUEUED = 64  # places in the whole queue
+PER_IP = 3  # places one address may hold at most (SPECDEC_QUEUE_PER_IP)
 SHARE = 4  # an address holds at most 1/SHARE of the places the other addresses leave free
 MAX_CONCURRENCY = 8  # SPECDEC_CONCURRENCY above this is refused: one device, one memory
 RATE_WINDOW = 60.0  # seconds over which joins per address are counted
@@ -63,8 +65,10 @@ def per_session() -> int:
 
 
 def per_ip() -> int:
-    """Jobs one client address may have waiting or running at most, whatever its fair share."""
-    return _env_int("SPECDEC_QUEUE_PER_IP", MAX_QUEUED // SHARE, 1, MAX_QUEUED)
+    """Jobs one client address may have waiting or running at most, whatever its fair share: a few, so
+    one address's flood adds minutes, not an hour, to a newcomer's wait (a classroom behind one NAT
+    raises it with SPECDEC_QUEUE_PER_IP)."""
+    return _env_int("SPECDEC_QUEUE_PER_IP", PER_IP, 1, MAX_QUEUED)
 
 
 def joins_per_minute() -> int:

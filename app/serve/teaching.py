@@ -32,7 +32,7 @@ def step_round(session, form: Form, progress=gr.Progress()):
         # The filled seed, not the box: a session resumes only the very run it showed (sessions.py).
         key = (form.prompt, form.target, form.draft, r.chat, s, sp, r)
         progress(0.0, desc=LOADING)
-        pair = _pair(form.target, form.draft)
+        pair = _pair(form.target, form.draft, form.dtype)
         ids = pair.encode(form.prompt, r.chat)
         progress(0.5, desc=MEASURING)
         run = request.start(pair, ids, form.settings)  # the same calibrated policy as Generate's

@@ -14,7 +14,7 @@ import gradio as gr
 
 from app import models
 from app.core.config import RULES, SamplingConfig, SpecConfig
-from app.serve import form, queue_limits, sessions
+from app.serve import by_kind, form, queue_limits, sessions
 from app.serve.generation import generate_both, request_stop, start_run  # noqa: F401
 from app.serve.handlers import (  # noqa: F401 - the handlers are the app's API, reached through ui too
     _cap_label,
@@ -106,6 +106,14 @@ def _model_controls(c) -> None:
             allow_custom_value=True,
         )
         c.custom_draft = gr.Textbox("", label="…or a custom draft (Hub id, local dir, prompt-lookup, early-exit:N)")
+        c.dtype = gr.Radio(
+            [("auto: the fastest here", "auto"), ("fp32: the bit-exact check", "fp32"), ("bf16", "bf16")],
+            value=form.server_dtype(),
+            label="Precision",
+            info="auto times fp32 against bf16 once per model and keeps bf16 where it is clearly faster; in "
+            "bf16 a verify pass can round a near-tie the other way, and the check then says so",
+            elem_id="dtype",
+        )
         c.load_btn = gr.Button("Load pair", size="sm")
         c.status = gr.Markdown()
 
@@ -206,6 +214,7 @@ def _teaching(c) -> None:
         )
         # A short label: a long one wraps to two lines on a phone, over the figure's own title.
         c.residual = gr.Plot(label="p, q and the target token's source", elem_id="residual")
+    _by_kind(c)
     with gr.Accordion("How speculative decoding works", open=False):
         gr.Markdown(EXPLANATION)
     with gr.Accordion("Records (JSON)", open=False):
@@ -216,8 +225,24 @@ def _teaching(c) -> None:
     c.control = gr.State({"stop": False}, time_to_live=sessions.STATE_TTL)  # this session's Stop request
 
 
+def _by_kind(c) -> None:
+    with gr.Accordion("By kind of text: where a draft saves most", open=False, elem_id="by-kind"):
+        gr.Markdown(
+            f"One short question of each kind (code, writing, translation, summaries, questions, arithmetic, "
+            f"answers from a passage), each answered by plain decoding and by speculation with the pair and "
+            f"settings above, at most {by_kind.TOKENS} new tokens a turn. Code and structured answers usually "
+            "keep more drafts per target pass than open-ended writing."
+        )
+        with gr.Row():
+            c.kind_btn = gr.Button("Run by kind of text", variant="primary", elem_id="kind-run")
+            c.kind_stop = gr.Button("Stop", variant="stop", elem_id="kind-stop")
+        c.kind_status = gr.Markdown(elem_id="kind-status")
+        c.kind_plot = gr.Plot(label="speedup and tokens per target pass, by kind of text", elem_id="kind-plot")
+        c.kind_records = gr.JSON(label="per question and per category (JSON)", open=False)
+
+
 def _wire(c) -> None:
-    model_inputs = [c.target, c.custom_target, c.draft, c.custom_draft]
+    model_inputs = [c.target, c.custom_target, c.draft, c.custom_draft, c.dtype]
     # The settings form's fields (form.FIELDS), each the component its API parameter reads, in order.
     by_name = dict(
         prompt=c.prompt,
@@ -238,6 +263,7 @@ def _wire(c) -> None:
         no_repeat_ngram_size=c.no_repeat,
         rule=c.rule,
         tree=c.tree,
+        dtype=c.dtype,
     )
     inputs = [by_name[name] for name in form.NAMES]
     # One queue for the device; SPECDEC_CONCURRENCY runs share it at once (queue_limits.py).
@@ -266,7 +292,15 @@ def _wire(c) -> None:
         api_name="step",
         **device,
     ).success(None, js=SHOW_TEACHING, **private)  # again with the round in it: the page has grown
-    # One round of Step is short, so Stop only ends a generation (cooperatively: see generate_both).
+    c.kind_btn.click(start_run, [c.seed, c.decoding, c.control], c.seed, queue=False, **private).then(
+        by_kind.by_kind,
+        [*inputs, c.control],
+        [c.kind_status, c.kind_plot, c.kind_records],
+        api_name="by_kind",
+        **device,
+    )
+    c.kind_stop.click(request_stop, c.control, None, queue=False, **private)
+    # One round of Step is short, so Stop only ends a generation or a By-kind run (cooperatively, after a round).
     c.stop_btn.click(request_stop, c.control, None, queue=False, **private)
     c.load_btn.click(load_pair, model_inputs, c.status, api_name="load_pair", **device).success(
         cap_for_loaded, [*model_inputs, c.max_new], c.max_new, **private, **device
@@ -322,6 +356,7 @@ def launch(host: str | None = None, port: int | None = None, share: bool = False
     from app.serve import boundary
     from app.serve.handlers import _user_error
 
+    models.hosting.serving()  # ids typed into this server are visitors', whoever the proxy makes them look like
     hf_logging.disable_progress_bar()  # the server log is for requests and real errors, not load bars
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     boundary.limit_logging()  # a flood of bad requests writes a few lines a minute, not thousands
@@ -345,6 +380,7 @@ def launch(host: str | None = None, port: int | None = None, share: bool = False
         show_error=False,
         max_file_size="1kb",
         run_history=False,
+        enable_monitoring=False,  # Gradio's /monitoring/summary would be public
         state_session_capacity=sessions.MAX_SESSIONS,  # memory stays bounded however many visit
         app_kwargs={"middleware": [Middleware(boundary.NoUploads), Middleware(boundary.ProxyWatch)]},
         quiet=True,  # Gradio's own lines name launch(share=True); this app's switch is --share
