@@ -307,7 +307,7 @@ def main(args, command: str) -> dict:
     data = dict(
         rows=len(rows),
         tokens=kinds,
-        instructions="app/instructions.py",
+        instructions="app/data/instructions.py",
         top_k=TOP_K,
         answer_tokens=ANSWER_TOKENS,
         sampled_answers=SAMPLED_ANSWERS,
