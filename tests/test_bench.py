@@ -6,8 +6,8 @@ import time
 import pytest
 import torch
 
-from app import models
-from app.bench import bench, contenders
+from app import models, questions
+from app.bench import bench
 
 pytestmark = pytest.mark.slow  # benchmark runs on the bundled models
 
@@ -102,7 +102,7 @@ def test_a_k_outside_the_sweep_still_gets_its_like_for_like_partner(tmp_path):
 
 def test_each_prompt_runs_and_is_predicted_on_its_own_calibration(tmp_path, monkeypatch):
     draws, policies, predictions = [], [], []
-    real_measure, real_policy, real_summarize = bench.calibrate.measure, contenders.make_policy, bench.metrics.summarize
+    real_measure, real_policy, real_summarize = bench.calibrate.measure, questions.make_policy, bench.metrics.summarize
 
     def measure(*args, **kw):
         draws.append(real_measure(*args, **kw))
@@ -117,7 +117,7 @@ def test_each_prompt_runs_and_is_predicted_on_its_own_calibration(tmp_path, monk
         return real_summarize(steps, costs)
 
     monkeypatch.setattr(bench.calibrate, "measure", measure)
-    monkeypatch.setattr(contenders, "make_policy", make_policy)
+    monkeypatch.setattr(questions, "make_policy", make_policy)  # the timed runner the contenders share
     monkeypatch.setattr(bench.metrics, "summarize", summarize)
     out = tmp_path / "b"
     argv = [
