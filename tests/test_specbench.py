@@ -95,3 +95,16 @@ def test_a_plain_file_is_one_prompt_a_line(tmp_path):
         ("prompts", ("def add(a, b):",)),
         ("prompts", ("The weather today",)),
     ]
+
+
+def test_with_a_tree_each_draft_runs_as_a_chain_and_as_a_tree(tmp_path):
+    out = tmp_path / "run"
+    argv = ["--suite", str(questions.SAMPLE), "--categories", "qa,rag", "--per-category", "1", "--target", TINY]
+    argv += ["--draft", "prompt-lookup", "--k", "3", "--tree", "8", "--max-new-tokens", "8", "--no-chat"]
+    assert bench.main(argv + ["--out", str(out)]) == 0
+    doc = json.loads(out.with_suffix(".json").read_text())
+    assert doc["drafts"] == ["prompt-lookup", "prompt-lookup · tree 8"]
+    chain, tree = (doc["summary"]["overall"][d] for d in doc["drafts"])
+    assert chain["identical"] == tree["identical"] == 1.0, "greedy: both the target's own text"
+    rounds = [r["prompt-lookup · tree 8"] for r in doc["questions"]]
+    assert all(r["tokens"] > 0 for r in rounds)
