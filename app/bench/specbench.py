@@ -16,8 +16,6 @@ from app.args import settings, with_chat
 from app.bench import progress
 from app.core.config import Settings, settings_dict
 
-SAMPLE = questions.SAMPLE
-
 
 def is_file_suite(suite: str) -> bool:
     """Whether --suite names a file (a path, or a name ending .jsonl or .txt) rather than a built-in suite."""
