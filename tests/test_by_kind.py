@@ -36,10 +36,10 @@ def test_the_panel_gives_the_benchs_figures_for_the_same_questions_and_settings(
     updates = _run()
     doc = updates[-1][2]
     sample = questions.select(questions.read_questions(questions.SAMPLE), None, by_kind.PER_CATEGORY)
-    assert not doc["stopped"] and len(doc["questions"]) == len(sample) == 7
-    assert sum(isinstance(u[0], str) and "answering" in u[0] for u in updates) == 7, "progress per question"
+    assert not doc["stopped"] and len(doc["questions"]) == len(sample) == 14
+    assert sum(isinstance(u[0], str) and "answering" in u[0] for u in updates) == 14, "progress per question"
     out = tmp_path / "bench"
-    argv = ["--suite", str(questions.SAMPLE), "--per-category", "1", "--target", TINY, "--draft", "prompt-lookup"]
+    argv = ["--suite", str(questions.SAMPLE), "--per-category", "2", "--target", TINY, "--draft", "prompt-lookup"]
     argv += ["--k-policy", "fixed", "--k", "3", "--max-new-tokens", "16", "--out", str(out)]
     assert bench.main(argv) == 0
     want = json.loads(out.with_suffix(".json").read_text())["summary"]
@@ -61,8 +61,8 @@ def test_stop_ends_the_panel_after_a_round_with_the_questions_answered_so_far():
         if "| coding |" in str(update[0]):
             control["stop"] = True  # after the first question's figures
     doc = updates[-1][2]
-    assert doc["stopped"] and len(doc["questions"]) == 1 and doc["questions_asked"] == 7
-    assert updates[-1][0].startswith("Stopped after 1 of 7 questions")
+    assert doc["stopped"] and len(doc["questions"]) == 1 and doc["questions_asked"] == 14
+    assert updates[-1][0].startswith("Stopped after 1 of 14 questions")
 
 
 def test_the_run_limit_ends_the_panel_as_stop_does(monkeypatch):

@@ -669,12 +669,12 @@ def test_browser_by_kind_of_text_draws_the_chart_and_stop_ends_it(page):
     _set_max_new_tokens(page, 8)
     page.locator(".label-wrap", has_text="By kind of text").first.click()
     page.locator("#kind-run").click()
-    page.wait_for_selector("#kind-status :text('Question 1 of 7')", timeout=240_000)
+    page.wait_for_selector("#kind-status :text('Question 1 of 14')", timeout=240_000)
     page.wait_for_selector("#kind-plot .js-plotly-plot", timeout=240_000)  # the first question's figures
     page.locator("#kind-stop").click()
     page.wait_for_selector("#kind-status :text('Stopped after')", timeout=120_000)
     status = page.locator("#kind-status").inner_text()
-    assert "coding" in status and "of 7 questions" in status, status
+    assert "coding" in status and "of 14 questions" in status, status
     assert page.locator("#kind-plot .js-plotly-plot .bars path").count() >= 2, "speedup and tokens per pass"
 
 

@@ -1,4 +1,4 @@
-"""The "By kind of text" panel: a bundled question per category (the Spec-Bench-format sample, written
+"""The "By kind of text" panel: two bundled questions per category (the Spec-Bench-format sample, written
 for this project), answered by plain decoding and by the current pair and settings through the bench's
 own runner (app/questions.py), streamed question by question and drawn as the bench's bar chart."""
 
@@ -19,8 +19,8 @@ from app.serve.handlers import _pair, _user_error, guarded
 from app.serve.zerogpu import gpu
 from app.views import plots, render
 
-PER_CATEGORY = 1  # questions of each category: the panel's whole run fits one visitor's run limit
-TOKENS = 48  # new tokens a turn at most, for the same reason
+PER_CATEGORY = 2  # questions of each category (the whole sample): the run fits one visitor's run limit
+TOKENS = 40  # new tokens a turn at most, for the same reason
 COMMAND = (
     "python -m app bench --suite assets/specbench-sample.jsonl --per-category {per} --max-new-tokens {n} "
     "--target TARGET --draft DRAFT (and the same decoding and k settings)"

@@ -228,7 +228,7 @@ def _teaching(c) -> None:
 def _by_kind(c) -> None:
     with gr.Accordion("By kind of text: where a draft saves most", open=False, elem_id="by-kind"):
         gr.Markdown(
-            f"One short question of each kind (code, writing, translation, summaries, questions, arithmetic, "
+            f"Two short questions of each kind (code, writing, translation, summaries, questions, arithmetic, "
             f"answers from a passage), each answered by plain decoding and by speculation with the pair and "
             f"settings above, at most {by_kind.TOKENS} new tokens a turn. Code and structured answers usually "
             "keep more drafts per target pass than open-ended writing."
