@@ -224,3 +224,16 @@ def test_a_bad_value_in_any_input_of_any_endpoint_gets_a_readable_message(tmp_pa
         logged = log.read_text()
         assert "Traceback" not in logged and "internal error" not in logged, logged[-3000:]
         assert len(logged.splitlines()) < 300, "refusals are logged at a bounded rate"
+
+
+def test_a_number_sent_as_text_reaches_gradio_as_a_number_and_a_blank_seed_as_none():
+    """Gradio's own preprocessing fails on "1e3" or " " in a number box, with a traceback per request;
+    the gate hands it what the check accepted instead."""
+    import gradio as gr
+
+    def handler(seed, max_new_tokens, prompt):
+        return None
+
+    values = [" ", "1e3", "1e3"]
+    boundary.check_payload(handler, [gr.Number(), gr.Number(precision=0), gr.Textbox()], values)
+    assert values == [None, 1000.0, "1e3"], "text boxes keep their text"

@@ -195,6 +195,10 @@ def check_payload(fn: Callable, blocks: list, values: list) -> None:
         check = FIELDS.get(name) or _by_component(block, label)
         if check is not None:
             check(value)
+        if isinstance(value, str) and type(block).__name__ in ("Number", "Slider"):
+            # A number sent as text passed its check ("1e3", or a blank seed), but Gradio's own
+            # preprocessing rounds numbers and fails on text: hand it the number, or None for blank.
+            values[i] = float(value) if value.strip() else None
 
 
 def gate(demo, user_error: Callable[[UserError], BaseException]) -> None:
