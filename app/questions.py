@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from app import calibrate, runs
+from app import runs
 from app.core import engine, metrics
 from app.core.config import RunConfig, Settings, UserError
 from app.core.costs import Costs
@@ -118,15 +118,6 @@ def conversation(tokenizer, turns: Sequence[str], answers: Sequence[str], chat: 
     if len(ids) >= context:
         raise UserError(f"a conversation is {len(ids)} tokens but the model's context is {context}")
     return ids
-
-
-def costs(pair, settings: Settings) -> Costs | None:
-    """The calibrated costs a speculative side runs with, as request.start measures them (None where
-    the settings' shape is fixed: a fixed tree)."""
-    spec = settings.spec
-    if spec.tree and not spec.tree_auto:
-        return None
-    return calibrate.costs_for(pair, spec, sampling=settings.sampling)
 
 
 def timed(pair, settings: Settings, speculative: bool, costs: Costs | None, stop: Callable[[], bool] | None = None):

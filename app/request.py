@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 
 from app import calibrate, models, runs
 from app.core.config import Settings, UserError
+from app.core.costs import Costs
+from app.kv.cache import CachedModel
 from app.models.loading import Pair
 
 
@@ -45,10 +47,17 @@ def start(
 ) -> runs.Run:
     """A Run whose policy is guided by this machine's measured costs (measured once per kind of request)."""
     run = runs.prepare(pair, ids, settings, speculative=speculative, compile=compile)
-    # The calibrated cost model plans chains, and trees under tree_auto; a fixed tree's shape is its settings'.
-    if speculative and calibrated and (settings.spec.tree_auto or not settings.spec.tree):
-        run.costs = calibrate.costs_for(pair, settings.spec, run.target_cache, sampling=settings.sampling)
+    if speculative and calibrated:
+        run.costs = costs(pair, settings, run.target_cache)
     return run
+
+
+def costs(pair: Pair, settings: Settings, target_cache=CachedModel) -> Costs | None:
+    """The calibrated costs a speculative run plans with, measured once per kind of request: the cost
+    model plans chains, and trees under tree_auto; a fixed tree's shape is its settings' (None)."""
+    if settings.spec.tree and not settings.spec.tree_auto:
+        return None
+    return calibrate.costs_for(pair, settings.spec, target_cache, sampling=settings.sampling)
 
 
 def open_request(req: Request) -> runs.Run:

@@ -11,7 +11,7 @@ import dataclasses
 import html
 from pathlib import Path
 
-from app import models, questions
+from app import models, questions, request
 from app.args import settings, with_chat
 from app.bench import progress
 from app.core.config import Settings, settings_dict
@@ -35,7 +35,7 @@ def specbench(args) -> dict:
     field = {}
     for d, pair in pairs.items():
         for name, shape in _shapes(d, st):
-            field[name] = questions.timed(pair, shape, True, questions.costs(pair, shape))
+            field[name] = questions.timed(pair, shape, True, request.costs(pair, shape))
     context = models.context_length(first.target)
     rows = []
     for n, q in progress.counted(enumerate(picked), "question", len(picked)):

@@ -121,17 +121,10 @@ class FeatureProposer:
         child's draft probability) decide how many children each parent gets, then they are drawn."""
         rows = [self._logits(feature) for _, _, feature in frontier]
         scored = [row.float().softmax(-1) if cfg.greedy else sampling.probs(row, cfg) for row in rows]
-        offers = sorted(
-            (
-                (score * value, i)
-                for i, ((_, score, _), row) in enumerate(zip(frontier, scored, strict=True))
-                for value in row.topk(min(width, row.shape[-1])).values.tolist()
-            ),
-            reverse=True,
-        )[:width]
+        best = [row.topk(min(width, row.shape[-1])).values.tolist() for row in scored]
+        counts = _children(frontier, best, width)
         new: list[int] = []
-        for i, ((node, score, feature), logits, probs) in enumerate(zip(frontier, rows, scored, strict=True)):
-            count = sum(1 for _, j in offers if j == i)
+        for (node, score, feature), logits, probs, count in zip(frontier, rows, scored, counts, strict=True):
             if count:
                 history = self.ids + tree.branch(node)
                 x, q = draw(logits, history, cfg, gen)
@@ -149,12 +142,9 @@ class FeatureProposer:
         probs = torch.nn.functional.linear(features, self.w_sub).float().softmax(-1)  # (parents, draft vocab)
         top = probs.topk(min(width, probs.shape[-1]), dim=-1)
         values, tokens = top.values.tolist(), self.vocab[top.indices].tolist()
-        offers = sorted(
-            ((score * value, i) for i, (_, score, _) in enumerate(frontier) for value in values[i]), reverse=True
-        )[:width]
+        counts = _children(frontier, values, width)
         new: list[int] = []
-        for i, (node, score, feature) in enumerate(frontier):
-            count = sum(1 for _, j in offers if j == i)
+        for i, ((node, score, feature), count) in enumerate(zip(frontier, counts, strict=True)):
             for r in range(count):
                 new.append(tree.add(tokens[i][r], node, None, score * values[i][r], feature))
         return new
@@ -298,6 +288,16 @@ class HeadDraft(BaseDraft):
 
 
 KIND = FeatureKind()
+
+
+def _children(frontier: list, best: list[list[float]], width: int) -> list[int]:
+    """How many children each parent of a depth gets: the `width` best offers, a parent's path
+    probability times one of its best draft probabilities (best[i], in falling order)."""
+    offers = sorted(((score * value, i) for i, (_, score, _) in enumerate(frontier) for value in best[i]), reverse=True)
+    counts = [0] * len(frontier)
+    for _, i in offers[:width]:
+        counts[i] += 1
+    return counts
 
 
 class _Tree:

@@ -10,7 +10,7 @@ import time
 
 import gradio as gr
 
-from app import models, questions
+from app import models, questions, request
 from app.core.config import Settings, UserError
 from app.models import hosting
 from app.serve import heap, queue_limits
@@ -60,40 +60,38 @@ def _stream(form: Form, control, progress):
         return bool(control and control.get("stop")) or time.monotonic() > deadline
 
     progress(0.0, desc="measuring this machine's round costs (once per pair and kind of sampling)")
-    costs = questions.costs(pair, settings)
+    costs = request.costs(pair, settings)
     draft = hosting.shown(form.draft)  # as typed: a resolved name can be an install path on this host
     plain = questions.timed(pair, settings, False, None, stop)
     field = {draft: questions.timed(pair, settings, True, costs, stop)}
     context = models.context_length(pair.target)
     rows: list[dict] = []
+    summary: dict = {}  # per category, of the questions answered so far
     stopped = False
     for n, q in enumerate(picked):
         # Progress goes in the status text: a progress bar would cover the figures streamed so far.
         note = f"Question {n + 1} of {len(picked)} ({q.category}, {len(q.turns)} turn(s)): answering…"
-        yield _status(rows, draft, note), gr.skip(), gr.skip()
+        yield _status(summary, draft, note), gr.skip(), gr.skip()
         try:
             rows.append(questions.answer(q, pair.tokenizer, plain, field, settings.run, context, n))
         except questions.Stopped:
             stopped = True
             break
-        yield _status(rows, draft, None), _chart(rows, draft), gr.skip()
-    doc = _doc(rows, draft, settings, stopped, len(picked))
+        summary = questions.summarize(rows, [draft])  # once per question, for the table and the chart
+        yield _status(summary, draft, None), _chart(summary, draft), gr.skip()
+    doc = _doc(rows, summary, draft, settings, stopped, len(picked))
     ending = f"Stopped after {len(rows)} of {len(picked)} questions." if stopped else None
-    yield _status(rows, draft, ending, settings if not stopped else None), _chart(rows, draft), doc
+    yield _status(summary, draft, ending, settings if not stopped else None), _chart(summary, draft), doc
 
 
-def _summary(rows: list[dict], draft: str) -> dict:
-    return questions.summarize(rows, [draft]) if rows else {}
+def _chart(summary: dict, draft: str):
+    return plots.category_figure(dict(summary=summary, drafts=[draft])) if summary else gr.skip()
 
 
-def _chart(rows: list[dict], draft: str):
-    return plots.category_figure(dict(summary=_summary(rows, draft), drafts=[draft])) if rows else gr.skip()
-
-
-def _status(rows: list[dict], draft: str, note: str | None, final: Settings | None = None) -> str:
+def _status(summary: dict, draft: str, note: str | None, final: Settings | None = None) -> str:
     parts = [note] if note else []
-    if rows:
-        parts.append(render.category_table(_summary(rows, draft), [draft]))
+    if summary:
+        parts.append(render.category_table(summary, [draft]))
     if final is not None:
         parts.append(
             f"Greedy figures (tokens per pass, α, same text) are the bench's for the same settings: "
@@ -102,7 +100,7 @@ def _status(rows: list[dict], draft: str, note: str | None, final: Settings | No
     return "\n\n".join(parts)
 
 
-def _doc(rows: list[dict], draft: str, settings: Settings, stopped: bool, total: int) -> dict:
+def _doc(rows: list[dict], summary: dict, draft: str, settings: Settings, stopped: bool, total: int) -> dict:
     return dict(
         format="spec-bench",
         file=questions.SAMPLE.name,
@@ -110,6 +108,6 @@ def _doc(rows: list[dict], draft: str, settings: Settings, stopped: bool, total:
         settings=settings.as_dict("bench"),
         stopped=stopped,
         questions_asked=total,
-        summary=_summary(rows, draft),
+        summary=summary,
         questions=rows,
     )

@@ -11,7 +11,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -23,8 +22,10 @@ DTYPES = ("auto", "fp32", "bf16")  # the precisions a visitor may pick for the t
 
 
 def server_dtype() -> str:
-    """The precision a visitor starts with: the server's own (SPECDEC_DTYPE), else auto."""
-    chosen = os.environ.get("SPECDEC_DTYPE", "").strip().lower()
+    """The precision a visitor starts with: the server's own (loading.default_dtype), else auto."""
+    from app.models.loading import default_dtype
+
+    chosen = default_dtype()
     return chosen if chosen in DTYPES else "auto"
 
 
