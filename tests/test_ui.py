@@ -777,3 +777,43 @@ def test_step_one_round_draws_a_tree_round_and_lists_every_node():
     rows = tables[-1]["data"]
     assert 4 < len(rows) <= 8 + 1 and any(str(r[0]).startswith("  └ ") for r in rows), rows
     assert tree_order([-1, 0, -1, 1]) == [(0, 1), (1, 2), (3, 3), (2, 1)]
+
+
+def test_a_click_resolves_its_pair_and_encodes_its_prompt_once(monkeypatch):
+    """Generate's chain (check, generate, export) and Step's (check, step) share what the check prepared."""
+    from app.models import loading
+    from app.serve import handlers, ui
+
+    calls = {"load_pair": 0, "encode": 0}
+    load_pair, encode = loading.load_pair, loading.Pair.encode
+
+    def counted_load(*a, **k):
+        calls["load_pair"] += 1
+        return load_pair(*a, **k)
+
+    def counted_encode(self, *a, **k):
+        calls["encode"] += 1
+        return encode(self, *a, **k)
+
+    monkeypatch.setattr(handlers.models, "load_pair", counted_load)
+    monkeypatch.setattr(loading.Pair, "encode", counted_encode)
+    args = [PROMPT, "stdlib-code target (bundled)", "", "prompt lookup (n-grams)", "", False, "greedy", 0.8, 0, 1.0]
+    args += [0, 6, "fixed", 3]
+    control = {"stop": False}
+    ui.start_run(0, "greedy", control)
+    ui.check_request(*args, control=control)
+    list(ui.generate_both(*args, control=control))
+    assert "vllm serve" in ui.export_for(*args, control=control)
+    assert calls == {"load_pair": 1, "encode": 1}
+    assert not handlers._clicks, "the click's last handler drops what it shared"
+    ui.start_run(0, "greedy", control)
+    ui.check_request(*args, control=control)
+    ui.step_round(None, *args, control=control)
+    assert calls == {"load_pair": 2, "encode": 2} and not handlers._clicks
+    # A changed prompt within the same click (an API caller) is prepared afresh, never served stale ids.
+    ui.start_run(0, "greedy", control)
+    ui.check_request(*args, control=control)
+    other = list(args)
+    other[0] = PROMPT + "\n# another"
+    first = next(ui.generate_both(*other, control=control))
+    assert "another" in first[0] and calls["encode"] == 4

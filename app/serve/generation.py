@@ -11,11 +11,11 @@ import torch
 
 from app import models, request
 from app.core import divergence, metrics
-from app.core.config import Settings, UserError
+from app.core.config import UserError
 from app.models import threads
 from app.serve import heap, queue_limits
 from app.serve.form import Form, fill_seed, takes_form
-from app.serve.handlers import _pair, _user_error, guarded
+from app.serve.handlers import _user_error, guarded, new_click, prepared
 from app.serve.texts import EXAMPLES, example_row  # noqa: F401 - the API's examples
 from app.serve.zerogpu import gpu
 from app.views import plots, render
@@ -60,7 +60,7 @@ def generate_both(form: Form, control=None, progress=gr.Progress()):
     round with a final, partial update (cancelling the event instead would flag every output "Error").
     """
     try:
-        yield from _stream(form.prompt, form.target, form.draft, form.settings, control, progress, form.dtype)
+        yield from _stream(form, control, progress)
     except UserError as e:
         raise _user_error(e) from None
     except torch.cuda.OutOfMemoryError:
@@ -72,16 +72,15 @@ def generate_both(form: Form, control=None, progress=gr.Progress()):
         heap.release()  # a finished, failed or cancelled run leaves its freed memory to the OS
 
 
-def _stream(
-    prompt: str, target: str, draft: str, settings: Settings, control, progress=None, dtype: str = "auto"
-) -> Iterator[tuple]:
+def _stream(form: Form, control, progress=None) -> Iterator[tuple]:
     """Both runs, interleaved, as screen updates; the last carries the full records."""
-    s, r = settings.sampling, settings.run
+    target, draft, settings, dtype = form.target, form.draft, form.settings, form.dtype
+    s = settings.sampling
     progress = progress or (lambda *a, **k: None)
     # A first request loads the pair and measures this machine, which takes a while: each says so.
     progress(0.0, desc=LOADING)
-    pair = _pair(target, draft, dtype)
-    ids = pair.encode(prompt, r.chat)
+    ready = prepared(form, control)
+    pair, ids = ready.pair, ready.ids
     shown = pair.tokenizer.decode(ids, skip_special_tokens=True)
     precision = _precision(pair, dtype)
     progress(0.5, desc=MEASURING)
@@ -128,6 +127,7 @@ def _stream(
         costs=costs,
         verdict=verdict,
         precision=precision,
+        decode=lambda token: pair.tokenizer.decode([token]),
     )
 
 
@@ -153,12 +153,17 @@ def _rule(s) -> str:
     return render.GREEDY if s.greedy else s.rule
 
 
-def _outputs(prompt, spec, ar, rule, figures, doc, done=True, stopped=False, costs=None, verdict=None, precision=""):
+def _outputs(
+    prompt, spec, ar, rule, figures, doc, done=True, stopped=False, costs=None, verdict=None, precision="", decode=None
+):
     summary = render.summary_markdown(spec, ar, done and not stopped, stopped, costs)
+    check = render.identity_check(spec, ar, rule, done and not stopped, stopped, verdict)
+    if verdict is not None and decode is not None and not stopped:
+        check += "\n\n" + render.branch_point(verdict, decode)
     return (
         render.pane_html(prompt, spec),
         render.pane_html(prompt, ar, kind_classes=False),
-        render.identity_check(spec, ar, rule, done and not stopped, stopped, verdict),
+        check,
         f"{summary}\n\n{precision}" if precision else summary,
         *figures,
         doc if doc is not None else gr.skip(),
@@ -169,6 +174,7 @@ def _outputs(prompt, spec, ar, rule, figures, doc, done=True, stopped=False, cos
 def start_run(seed, decoding, control) -> int:
     """A click on Generate or Step: clear an earlier Stop, fill a blank seed (shown back)."""
     control["stop"] = False
+    new_click(control)
     return fill_seed(seed, decoding)
 
 

@@ -6,6 +6,10 @@ from __future__ import annotations
 import html
 import json
 import logging
+import secrets
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
 from pathlib import Path
 
 import gradio as gr
@@ -40,10 +44,51 @@ def _pair(target: str, draft: str, dtype: str = "auto") -> models.Pair:
         raise _user_error(e) from None
 
 
+@dataclass(frozen=True)
+class Prepared:
+    """One click's pair and prompt ids: resolved and encoded once, by the click's first handler."""
+
+    pair: models.Pair
+    ids: list[int]
+
+
+# Click token -> (what was prepared for, Prepared). A click's handlers run one after another, so an
+# entry lives from its check to its last handler; the bound only matters for clicks that never finish.
+_clicks: OrderedDict[str, tuple[tuple, Prepared]] = OrderedDict()
+_clicks_lock = threading.Lock()
+MAX_CLICKS = 16
+
+
+def new_click(control: dict | None) -> None:
+    """A click starts: the handlers it chains share what its first one prepares (start_run calls this)."""
+    if control is not None:
+        control["click"] = secrets.token_hex(8)
+
+
+def prepared(form: Form, control: dict | None = None, last: bool = False) -> Prepared:
+    """The form's pair and prompt ids, reused within one click (`control` carries its token), else
+    resolved and encoded now. `last`: the click's final handler, which drops the entry."""
+    token = control.get("click") if isinstance(control, dict) else None
+    key = (form.target, form.draft, form.dtype, form.prompt, form.settings.run.chat)
+    with _clicks_lock:
+        held = _clicks.pop(token, None) if last else _clicks.get(token) if token else None
+    if held is not None and held[0] == key:
+        return held[1]
+    pair = _pair(form.target, form.draft, form.dtype)
+    ready = Prepared(pair, pair.encode(form.prompt, form.settings.run.chat))
+    if token and not last:
+        with _clicks_lock:
+            _clicks[token] = (key, ready)
+            while len(_clicks) > MAX_CLICKS:
+                _clicks.popitem(last=False)
+    return ready
+
+
 @guarded
-@takes_form()
-def check_request(form: Form) -> None:
-    """Refuse bad settings, an unloadable pair or a bad prompt before a run starts.
+@takes_form(after=(("control", None),))
+def check_request(form: Form, control=None) -> None:
+    """Refuse bad settings, an unloadable pair or a bad prompt before a run starts; a good request's
+    pair and ids are kept for the rest of the click.
 
     It has no outputs, so a refusal is a message and the previous run's results stay on screen.
     """
@@ -54,7 +99,7 @@ def check_request(form: Form) -> None:
                 f"max new tokens must be a whole number from 1 to {cap} for this target, "
                 f"got {form.settings.run.max_new_tokens}"
             )
-        _pair(form.target, form.draft, form.dtype).encode(form.prompt, form.settings.run.chat)
+        prepared(form, control)
     except UserError as e:
         raise _user_error(e) from None
 
@@ -114,14 +159,16 @@ def load_pair(target, custom_target, draft, custom_draft, dtype="auto", progress
 
 
 @guarded
-@takes_form()
-def export_for(form: Form) -> str:
-    """The same pair and settings as `vllm serve` and `llama-server` commands (python -m app export)."""
+@takes_form(after=(("control", None),))
+def export_for(form: Form, control=None) -> str:
+    """The same pair and settings as `vllm serve` and `llama-server` commands (python -m app export);
+    Generate's last handler, so it ends the click's shared pair and ids."""
     from app import export
 
     try:
         typed = (form.target, form.draft)  # commands name the models as picked
-        return export.for_pair(_pair(*typed, form.dtype), form.settings.spec, form.settings.sampling, typed=typed)
+        pair = prepared(form, control, last=True).pair
+        return export.for_pair(pair, form.settings.spec, form.settings.sampling, typed=typed)
     except UserError as e:
         return f"# no export: {e}"
 

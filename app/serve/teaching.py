@@ -10,7 +10,7 @@ from app.core.events import KIND_LABELS
 from app.serve import heap, sessions
 from app.serve.form import Form, takes_form
 from app.serve.generation import LOADING, MEASURING
-from app.serve.handlers import _pair, _user_error, guarded
+from app.serve.handlers import _user_error, guarded, prepared
 from app.serve.texts import EXAMPLES, example_row  # noqa: F401 - the API's examples
 from app.serve.zerogpu import gpu
 from app.views import plots, render
@@ -19,8 +19,8 @@ from app.views.render import visible
 
 @gpu
 @guarded
-@takes_form(before=("session",), after=(("progress", gr.Progress()),))
-def step_round(session, form: Form, progress=gr.Progress()):
+@takes_form(before=("session",), after=(("control", None), ("progress", gr.Progress())))
+def step_round(session, form: Form, control=None, progress=gr.Progress()):
     """Teaching mode: run exactly one more speculative round of a stepping session."""
     if not form.seed_given and session is not None and not session.done:
         # An API caller's blank seed continues the run it is stepping through (whose seed was filled
@@ -32,8 +32,8 @@ def step_round(session, form: Form, progress=gr.Progress()):
         # The filled seed, not the box: a session resumes only the very run it showed (sessions.py).
         key = (form.prompt, form.target, form.draft, r.chat, s, sp, r)
         progress(0.0, desc=LOADING)
-        pair = _pair(form.target, form.draft, form.dtype)
-        ids = pair.encode(form.prompt, r.chat)
+        ready = prepared(form, control, last=True)  # Step's last handler: the click's check prepared it
+        pair, ids = ready.pair, ready.ids
         progress(0.5, desc=MEASURING)
         run = request.start(pair, ids, form.settings)  # the same calibrated policy as Generate's
         session, steps, step = sessions.advance(session, key, lambda policy: run.steps(policy, teach=True), run.policy)

@@ -272,22 +272,22 @@ def _wire(c) -> None:
     # Each run first fills a blank seed and checks the request; only a good request replaces what is
     # on screen, so a failed load leaves the previous results in place.
     c.run_btn.click(start_run, [c.seed, c.decoding, c.control], c.seed, queue=False, **private).then(
-        check_request, inputs, None, **private, **device
+        check_request, [*inputs, c.control], None, **private, **device
     ).success(
         generate_both,
         [*inputs, c.control],
         [c.spec_pane, c.ar_pane, c.check, c.summary, c.fig_time, c.fig_k, c.fig_acc, c.fig_pos, c.fig_hist, c.records],
         api_name="generate",
         **device,
-    ).success(export_for, inputs, c.export_code, **private)
+    ).success(export_for, [*inputs, c.control], c.export_code, **private)
     c.step_btn.click(lambda: gr.Accordion(open=True), None, c.teaching, queue=False, **private).then(
         None, js=SHOW_TEACHING, **private
     )
     c.step_btn.click(start_run, [c.seed, c.decoding, c.control], c.seed, queue=False, **private).then(
-        check_request, inputs, None, **private, **device
+        check_request, [*inputs, c.control], None, **private, **device
     ).success(
         step_round,
-        [c.session, *inputs],
+        [c.session, *inputs, c.control],
         [c.session, c.step_pane, c.decisions, c.step_note, c.residual],
         api_name="step",
         **device,
