@@ -50,15 +50,46 @@ class ModelCache:
     def close(self) -> None:
         """Nothing is pooled here; a static cache goes back to its pool."""
 
+    def tree_layout(self, m: int, parents: list[int], kv: int, pad: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+        """The (1, m + n + pad) positions and the (1, 1, m + n + pad, kv) mask of a tree pass that feeds
+        m committed ids then n nodes after the cached ones: node i sits at the position of its depth
+        and sees the committed text and its own ancestors only. `pad` rows after the nodes (a padded
+        pass's) see only the committed text and themselves; their outputs are thrown away."""
+        cached, n = self.length, len(parents)
+        base = cached + m  # node i's slot is base + i
+        sees: list[list[int]] = [[] for _ in range(m)]
+        prefix = [cached + r + 1 for r in range(m)]
+        for i, parent in enumerate(parents):
+            sees.append((sees[m + parent] if parent >= 0 else []) + [base + i])
+            prefix.append(base)
+        sees += [[base + n + j] for j in range(pad)]
+        prefix += [base] * pad
+        depth = verify.depths(parents)
+        ahead = [base - 1 + d for d in depth] + [base] * pad
+        position = torch.tensor([list(range(cached, base)) + ahead], device=self.device)
+        return position, passes.tree_pass(sees, prefix, kv, self.model.config, self.device)
+
+    def move_path(self, layers, base: int, path: list[int]) -> None:
+        """The kept nodes' keys and values, from their slots base + path[j], to slots base + j."""
+        if path == list(range(len(path))):
+            return
+        src = torch.tensor([base + i for i in path], device=self.device)
+        dst = torch.arange(base, base + len(path), device=self.device)
+        for layer in layers:
+            keys, values = getattr(layer, "keys", None), getattr(layer, "values", None)
+            assert keys is not None and values is not None  # the pass just filled every layer
+            keys[..., dst, :] = keys[..., src, :]
+            values[..., dst, :] = values[..., src, :]
+
     def extend_tree(
         self, ids: list[int], tokens: list[int], parents: list[int], features: bool = False
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Feed committed ids, then a tree of drafts, in one pass (CachedModel)."""
-        raise UserError("draft trees run on the dynamic KV cache: run without --compile")
+        """Feed committed ids, then a tree of drafts, in one pass (CachedModel, StaticCachedModel)."""
+        raise UserError("this KV cache cannot verify a draft tree: run it as a chain")
 
     def keep_path(self, base: int, path: list[int]) -> None:
-        """After a tree pass: keep the nodes of `path` (CachedModel)."""
-        raise UserError("draft trees run on the dynamic KV cache: run without --compile")
+        """After a tree pass: keep the nodes of `path` (CachedModel, StaticCachedModel)."""
+        raise UserError("this KV cache cannot verify a draft tree: run it as a chain")
 
 
 class CachedModel(ModelCache):
@@ -123,16 +154,8 @@ class CachedModel(ModelCache):
             raise ValueError("a tree pass feeds at least the newest committed token, whose logits choose the root")
         if self.windowed:
             raise UserError("draft trees need full-attention layers: this model has sliding windows")
-        cached, m, n = self.length, len(ids), len(tokens)
-        base = cached + m  # node i's slot is base + i
-        sees: list[list[int]] = [[] for _ in range(m)]
-        prefix = [cached + r + 1 for r in range(m)]
-        for i, parent in enumerate(parents):
-            sees.append((sees[m + parent] if parent >= 0 else []) + [base + i])
-            prefix.append(base)
-        depth = verify.depths(parents)
-        position = torch.tensor([list(range(cached, base)) + [base - 1 + d for d in depth]], device=self.device)
-        mask = passes.tree_pass(sees, prefix, base + n, self.model.config, self.device)
+        m, n = len(ids), len(tokens)
+        position, mask = self.tree_layout(m, parents, self.length + m + n)
         fed = self._embeddable(list(ids) + list(tokens))
         if self.direct is not None:
             logits, hidden = direct_pass.forward(self.direct, self.cache, fed, n + 1, features, mask, position)
@@ -157,14 +180,7 @@ class CachedModel(ModelCache):
         """After a tree pass whose nodes sit from slot `base`: the kept nodes' keys and values move to
         slots base, base + 1, .. in order (their positions are their depths, so they are the text's
         own), and every other node is forgotten. Nothing is recomputed."""
-        if path != list(range(len(path))):
-            src = torch.tensor([base + i for i in path], device=self.device)
-            dst = torch.arange(base, base + len(path), device=self.device)
-            for layer in self.cache.layers:
-                keys, values = getattr(layer, "keys", None), getattr(layer, "values", None)
-                assert keys is not None and values is not None  # the pass just filled every layer
-                keys[..., dst, :] = keys[..., src, :]
-                values[..., dst, :] = values[..., src, :]
+        self.move_path(self.cache.layers, base, path)
         self.rollback(base + len(path))
 
     def rollback(self, length: int) -> None:

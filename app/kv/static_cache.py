@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import torch
 from transformers import PreTrainedModel, StaticCache
 
-from app.core.config import K_MAX, UserError
+from app.core.config import K_MAX, TREE_MAX, UserError
 from app.kv.cache import ModelCache
 
 BUCKETS = (1, 2, 3, 5, 9, 17)  # pass widths with a graph: a draft step, and verify over k+1 for k = 1, 2, 4, 8, 16
@@ -41,8 +41,9 @@ def available(requested: bool, device: torch.device) -> tuple[bool, str]:
 
 
 def cache_length(prompt_len: int, max_new_tokens: int) -> int:
-    """Static length for a request: prompt, new tokens, the widest padded pass; rounded up."""
-    need = prompt_len + max_new_tokens + K_MAX + BUCKETS[-1] + 1
+    """Static length for a request: prompt, new tokens, the widest draft (a chain or a tree) and the
+    widest padded pass; rounded up."""
+    need = prompt_len + max_new_tokens + max(K_MAX, TREE_MAX) + BUCKETS[-1] + 1
     return -(-need // LENGTH_STEP) * LENGTH_STEP
 
 
@@ -134,6 +135,48 @@ class StaticCachedModel(ModelCache):
         self.length += n
         self.tokens_processed += n
         return (logits[-keep:] if keep else logits), hidden
+
+    @torch.inference_mode()
+    def extend_tree(
+        self, ids: list[int], tokens: list[int], parents: list[int], features: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Feed committed ids, then a tree of drafts, in one pass over the static cache's every slot:
+        the mask hides the slots past the pass, as the causal mask does. Returns the (1 + n, V) logits
+        after the last id and after each node, and with features the (len(ids) + n, H) hidden states;
+        keep_path then keeps one path. A compiled pass is padded to its bucket like any other."""
+        if not ids:
+            raise ValueError("a tree pass feeds at least the newest committed token, whose logits choose the root")
+        assert self.cache is not None, "the cache was given back (close)"
+        fed = self._embeddable(list(ids) + list(tokens))
+        m, n = len(ids), len(tokens)
+        if self.length + m + n > room(self.max_len):
+            raise UserError(f"static cache of {self.max_len} tokens is full: raise its length")
+        width = next((b for b in BUCKETS if b >= m + n), None) if self.compile else None
+        pad = width - (m + n) if width is not None else 0
+        position, mask = self.tree_layout(m, parents, self.max_len, pad)
+        x = torch.tensor([fed + fed[-1:] * pad], dtype=torch.long, device=self.device)
+        common = dict(input_ids=x, position_ids=position, attention_mask=mask, cache=self.cache, use_cache=True)
+        if width is not None:  # the bucket's graph, as for a chain's pass: every row's logits, a fixed shape
+            torch.compiler.cudagraph_mark_step_begin()
+            out = self.forward(**common, output_hidden_states=features)
+            logits = out.logits[0, m - 1 : m + n].clone()
+        else:
+            out = self.model(**common, logits_to_keep=n + 1, output_hidden_states=features)
+            logits = out.logits[0]
+        hidden = out.hidden_states[-1][0, : m + n].clone() if features else None
+        if pad:
+            self.cache.crop(-pad)
+        self.length += m + n
+        self.tokens_processed += m + n
+        return logits, hidden
+
+    @torch.inference_mode()
+    def keep_path(self, base: int, path: list[int]) -> None:
+        """After a tree pass whose nodes sit from slot `base`: the kept nodes move to slots base, base + 1,
+        .. in order, and the pointer moves back to after them. Nothing is recomputed."""
+        assert self.cache is not None, "the cache was given back (close)"
+        self.move_path(self.cache.layers, base, path)
+        self.rollback(base + len(path))
 
     @torch.inference_mode()
     def rollback(self, length: int) -> None:
