@@ -68,7 +68,7 @@ def test_draftless_rounds_are_target_tokens_in_pane_legend_stats_and_plots(targe
     )
     last = next(s for s in steps if s.token_kind == TARGET)
     assert last.drafted == [] and last.accepted == 0
-    assert "target token (no drafts)" in render.LEGEND and "bonus (all drafts kept)" in render.LEGEND
+    assert "target token (no drafts)" in render.LEGEND and "bonus (every draft before it kept)" in render.LEGEND
     assert 'class="tok tgt"' in render.pane_html(PROMPT, steps)
     assert render.decision_rows(last)[-1][-1].startswith("target: ")
     stats = metrics.summarize(steps)
@@ -199,3 +199,23 @@ def test_each_rounds_rejected_drafts_get_one_mark_and_the_kept_text_is_intact_in
     without_rejected = re.sub(r'<span class="tok rej"[^>]*>[^<]*</span>', "", page)
     shown = html.unescape(re.sub(r"<[^>]+>", "", without_rejected))
     assert shown == "x" + "".join(s.text for s in spec), "the kept text, newlines and indentation included"
+
+
+def test_a_tree_rounds_thrown_away_branches_are_shown_branch_by_branch():
+    """The pane lists a tree's discarded nodes depth first, a fork before each new branch, and the
+    round's tooltip and rejected mark say what was thrown away; a chain's rejected drafts stay one run."""
+    from app.core.events import CORRECTED, REJECTED, Step
+
+    # Kept path a -> b; thrown away: c under a (with d under it), e at the root, f under b.
+    drafted = [1, 2, 3, 4, 5, 6]
+    texts = ["a", "b", "c", "d", "e", "f"]
+    parents = [-1, 0, 0, 2, -1, 1]
+    step = Step(3, 2, drafted, texts, 2, 9, CORRECTED, "X", [3, 4, 5, 6], [1, 2, 9], "abX", 0.0, 0.0, 0.0)
+    step.parents = parents
+    assert step.thrown_away() == [[5], [2, 3], [4]]
+    assert [p for p, k in step.spans() if k == REJECTED] == ["f", "c", "d", "e"]
+    page = render.pane_html("", [step])
+    assert page.count('class="fork"') == 2 and 'data-drafts="f¦cd¦e"' in page
+    assert "a tree of 6 drafts" in page and "3 branches thrown away" in page
+    chain = Step(4, 3, [1, 2, 3], ["a", "b", "c"], 1, 9, CORRECTED, "X", [2, 3], [1, 9], "aX", 0.0, 0.0, 0.0)
+    assert chain.thrown_away() == [[1, 2]] and 'class="fork"' not in render.pane_html("", [chain])

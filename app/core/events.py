@@ -11,7 +11,7 @@ ACCEPTED, CORRECTED, BONUS, REJECTED, TARGET = "accepted", "corrected", "bonus",
 KIND_LABELS = {  # how the legend, the plots and the CLI name each kind
     ACCEPTED: "accepted draft",
     CORRECTED: "corrected by the target",
-    BONUS: "bonus (all drafts kept)",
+    BONUS: "bonus (every draft before it kept)",
     TARGET: "target token (no drafts)",
     REJECTED: "rejected draft",
 }
@@ -63,15 +63,41 @@ class Step:
     parents: list[int] | None = None
     nodes: int = 0  # the node budget the round's draft was given (0: a chain of k)
 
+    def thrown_away(self) -> list[list[int]]:
+        """The drafts thrown away (indices into drafted), branch by branch: a chain's rejected drafts are
+        one branch; a tree's discarded nodes come depth first, a new branch wherever a node does not hang
+        under the one listed before it. The branches off the end of the kept path come first (where a
+        chain's rejected drafts would be), then those forking nearer the committed text."""
+        n, kept = len(self.drafted), self.accepted
+        if self.parents is None:
+            return [list(range(kept, n))] if n > kept else []
+        parents = self.parents
+        children: dict[int, list[int]] = {}
+        for i in range(kept, n):
+            if parents[i] >= kept:
+                children.setdefault(parents[i], []).append(i)
+        roots = sorted((i for i in range(kept, n) if parents[i] < kept), key=lambda i: (-parents[i], i))
+        branches: list[list[int]] = []
+        stack = list(reversed(roots))
+        while stack:
+            i = stack.pop()
+            if branches and parents[i] == branches[-1][-1]:
+                branches[-1].append(i)
+            else:
+                branches.append([i])
+            stack += reversed(children.get(i, []))
+        return branches
+
     def spans(self) -> list[tuple[str, str]]:
-        """(text, kind) pieces in display order, rejected drafts where they were proposed.
+        """(text, kind) pieces in display order, rejected drafts where they were proposed (a tree's
+        thrown-away branches one after another, as thrown_away lists them).
 
         After a stop rule cut the round short, only what was emitted is shown.
         """
         kept = len(self.emitted)
         out = [(self.draft_text[i], ACCEPTED) for i in range(min(self.accepted, kept))]
         if kept > self.accepted:
-            out += [(self.draft_text[i], REJECTED) for i in range(self.accepted, len(self.drafted))]
+            out += [(self.draft_text[i], REJECTED) for branch in self.thrown_away() for i in branch]
             out.append((self.token_text, self.token_kind))
         return out
 

@@ -55,20 +55,48 @@ def pane_html(prompt: str, steps: Sequence[Step], kind_classes: bool = True) -> 
         # indentation would otherwise break the layout of the text that was kept. Each round's
         # rejected drafts also get a mark before them, which the page shows instead when the
         # reader picks marks (style.css, .rej-marks): zero width, so no column moves.
+        # A tree's thrown-away branches follow one another, each after a fork mark (style.css draws it,
+        # so it adds no text to the pane).
         spans = s.spans()
-        pieces = [
-            f'<span class="tok {CLASS[kind]}" data-kind="{kind}">'
-            f"{html.escape(visible(piece) if kind == REJECTED else piece)}</span>"
-            for piece, kind in spans
-        ]
-        rejected = [piece for piece, kind in spans if kind == REJECTED]
+        starts = _branch_starts(s) if s.parents is not None else set()
+        pieces, rejected, seen = [], [], 0
+        for piece, kind in spans:
+            if kind == REJECTED:
+                if seen in starts and seen:
+                    pieces.append('<span class="fork" title="another branch of the tree, thrown away"></span>')
+                    rejected.append("¦")
+                rejected.append(piece)
+                seen += 1
+            shown = visible(piece) if kind == REJECTED else piece
+            pieces.append(f'<span class="tok {CLASS[kind]}" data-kind="{kind}">{html.escape(shown)}</span>')
         if rejected:
             pieces.insert([kind for _, kind in spans].index(REJECTED), _rejected_mark(rejected))
         tokens = "".join(pieces)
-        title = f"round {s.round}: k={s.k}, kept {s.accepted} of {len(s.drafted)}" if s.drafted else ""
-        parts.append(f'<span class="round r{s.round % 2}" title="{title}">{tokens}</span>')
+        parts.append(f'<span class="round r{s.round % 2}" title="{_round_title(s)}">{tokens}</span>')
     parts.append("</div>")
     return "".join(parts)
+
+
+def _branch_starts(s: Step) -> set[int]:
+    """Where each thrown-away branch of a tree round starts, counted in its rejected spans."""
+    starts, at = set(), 0
+    for branch in s.thrown_away():
+        starts.add(at)
+        at += len(branch)
+    return starts
+
+
+def _round_title(s: Step) -> str:
+    """A round's tooltip: its draft and what was kept of it."""
+    if not s.drafted:
+        return ""
+    if s.parents is None:
+        return f"round {s.round}: k={s.k}, kept {s.accepted} of {len(s.drafted)}"
+    branches = len(s.thrown_away())
+    return (
+        f"round {s.round}: a tree of {len(s.drafted)} drafts, {s.k} deep; kept {s.accepted} on its path, "
+        f"{branches} branch{'es' if branches != 1 else ''} thrown away"
+    )
 
 
 def _rejected_mark(pieces: Sequence[str]) -> str:
@@ -213,6 +241,27 @@ def identity_check(
     return (
         f"{_mark('ok', name + ' passed')}: the two outputs are identical, token for token "
         f"({n} tokens){_ending(spec, ar)}."
+    )
+
+
+def branch_point(d: Divergence, decode) -> str:
+    """The branch point under the check line: the target's leading scores there as a one-token pass
+    (plain decoding's) and as the verify-width pass computed them, the two candidates marked, and their
+    margin against the measured rounding. `decode(token_id)` gives a token's text."""
+    if d.kind == IDENTICAL or not d.plain_row:
+        return ""
+    wide = dict(d.verify_row)
+    score = "race score log p − log E" if d.score == "race" else "logit"
+    rows = [f"| token | {score}, one-token pass | {score}, verify-width pass | |", "|---|---:|---:|---|"]
+    for token, value in d.plain_row:
+        who = "plain decoding's" if token == d.plain_token else "speculative's" if token == d.spec_token else ""
+        other = wide.get(token)
+        shown = "–" if other is None else f"{other:.3f}"
+        text = html.escape(_cell(decode(token))).replace("|", "&#124;")
+        rows.append(f"| {text} | {value:.3f} | {shown} | {who} |")
+    return (
+        f"**Branch point, token {d.position}**: top two {abs(d.margin):.3g} apart in the one-token pass; "
+        f"{d.dtype} rounding between pass widths here reaches {d.noise:.3g}.\n\n" + "\n".join(rows)
     )
 
 
