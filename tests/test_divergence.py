@@ -64,6 +64,11 @@ def test_a_branch_at_a_near_tie_is_rounding_and_above_the_noise_a_mismatch(targe
     assert tie.kind == NEAR_TIE and tie.position == j and tie.margin == pytest.approx(margin, abs=1e-3)
     assert {t for t, _ in tie.plain_row[:2]} == {plain[j], runner_up}
     assert "near-tie" in render.divergence_line("Greedy check", tie)
+    # The branch point under the check line: both rows' scores, the two candidates named.
+    table = render.branch_point(tie, lambda t: f"tok{t}")
+    assert f"token {j}" in table and f"tok{plain[j]}" in table and f"tok{runner_up}" in table
+    assert "plain decoding's" in table and "speculative's" in table
+    assert f"{tie.plain_row[0][1]:.3f}" in table and f"{dict(tie.verify_row)[tie.plain_row[0][0]]:.3f}" in table
     bug = divergence.explain(target, CachedModel, ids, spec, plain, 4)
     assert bug.kind == MISMATCH and "a bug, not rounding" in render.divergence_line("Greedy check", bug)
 
