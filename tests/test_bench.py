@@ -157,6 +157,8 @@ def test_card_still_reports_every_bundled_draft(tmp_path):
     for name in ("draft-distilled", "draft-small", "draft-weak"):
         assert doc[name]["median_adaptive_speedup"] > 0
         assert doc[name]["target_decode_ms"] > 0 and doc[name]["cost_per_token_vs_target"] > 0
+        tree = doc[name]["tree"]  # the same draft as a tree beside its chain
+        assert tree["nodes"] == 16 and tree["median_speedup"] > 0 and tree["tokens_per_pass_over_chain"] > 0
 
 
 @pytest.mark.slow

@@ -1,7 +1,8 @@
 """`python -m app bench --card`: the model card's figures for every bundled draft.
 
 Greedy acceptance at k = 4 (pooled, with a bootstrap interval over prompts) and with adaptive k on
-the held-out code prompts, and each draft's decode cost per token against the target's.
+the held-out code prompts, the same draft as a tree of CARD_TREE nodes (or --tree N) k = 4 deep beside
+its chain, and each draft's decode cost per token against the target's.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import numpy
 from app import models, request
 from app.bench import progress
 from app.core import metrics, text
-from app.core.config import RunConfig, SamplingConfig, Settings, SpecConfig
+from app.core.config import RunConfig, SamplingConfig, Settings, SpecConfig, UserError
 from app.data.prompts import held_out_prompts, suite
 from app.drafts.model import decode_seconds_per_token
 
@@ -87,17 +88,49 @@ def cost_ratio(t_draft, t_target, reps: int = COST_REPS) -> tuple[float, float, 
     )
 
 
-def _prompt_row(pair, prompt: str, s: SamplingConfig, r: RunConfig) -> dict:
-    """One prompt: plain, fixed k = 4 and adaptive runs, and their speedups."""
+CARD_TREE = 16  # the card's tree: nodes, k = 4 deep (--tree N picks another)
+
+
+def _prompt_row(pair, prompt: str, s: SamplingConfig, r: RunConfig, tree: int = CARD_TREE) -> dict:
+    """One prompt: plain, fixed k = 4, the tree of `tree` nodes k = 4 deep (None where the draft
+    cannot branch) and adaptive runs, and their speedups."""
     _, ar = run_one(pair, prompt, s, SpecConfig(), r, "autoregressive")
     _, spec = run_one(pair, prompt, s, SpecConfig(k=4, k_policy="fixed"), r, "speculative")
     _, adaptive = run_one(pair, prompt, s, SpecConfig(k_policy="adaptive"), r, "speculative", calibrated=True)
     a, b, c = (metrics.summarize(x) for x in (ar, spec, adaptive))
+    try:
+        _, tree_steps = run_one(pair, prompt, s, SpecConfig(k=4, k_policy="fixed", tree=tree), r, "speculative")
+        t = metrics.summarize(tree_steps)
+    except UserError:  # a draft that re-tokenises its drafts drafts chains only
+        t = None
     return dict(
         autoregressive=a,
         speculative=b,
+        tree=t,
         speedup=metrics.compare(b, a)["achieved_speedup"],
         adaptive_speedup=metrics.compare(c, a)["achieved_speedup"],
+        tree_speedup=metrics.compare(t, a)["achieved_speedup"] if t else None,
+    )
+
+
+def _tree_summary(rows: list[dict], nodes: int) -> dict | None:
+    """The tree beside the chain (both k = 4): medians over prompts, and the tree's over the chain's."""
+    trees = [r for r in rows if r["tree"] is not None]
+    if not trees:
+        return None
+
+    def med(f):
+        return statistics.median(f(r) for r in trees)
+
+    per_pass = med(lambda r: r["tree"]["tokens_per_pass"])
+    chain_per_pass = med(lambda r: r["speculative"]["tokens_per_pass"])
+    return dict(
+        nodes=nodes,
+        k=4,
+        median_speedup=med(lambda r: r["tree_speedup"]),
+        median_tokens_per_pass=per_pass,
+        tokens_per_pass_over_chain=per_pass / chain_per_pass if chain_per_pass else None,
+        speed_over_chain=med(lambda r: r["tree_speedup"] / r["speedup"]),
     )
 
 
@@ -135,9 +168,11 @@ def card(args) -> dict:
         pair = models.load_pair(target_id, path, args.device, args.dtype)
         timed = functools.partial(pair.draft.seconds_per_token, pair.target, probe)
         t_draft, t_beside, cost = cost_ratio(timed, t_target)
-        rows = [_prompt_row(pair, prompt, s, r) for prompt in progress.counted(prompts, "prompt")]
+        tree = args.tree if isinstance(args.tree, int) and args.tree > 0 else CARD_TREE
+        rows = [_prompt_row(pair, prompt, s, r, tree) for prompt in progress.counted(prompts, "prompt")]
         summary = aggregate(rows)
         summary["median_adaptive_speedup"] = statistics.median(r["adaptive_speedup"] for r in rows)
+        summary["tree"] = _tree_summary(rows, tree)
         out[name] = dict(
             params=pair.draft.params(),
             decode_ms=1000 * t_draft,
