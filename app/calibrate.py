@@ -205,7 +205,12 @@ class _Turns:
 
 
 def measure(
-    pair, k_max: int, target_cache: Callable = CachedModel, sampling: SamplingConfig | None = None, tree: int = 0
+    pair,
+    k_max: int,
+    target_cache: Callable = CachedModel,
+    sampling: SamplingConfig | None = None,
+    tree: int = 0,
+    report: Callable[[float], None] | None = None,
 ) -> Costs:
     """Costs of `pair` (models.Pair) on this machine for up to k_max drafts per round, with the rounds
     run under `sampling` (default greedy). Sampled rounds cost more than greedy ones, more so the more
@@ -213,7 +218,8 @@ def measure(
     position, and the repetition controls over the history at each, so each kind is timed on its own.
     tree: the most nodes a tree may have (0: chains only); the pass is then timed up to that width,
     and a few rounds draft trees, which price a tree round beyond a chain's (Costs.tree_fixed_s,
-    draft_node_s)."""
+    draft_node_s). `report(fraction)`, when given, hears how far the measurement has come."""
+    report = report or (lambda fraction: None)
     probe = pair.tokenizer(PROBE)["input_ids"]
     limit, new_tokens = _window(pair, max(k_max, tree), target_cache)
     n = min(limit // 2, CONTEXT)
@@ -221,7 +227,9 @@ def measure(
     widest = tree + 1 if tree > k_max else 0
     curve = verify_curve(pair.target, ids, k_max + 1, target_cache, widest=widest)
     far = min(2 * n, limit - len(curve))
+    report(0.15)
     per_context = context_slopes(pair.target, probe, curve, n, far, target_cache, dense=k_max + 1)
+    report(0.3)
     # A round's pass feeds the last kept token again after len(ids) - 1 cached ones, so the curve's
     # passes after n cached tokens stand for rounds that begin at n + 1 (Step.context).
     at = _AtReference(per_context, n + 1)
@@ -232,11 +240,12 @@ def measure(
     ks = lengths(k_max)
     plain, speculative, trees = [], [], []
     tree_turns = _tree_turns(pair, ids, turns.settings, target_cache, k_max, tree)
-    for _ in range(PARTS):
+    for part in range(PARTS):
         plain += turns.rounds(False, 4)
         speculative += turns.rounds(True, len(ks) * BLOCK)  # each run must hold one whole block of each length
         for t in tree_turns:
             trees += t.rounds(True, BLOCK)
+        report(0.3 + 0.6 * (part + 1) / PARTS)
     drafts, verifies, outside = _split_rounds(speculative, at)
     verifies[1] = [at(1, s.verify_time, s.context) for s, _ in plain] + verifies.get(1, [])
     draft_points = {k: statistics.median(t) for k, t in drafts.items()} or {0: 0.0}
@@ -428,10 +437,15 @@ def _fit_line(points: dict[int, float]) -> tuple[float, float]:
 
 
 def costs_for(
-    pair, spec: SpecConfig, target_cache: Callable = CachedModel, sampling: SamplingConfig | None = None
+    pair,
+    spec: SpecConfig,
+    target_cache: Callable = CachedModel,
+    sampling: SamplingConfig | None = None,
+    report: Callable[[float], None] | None = None,
 ) -> Costs:
     """This machine's costs for `pair`, measured once per pair, draft, k_max, threads, cache kind and
-    cost class of the sampling settings (`cost_class`; default greedy), under the first request's."""
+    cost class of the sampling settings (`cost_class`; default greedy), under the first request's;
+    `report` hears a measurement's progress (measure)."""
     sampling = sampling or SamplingConfig()
     tree = spec.tree if spec.tree_auto else 0  # the widest tree the cost model may choose
     key = (
@@ -449,6 +463,6 @@ def costs_for(
         if key not in _cache:
             if len(_cache) >= MAX_CACHED:  # the least recently used goes: greedy stays while it is in use
                 _cache.pop(next(iter(_cache)))
-            _cache[key] = measure(pair, spec.k_max, target_cache, sampling=sampling, tree=tree)
+            _cache[key] = measure(pair, spec.k_max, target_cache, sampling=sampling, tree=tree, report=report)
         _cache[key] = _cache.pop(key)  # now the most recently used
         return _cache[key]

@@ -8,6 +8,7 @@ contenders are the one exception: they build `runs.Run` with costs measured once
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from app import calibrate, models, runs
@@ -44,20 +45,24 @@ def start(
     speculative: bool = True,
     compile: bool = False,
     calibrated: bool = True,
+    report: Callable[[float], None] | None = None,
 ) -> runs.Run:
-    """A Run whose policy is guided by this machine's measured costs (measured once per kind of request)."""
+    """A Run whose policy is guided by this machine's measured costs (measured once per kind of request;
+    `report` hears a first measurement's progress)."""
     run = runs.prepare(pair, ids, settings, speculative=speculative, compile=compile)
     if speculative and calibrated:
-        run.costs = costs(pair, settings, run.target_cache)
+        run.costs = costs(pair, settings, run.target_cache, report)
     return run
 
 
-def costs(pair: Pair, settings: Settings, target_cache=CachedModel) -> Costs | None:
+def costs(
+    pair: Pair, settings: Settings, target_cache=CachedModel, report: Callable[[float], None] | None = None
+) -> Costs | None:
     """The calibrated costs a speculative run plans with, measured once per kind of request: the cost
     model plans chains, and trees under tree_auto; a fixed tree's shape is its settings' (None)."""
     if settings.spec.tree and not settings.spec.tree_auto:
         return None
-    return calibrate.costs_for(pair, settings.spec, target_cache, sampling=settings.sampling)
+    return calibrate.costs_for(pair, settings.spec, target_cache, sampling=settings.sampling, report=report)
 
 
 def open_request(req: Request) -> runs.Run:

@@ -61,8 +61,10 @@ def test_calibration_fits_a_static_cache_sized_for_a_short_request(tokenizer):
     pair = pair_of(target, tokenizer, "tiny")
     max_len = cache_length(len(tokenizer(PROMPT)["input_ids"]), 40)
     assert max_len < calibrate.CONTEXT + 9 + BUCKETS[-1]
-    costs = calibrate.measure(pair, 8, StaticCaches(max_len))
+    heard = []
+    costs = calibrate.measure(pair, 8, StaticCaches(max_len), report=heard.append)
     assert len(costs.verify_s) == 9 and all(t > 0 for t in costs.verify_s)
+    assert heard == sorted(heard) and len(heard) > 3 and heard[-1] > 0.85, "its progress, for the UI"
     assert costs.context <= max_len // 2
     assert costs.verify_per_context_s, "the second, longer context must fit in the cache too"
 

@@ -237,7 +237,19 @@ def test_a_request_says_it_is_loading_and_measuring_before_its_first_tokens():
     from app.serve import generation, ui
 
     seen = []
-    progress = lambda fraction, desc: seen.append(desc)  # noqa: E731
+
+    class Tracker:
+        """As gradio's tracker behaves: callable, and falsy (it has a length), so a handler must not
+        test it for truth."""
+
+        def __call__(self, fraction, desc=None):
+            if not seen or seen[-1] != desc:  # a measurement reports its progress under one description
+                seen.append(desc)
+
+        def __len__(self):
+            return 0
+
+    progress = Tracker()
     args = [PROMPT, "stdlib-code target (bundled)", "", "prompt lookup (n-grams)", "", False, "greedy", 0.8, 0, 1.0]
     args += [0, 8, "adaptive", 4]
     first = next(ui.generate_both(*args, control={"stop": False}, progress=progress))
@@ -246,7 +258,9 @@ def test_a_request_says_it_is_loading_and_measuring_before_its_first_tokens():
     seen.clear()
     ui.step_round(None, *args, progress=progress)
     assert seen == [generation.LOADING, generation.MEASURING]
-    for handler in (ui.generate_both, ui.step_round):  # gradio fills a gr.Progress default with its tracker
+    seen.clear()
+    assert ui.check_request(*args, progress=progress) == "" and seen == [generation.LOADING]
+    for handler in (ui.generate_both, ui.step_round, ui.check_request):  # gradio fills a gr.Progress default
         assert isinstance(inspect.signature(handler).parameters["progress"].default, gr.Progress)
 
 
@@ -817,3 +831,20 @@ def test_a_click_resolves_its_pair_and_encodes_its_prompt_once(monkeypatch):
     other[0] = PROMPT + "\n# another"
     first = next(ui.generate_both(*other, control=control))
     assert "another" in first[0] and calls["encode"] == 4
+
+
+def test_the_first_requests_wait_is_named_for_what_it_waits_on(monkeypatch):
+    """The check's progress line says the wheel's GGUF is being converted (once per machine), or that a
+    target is downloaded, and otherwise that the pair is loading."""
+    from pathlib import Path
+
+    from app import models
+    from app.serve import handlers
+
+    monkeypatch.setattr(models.gguf_target, "gguf_path", lambda: Path("/wheel/smollm2.gguf"))
+    monkeypatch.setattr(models.gguf_target, "ready_dir", lambda path=None: None)
+    assert "converting SmolLM2" in handlers.loading_note(models.DEFAULT_TARGET)
+    monkeypatch.setattr(models.gguf_target, "ready_dir", lambda path=None: Path("/cache/smollm2"))
+    assert handlers.loading_note(models.DEFAULT_TARGET) == handlers.LOADING
+    monkeypatch.setattr(models, "needs_download", lambda model_id: True)
+    assert "downloading the target" in handlers.loading_note("someone/some-model")

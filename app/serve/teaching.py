@@ -9,8 +9,8 @@ from app.core.config import UserError
 from app.core.events import KIND_LABELS
 from app.serve import heap, sessions
 from app.serve.form import Form, takes_form
-from app.serve.generation import LOADING, MEASURING
-from app.serve.handlers import _user_error, guarded, prepared
+from app.serve.generation import MEASURING
+from app.serve.handlers import LOADING, _user_error, guarded, prepared
 from app.serve.texts import EXAMPLES, example_row  # noqa: F401 - the API's examples
 from app.serve.zerogpu import gpu
 from app.views import plots, render
@@ -34,8 +34,9 @@ def step_round(session, form: Form, control=None, progress=gr.Progress()):
         progress(0.0, desc=LOADING)
         ready = prepared(form, control, last=True)  # Step's last handler: the click's check prepared it
         pair, ids = ready.pair, ready.ids
-        progress(0.5, desc=MEASURING)
-        run = request.start(pair, ids, form.settings)  # the same calibrated policy as Generate's
+        progress(0.0, desc=MEASURING)
+        measuring = lambda fraction: progress(fraction, desc=MEASURING)  # noqa: E731
+        run = request.start(pair, ids, form.settings, report=measuring)  # the same calibrated policy as Generate's
         session, steps, step = sessions.advance(session, key, lambda policy: run.steps(policy, teach=True), run.policy)
     except UserError as e:
         raise _user_error(e) from None

@@ -54,6 +54,8 @@ def build_ui() -> gr.Blocks:
             c.run_btn = gr.Button("Generate", variant="primary")
             c.step_btn = gr.Button("Step one round")
             c.stop_btn = gr.Button("Stop", variant="stop")
+        # A click's check loads the pair: its phase shows here (the panes keep the last results).
+        c.run_status = gr.Markdown(elem_id="run-status", min_height=0)
         gr.Markdown(TIMING_NOTE)
         gr.HTML(render.LEGEND)
         _results(c)
@@ -272,7 +274,7 @@ def _wire(c) -> None:
     # Each run first fills a blank seed and checks the request; only a good request replaces what is
     # on screen, so a failed load leaves the previous results in place.
     c.run_btn.click(start_run, [c.seed, c.decoding, c.control], c.seed, queue=False, **private).then(
-        check_request, [*inputs, c.control], None, **private, **device
+        check_request, [*inputs, c.control], c.run_status, **private, **device
     ).success(
         generate_both,
         [*inputs, c.control],
@@ -284,7 +286,7 @@ def _wire(c) -> None:
         None, js=SHOW_TEACHING, **private
     )
     c.step_btn.click(start_run, [c.seed, c.decoding, c.control], c.seed, queue=False, **private).then(
-        check_request, [*inputs, c.control], None, **private, **device
+        check_request, [*inputs, c.control], c.run_status, **private, **device
     ).success(
         step_round,
         [c.session, *inputs, c.control],
