@@ -649,7 +649,7 @@ def test_browser_rejected_drafts_as_marks_keep_the_text_and_show_the_drafts_on_a
 
 @needs_browser
 @pytest.mark.slow
-def test_browser_stop_button_cancels_both_panes(page):
+def test_browser_stop_button_cancels_both_panes_and_a_queued_visitor_sees_their_place(page, server, browser):
     # 500 tokens take SmolLM2 half a minute, so Stop lands long before the run could finish; prompt
     # lookup on SmolLM2 is measured already (test_gradio_client_named_parameters), so the run starts at once.
     page.get_by_label("or a custom draft", exact=False).fill("prompt-lookup")
@@ -657,7 +657,19 @@ def test_browser_stop_button_cancels_both_panes(page):
     page.get_by_role("button", name="Generate", exact=True).click()
     # Attached, not visible: prompt lookup's first span can be a rejected draft's mark, hidden inline.
     page.wait_for_selector("#spec-pane .tok", state="attached", timeout=240_000)
+    # A second visitor presses Generate while the device is busy: the status line under the buttons
+    # gives their place in the queue (and gradio's estimate of the wait), not a silent page.
+    other = browser.new_context(viewport={"width": 1400, "height": 1700})
+    second = other.new_page()
+    second.goto(server, wait_until="domcontentloaded")
+    second.get_by_label("or a custom draft", exact=False).fill("prompt-lookup")
+    _set_max_new_tokens(second, 8)
+    second.get_by_role("button", name="Generate", exact=True).click()
+    second.wait_for_selector("#run-status :text-matches('queue', 'i')", timeout=60_000)
+    assert "1/1" in second.locator("#run-status").inner_text(), "their place, of how many"
     page.get_by_role("button", name="Stop", exact=True).click()
+    second.wait_for_selector("#greedy-check :text('token for token')", timeout=240_000)  # then served
+    other.close()
 
     def panes():
         return page.locator("#spec-pane").inner_text(), page.locator("#ar-pane").inner_text()
