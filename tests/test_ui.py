@@ -860,3 +860,11 @@ def test_the_first_requests_wait_is_named_for_what_it_waits_on(monkeypatch):
     assert handlers.loading_note(models.DEFAULT_TARGET) == handlers.LOADING
     monkeypatch.setattr(models, "needs_download", lambda model_id: True)
     assert "downloading the target" in handlers.loading_note("someone/some-model")
+    # An id the hosting rules refuse is never looked up on disk or in the Hub's cache to phrase the note.
+    monkeypatch.setenv("SPECDEC_ALLOWED_MODELS", "presets")
+
+    def looked_up(model_id):
+        raise AssertionError(f"{model_id} was looked up before the hosting rules refused it")
+
+    monkeypatch.setattr(models, "needs_download", looked_up)
+    assert handlers.loading_note("/etc") == handlers.LOADING

@@ -115,7 +115,7 @@ def _prompt_row(pair, prompt: str, s: SamplingConfig, r: RunConfig, tree: int = 
 
 def _tree_summary(rows: list[dict], nodes: int) -> dict | None:
     """The tree beside the chain (both k = 4): medians over prompts, and the tree's over the chain's."""
-    trees = [r for r in rows if r["tree"] is not None]
+    trees = [r for r in rows if r["tree"] is not None and r["tree_speedup"] and r["speedup"]]
     if not trees:
         return None
 

@@ -50,9 +50,10 @@ def cache_length(prompt_len: int, max_new_tokens: int) -> int:
 @functools.cache
 def compiled(model: PreTrainedModel):
     """The model's forward under torch.compile with CUDA graphs, shared by every request."""
-    # One graph per bucket width, per output kind (logits, or logits and features) and per pooled
-    # cache: more than dynamo's default of 8, past which it would quietly fall back to eager.
-    torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
+    # One graph per bucket width, per output kind (logits, or logits and features), per pass kind (a
+    # chain's causal pass, or a tree's with its mask and positions) and per pooled cache: more than
+    # dynamo's default of 8, past which it would quietly fall back to eager.
+    torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 128)
     return torch.compile(model, mode="reduce-overhead", dynamic=False)
 
 

