@@ -320,11 +320,13 @@ def test_user_error_is_one_log_line_and_keeps_results(caplog):
         )
     assert "prompt is empty" in str(e.value) and e.value.print_exception is False
     assert [r.getMessage() for r in caplog.records] == ["user error: prompt is empty: type some text to continue"]
-    # The request is checked by an event with no outputs, before the run that replaces the results.
+    # The request is checked by an event whose one output is the status line under the buttons (where a
+    # first load names its phase), before the run that replaces the results.
     demo = ui.build_ui()
     deps = demo.config["dependencies"]
     check = next(d for d in deps if d["api_name"].startswith("check_request"))
-    assert check["outputs"] == []
+    ids = {c["id"]: c.get("props", {}).get("elem_id") for c in demo.config["components"]}
+    assert [ids[i] for i in check["outputs"]] == ["run-status"]
     assert next(d for d in deps if d["api_name"] == "generate")["trigger_only_on_success"]
 
 
