@@ -244,7 +244,7 @@ def tree_figure(step: Step) -> go.Figure:
             text=[visible(step.token_text)],
             textposition="middle right",
             marker=dict(size=12, symbol="diamond", color=COLOURS[step.token_kind]),
-            name=f"the target's {KIND_LABELS[step.token_kind]} token",
+            name=f"the target's token ({KIND_LABELS[step.token_kind]})",
             hoverinfo="name",
         )
     )
@@ -254,23 +254,31 @@ def tree_figure(step: Step) -> go.Figure:
             y=[0],
             mode="markers+text",
             text=["committed text"],
-            textposition="middle right",
+            textposition="top right",  # above its row: the target's token may sit right beside it
             marker=dict(size=10, color=COLOURS["target"]),
             showlegend=False,
             hoverinfo="skip",
         )
     )
     width = max(depth.values(), default=1) + 2
-    return _figure(
+    figure = _figure(
         data,
         f"round {step.round}: a tree of {len(step.drafted)} nodes, kept {step.accepted}",
         "depth",
         "",
-        y_range=[len(order) + 0.7, -0.7],  # the committed text on top, rows downwards
-        height=max(300, 90 + 22 * len(order)),
+        y_range=[len(order) + 0.7, -1.2],  # the committed text on top, rows downwards
+        # A row a label high, and the legend between the title and the plot: under the plot, as the
+        # other figures have it, its lines would eat the rows of a narrow screen.
+        height=max(370, 210 + 28 * len(order)),
+        margin=dict(l=45, r=10, t=160, b=45),
+        legend=dict(orientation="h", y=1.02, x=0, xanchor="left", yanchor="bottom"),
         xaxis=dict(range=[-0.3, width + 0.8], dtick=1, title=dict(text="depth")),
         showlegend=True,
     )
+    # The title at the top, below where the page labels the plot, so the legend's lines (three on a
+    # phone) fit between it and the plot.
+    figure.update_layout(title=dict(y=1, yref="container", yanchor="top", pad=dict(t=40)))
+    return figure
 
 
 def decision_figure(step: Step, greedy: bool = False, shared_noise: bool = False) -> go.Figure:
