@@ -84,7 +84,7 @@ def cmd_generate(args) -> int:
         line += (
             f"; acceptance {_pct(st['acceptance_rate'])} of drafts, alpha {_pct(st['alpha'])}, "
             f"{st['tokens_per_pass']:.2f} tokens/pass (mean acceptance length), speedup predicted for this machine "
-            f"{_num(st['predicted_speedup'])}x (Leviathan's idealised {_num(st['theoretical_speedup'])}x)"
+            f"{_times(st['predicted_speedup'])} (Leviathan's idealised {_times(st['theoretical_speedup'])})"
         )
         if colour:
             line += "\n" + " ".join(f"{COLOURS[kind]}{label}{RESET}" for kind, label in KIND_LABELS.items())
@@ -96,8 +96,9 @@ def _pct(x):
     return "n/a" if x is None else f"{100 * x:.1f}%"
 
 
-def _num(x):
-    return "n/a" if x is None else f"{x:.2f}"
+def _times(x):
+    """A ratio as 1.23x, or n/a where the run has none (no calibrated costs, or tree rounds)."""
+    return "n/a" if x is None else f"{x:.2f}x"
 
 
 def parser() -> argparse.ArgumentParser:

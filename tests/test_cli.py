@@ -37,9 +37,17 @@ def test_plain_output_is_exactly_the_json_text(capsys, draft):
     doc = json.loads(capsys.readouterr().out)
     assert doc["threads"] == threads.choose()  # "auto" unless SPECDEC_THREADS fixes a count
     assert cli.main(argv) == 0
-    out = capsys.readouterr().out
-    assert out == doc["text"] + "\n"
+    captured = capsys.readouterr()
+    assert captured.out == doc["text"] + "\n"
     assert doc["text"] and any(s["rejected"] for s in doc["steps"]), "rejected drafts existed and were left out"
+    assert "n/ax" not in captured.err and "tokens/pass" in captured.err, "a missing figure reads n/a, not n/ax"
+
+
+def test_a_tree_runs_summary_line_has_no_figure_it_cannot_give(capsys):
+    argv = ["generate", "--target", models.TINY_TARGET, "--prompt", "import os\n\n\ndef main(argv=None):\n"]
+    assert cli.main([*argv, "--max-new-tokens", "24", "--k", "3", "--tree", "6"]) == 0
+    err = capsys.readouterr().err
+    assert "tokens/pass" in err and "n/ax" not in err, err
 
 
 def test_help_does_not_import_torch():
