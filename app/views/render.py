@@ -6,6 +6,7 @@ Pure functions (no gradio, no torch), so tests check them without a browser.
 from __future__ import annotations
 
 import html
+import itertools
 from collections.abc import Sequence
 
 from app.core import metrics
@@ -58,11 +59,12 @@ def pane_html(prompt: str, steps: Sequence[Step], kind_classes: bool = True) -> 
         # A tree's thrown-away branches follow one another, each after a fork mark (style.css draws it,
         # so it adds no text to the pane).
         spans = s.spans()
-        starts = _branch_starts(s) if s.parents is not None else set()
+        branches = s.thrown_away() if s.parents is not None else []
+        forks = set(itertools.accumulate(len(b) for b in branches[:-1]))  # where each later branch starts
         pieces, rejected, seen = [], [], 0
         for piece, kind in spans:
             if kind == REJECTED:
-                if seen in starts and seen:
+                if seen in forks:
                     pieces.append('<span class="fork" title="another branch of the tree, thrown away"></span>')
                     rejected.append("¦")
                 rejected.append(piece)
@@ -72,27 +74,17 @@ def pane_html(prompt: str, steps: Sequence[Step], kind_classes: bool = True) -> 
         if rejected:
             pieces.insert([kind for _, kind in spans].index(REJECTED), _rejected_mark(rejected))
         tokens = "".join(pieces)
-        parts.append(f'<span class="round r{s.round % 2}" title="{_round_title(s)}">{tokens}</span>')
+        parts.append(f'<span class="round r{s.round % 2}" title="{_round_title(s, len(branches))}">{tokens}</span>')
     parts.append("</div>")
     return "".join(parts)
 
 
-def _branch_starts(s: Step) -> set[int]:
-    """Where each thrown-away branch of a tree round starts, counted in its rejected spans."""
-    starts, at = set(), 0
-    for branch in s.thrown_away():
-        starts.add(at)
-        at += len(branch)
-    return starts
-
-
-def _round_title(s: Step) -> str:
-    """A round's tooltip: its draft and what was kept of it."""
+def _round_title(s: Step, branches: int) -> str:
+    """A round's tooltip: its draft and what was kept of it (`branches`: a tree's thrown away)."""
     if not s.drafted:
         return ""
     if s.parents is None:
         return f"round {s.round}: k={s.k}, kept {s.accepted} of {len(s.drafted)}"
-    branches = len(s.thrown_away())
     return (
         f"round {s.round}: a tree of {len(s.drafted)} drafts, {s.k} deep; kept {s.accepted} on its path, "
         f"{branches} branch{'es' if branches != 1 else ''} thrown away"
