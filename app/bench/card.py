@@ -162,13 +162,13 @@ def card(args) -> dict:
 
     out = {"target": dict(params=target.num_parameters())}
     s, r = SamplingConfig(), RunConfig(args.max_new_tokens, chat=chat)
+    tree = args.tree if isinstance(args.tree, int) and args.tree > 0 else CARD_TREE
     for i, path in enumerate(drafts, start=1):
         name = Path(path).name
         progress.say("card", f"draft {i}/{len(drafts)}: {name}")
         pair = models.load_pair(target_id, path, args.device, args.dtype)
         timed = functools.partial(pair.draft.seconds_per_token, pair.target, probe)
         t_draft, t_beside, cost = cost_ratio(timed, t_target)
-        tree = args.tree if isinstance(args.tree, int) and args.tree > 0 else CARD_TREE
         rows = [_prompt_row(pair, prompt, s, r, tree) for prompt in progress.counted(prompts, "prompt")]
         summary = aggregate(rows)
         summary["median_adaptive_speedup"] = statistics.median(r["adaptive_speedup"] for r in rows)

@@ -15,8 +15,7 @@ from app.core.config import Settings, UserError
 from app.models import hosting
 from app.serve import heap, queue_limits
 from app.serve.form import Form, takes_form
-from app.serve.generation import MEASURING
-from app.serve.handlers import LOADING, _pair, _user_error, guarded
+from app.serve.handlers import LOADING, MEASURING, _pair, _user_error, guarded, measuring
 from app.serve.zerogpu import gpu
 from app.views import plots, render
 
@@ -61,7 +60,7 @@ def _stream(form: Form, control, progress):
         return bool(control and control.get("stop")) or time.monotonic() > deadline
 
     progress(0.0, desc=MEASURING)
-    costs = request.costs(pair, settings, report=lambda fraction: progress(fraction, desc=MEASURING))
+    costs = request.costs(pair, settings, report=measuring(progress))
     draft = hosting.shown(form.draft)  # as typed: a resolved name can be an install path on this host
     plain = questions.timed(pair, settings, False, None, stop)
     field = {draft: questions.timed(pair, settings, True, costs, stop)}

@@ -15,7 +15,7 @@ from app.core.config import UserError
 from app.models import threads
 from app.serve import heap, queue_limits
 from app.serve.form import Form, fill_seed, takes_form
-from app.serve.handlers import LOADING, _user_error, guarded, new_click, prepared
+from app.serve.handlers import LOADING, MEASURING, _user_error, guarded, measuring, new_click, prepared
 from app.serve.texts import EXAMPLES, example_row  # noqa: F401 - the API's examples
 from app.serve.zerogpu import gpu
 from app.views import plots, render
@@ -23,7 +23,6 @@ from app.views import plots, render
 log = logging.getLogger(__name__)
 UPDATE_EVERY = 0.25  # seconds between streamed text updates; rendering shares the CPU
 PLOT_EVERY = 1.5  # seconds between plot updates: figures are heavier than text
-MEASURING = "measuring this machine's round costs (once per pair and kind of sampling)"
 
 
 def _interleave(spec_it: Iterator, ar_it: Iterator) -> Iterator[tuple[str, object]]:
@@ -84,8 +83,7 @@ def _stream(form: Form, control, progress=None) -> Iterator[tuple]:
     shown = pair.tokenizer.decode(ids, skip_special_tokens=True)
     precision = _precision(pair, dtype)
     progress(0.0, desc=MEASURING)
-    measuring = lambda fraction: progress(fraction, desc=MEASURING)  # noqa: E731
-    speculative = request.start(pair, ids, settings, report=measuring)  # once per pair and kind of sampling
+    speculative = request.start(pair, ids, settings, report=measuring(progress))  # once per pair and sampling kind
     costs = speculative.costs
     streams = _interleave(speculative.steps(), request.start(pair, ids, settings, speculative=False).steps())
     spec, ar = [], []

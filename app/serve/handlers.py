@@ -9,6 +9,7 @@ import logging
 import secrets
 import threading
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -71,7 +72,7 @@ def prepared(form: Form, control: dict | None = None, last: bool = False) -> Pre
     token = control.get("click") if isinstance(control, dict) else None
     key = (form.target, form.draft, form.dtype, form.prompt, form.settings.run.chat)
     with _clicks_lock:
-        held = _clicks.pop(token, None) if last else _clicks.get(token) if token else None
+        held = (_clicks.pop if last else _clicks.get)(token, None)
     if held is not None and held[0] == key:
         return held[1]
     pair = _pair(form.target, form.draft, form.dtype)
@@ -89,6 +90,12 @@ def prepared(form: Form, control: dict | None = None, last: bool = False) -> Pre
 
 
 LOADING = "loading models (the first request for a pair)"
+MEASURING = "measuring this machine's round costs (once per pair and kind of sampling)"
+
+
+def measuring(progress) -> Callable[[float], None]:
+    """What calibration reports its progress to: the page's tracker, under MEASURING."""
+    return lambda fraction: progress(fraction, desc=MEASURING)
 
 
 def loading_note(target: str) -> str:

@@ -9,8 +9,7 @@ from app.core.config import UserError
 from app.core.events import KIND_LABELS
 from app.serve import heap, sessions
 from app.serve.form import Form, takes_form
-from app.serve.generation import MEASURING
-from app.serve.handlers import LOADING, _user_error, guarded, prepared
+from app.serve.handlers import LOADING, MEASURING, _user_error, guarded, measuring, prepared
 from app.serve.texts import EXAMPLES, example_row  # noqa: F401 - the API's examples
 from app.serve.zerogpu import gpu
 from app.views import plots, render
@@ -35,8 +34,7 @@ def step_round(session, form: Form, control=None, progress=gr.Progress()):
         ready = prepared(form, control, last=True)  # Step's last handler: the click's check prepared it
         pair, ids = ready.pair, ready.ids
         progress(0.0, desc=MEASURING)
-        measuring = lambda fraction: progress(fraction, desc=MEASURING)  # noqa: E731
-        run = request.start(pair, ids, form.settings, report=measuring)  # the same calibrated policy as Generate's
+        run = request.start(pair, ids, form.settings, report=measuring(progress))  # the policy Generate's runs have
         session, steps, step = sessions.advance(session, key, lambda policy: run.steps(policy, teach=True), run.policy)
     except UserError as e:
         raise _user_error(e) from None
