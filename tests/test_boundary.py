@@ -148,14 +148,13 @@ def _base_values(config: dict) -> dict[int, object]:
     return good
 
 
-def _call(url: str, dep: dict, data_json: str) -> tuple[bool, object]:
-    """Send one event's raw JSON data as the page would; (succeeded, output or error text)."""
+def _call(url: str, dep: dict, data_json: str, session: str) -> tuple[bool, object]:
+    """Send one event's raw JSON data as the page would, in visitor session `session`; (succeeded,
+    output or error text)."""
     import json
-    import uuid
 
     import httpx
 
-    session = uuid.uuid4().hex
     body = f'{{"data": {data_json}, "fn_index": {dep["id"]}, "session_hash": "{session}", "event_data": null}}'
     headers = {"content-type": "application/json"}
     if dep.get("queue") is False:  # the page posts these directly, outside the queue
@@ -178,6 +177,8 @@ def _call(url: str, dep: dict, data_json: str) -> tuple[bool, object]:
 @pytest.mark.slow  # a server and several hundred requests
 def test_a_bad_value_in_any_input_of_any_endpoint_gets_a_readable_message(tmp_path):
     import json
+    import threading
+    import uuid
     from concurrent.futures import ThreadPoolExecutor
 
     import httpx
@@ -210,9 +211,15 @@ def test_a_bad_value_in_any_input_of_any_endpoint_gets_a_readable_message(tmp_pa
                     cases.append(((where, pos), bad, dep, "[" + ", ".join(data) + "]"))
             cases.append(((where, "short"), None, dep, "[" + ", ".join(base[:-1]) + "]"))  # one value short
 
+        # Each caller is one visitor who sends bad value after bad value in one session, as a page
+        # would: what one refusal leaves in the session must not break the next call.
+        sessions = threading.local()
+
         def failure(case):
             (where, pos), bad, dep, data = case
-            ok, out = _call(url, dep, data)
+            if not hasattr(sessions, "hash"):
+                sessions.hash = uuid.uuid4().hex
+            ok, out = _call(url, dep, data, sessions.hash)
             wanted = "values" if pos == "short" else ""  # a short call is told how many values it needs
             readable = isinstance(out, str) and len(out) > 10 and "internal error" not in out and wanted in out
             return None if ok or readable else (where, pos, bad, out)

@@ -1,5 +1,6 @@
 """The app's examples tell the truth: code is easier to speculate on than open-ended English,
-and no example loops under its own settings on the default pair (instructions through the chat template)."""
+and no example loops under its own settings on the default pair (instructions through the chat template),
+at the app's default adaptive k."""
 
 import json
 from collections import Counter
@@ -62,7 +63,7 @@ def results():
                 ids,
                 pair.proposer(),
                 sampling_cfg=s,
-                spec=SpecConfig(k=4, k_policy="fixed"),
+                spec=SpecConfig(),  # the app's default: adaptive k
                 run=run,
                 target_cache=CachedModel,
             )

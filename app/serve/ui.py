@@ -366,6 +366,10 @@ def launch(host: str | None = None, port: int | None = None, share: bool = False
     # The default target's one-time work (converting the wheel's GGUF) runs beside the server, so the
     # first page does not wait for it; the first request for the model waits only for what is left.
     threading.Thread(target=_prepare, args=(next(iter(models.TARGET_PRESETS)),), daemon=True).start()
+    # The queue otherwise rebuilds a pandas summary of up to its last 10,000 events after every event,
+    # for a monitoring page this app keeps closed: per event, that is server time a run could use.
+    os.environ.setdefault("GRADIO_ANALYTICS_CACHE_FREQUENCY", str(2**31))
+    os.environ.setdefault("GRADIO_ANALYTICS_MAX_EVENTS", "64")
     # api_open=False everywhere (Gradio opens it off a Space): a direct POST to a queued event's
     # /run/ route would skip the fair queue, its per-visitor cap and its rate limit.
     demo.queue(max_size=queue_limits.MAX_QUEUED, default_concurrency_limit=queue_limits.concurrency(), api_open=False)
