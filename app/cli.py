@@ -118,7 +118,7 @@ def parser() -> argparse.ArgumentParser:
     g.set_defaults(func=cmd_generate)
     # bench and train parse their own options (see --help on each).
     sub.add_parser("bench", help="speculative vs autoregressive (and transformers) on prompt suites", add_help=False)
-    sub.add_parser("train", help="rebuild the bundled model family", add_help=False)
+    sub.add_parser("train", help="rebuild the bundled family, or a target's drafts (--target)", add_help=False)
     sub.add_parser("gpucheck", help="time the GPU fast path on random 7B/0.5B-shaped models", add_help=False)
     sub.add_parser("export", help="the pair and settings as vllm serve / llama-server commands", add_help=False)
     sub.add_parser("quality", help="the target's held-out loss, loops and distinct n-grams", add_help=False)

@@ -476,12 +476,14 @@ def test_gradio_client_greedy_generation(served):
 
 @pytest.mark.slow
 def test_gradio_client_named_parameters(served):
-    """The README's client call: named parameters, every other one at its default."""
+    """The README's client call: named parameters, every other one at its default (the default pair,
+    whose costs the browser tests then find measured)."""
     from gradio_client import Client
 
     client = Client(served[0], verbose=False)
-    *_, doc = client.predict(prompt=PROMPT, draft="prompt lookup (n-grams)", max_new_tokens=16, api_name="/generate")
-    assert doc["speculative"]["draft"] == "prompt lookup (n-grams)"
+    *_, doc = client.predict(prompt=PROMPT, max_new_tokens=16, api_name="/generate")
+    default = next(label for label, path in models.DRAFT_PRESETS.items() if path == models.DEFAULT_DRAFT)
+    assert doc["speculative"]["draft"] == default
     assert doc["speculative"]["token_ids"] == doc["autoregressive"]["token_ids"] and doc["speculative"]["token_ids"]
     status = client.predict(draft="weak draft (bundled)", api_name="/load_pair")
     assert "weak draft (bundled)" in status

@@ -167,17 +167,21 @@ def save(model: LlamaForCausalLM, tokenizer, out: Path, info: dict) -> None:
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(prog="python -m app train", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(
+        prog="python -m app train",
+        description=__doc__.splitlines()[0] + " With --target, a pretrained target's drafts instead: a feature "
+        "head and a small draft, from the target's own answers (resumable: run it again to go on).",
+    )
     ap.add_argument(
         "--out",
         type=Path,
         default=None,
         help="where the models are written (default assets/models, with --target smollm2 assets/models/smollm2)",
     )
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--seed", type=int, default=0, help="seed of the data's order, sampled answers and weights")
     ap.add_argument("--vocab-size", type=int, default=4096)
     ap.add_argument("--ctx", type=int, default=512, help="training context length")
-    ap.add_argument("--batch", type=int, default=4)
+    ap.add_argument("--batch", type=int, default=4, help="the tiny family's batch size")
     ap.add_argument("--scale", type=float, default=1.0, help="multiplies every model's step count")
     ap.add_argument("--max-files", type=int, default=0, help="use only the first N corpus files (0: all)")
     ap.add_argument(
