@@ -9,7 +9,8 @@ import pytest
 import torch
 from conftest import run
 
-from app.core import divergence, verify
+from app.core import divergence, sampling, verify
+from app.core.config import SamplingConfig
 from app.core.divergence import IDENTICAL, MISMATCH, NEAR_TIE
 from app.drafts.model import ModelProposer
 from app.kv.cache import CachedModel
@@ -71,6 +72,34 @@ def test_a_branch_at_a_near_tie_is_rounding_and_above_the_noise_a_mismatch(targe
     assert f"{tie.plain_row[0][1]:.3f}" in table and f"{dict(tie.verify_row)[tie.plain_row[0][0]]:.3f}" in table
     bug = divergence.explain(target, CachedModel, ids, spec, plain, 4)
     assert bug.kind == MISMATCH and "a bug, not rounding" in render.divergence_line("Greedy check", bug)
+
+
+def test_a_greedy_run_with_repetition_controls_is_held_to_its_processed_scores(target, tokenizer):
+    """Greedy decoding under a repetition penalty takes the processed argmax, often not the raw one:
+    after a near-tie branch, every later speculative token that followed those rules falls short of
+    nothing. Held to the raw logits, the same text was reported as a bug."""
+    ids = tokenizer(PROMPT * 2)["input_ids"]
+    cfg = SamplingConfig(0.0, 0, 1.0, 0, 3.0, 2)
+    _, plain_steps = run(target, tokenizer, ids, None, max_new_tokens=16, repetition_penalty=3.0,
+                         no_repeat_ngram_size=2)  # fmt: skip
+    plain = [t for st in plain_steps for t in st.emitted]
+    with torch.inference_mode():
+        raw = target(torch.tensor([ids + plain])).logits[0, len(ids) - 1 : -1].float()
+    assert any(int(raw[i].argmax()) != plain[i] for i in range(len(plain))), "the controls changed a choice"
+    # The speculative side branches at token 0 to the processed runner-up and goes on under the rules.
+    first = sampling.penalise(raw[:1], ids, [], cfg)[0]
+    runner_up = int(first.topk(2).indices[1])
+    _, rest = run(target, tokenizer, ids + [runner_up], None, max_new_tokens=15, repetition_penalty=3.0,
+                  no_repeat_ngram_size=2)  # fmt: skip
+    spec = [runner_up] + [t for st in rest for t in st.emitted]
+    branch = divergence.explain(target, CachedModel, ids, spec, plain, 4, noise=1e-3, cfg=cfg)
+    # The branch itself falls short by its margin, and no token after it falls short at all.
+    assert branch.position == 0 and branch.worst_at == 0
+    assert branch.worst_shortfall == pytest.approx(abs(branch.margin), abs=1e-4)
+    noise = abs(branch.margin) * 1.5 + 1e-3
+    assert divergence.explain(target, CachedModel, ids, spec, plain, 4, noise=noise, cfg=cfg).kind == NEAR_TIE
+    raw_verdict = divergence.explain(target, CachedModel, ids, spec, plain, 4, noise=noise)
+    assert raw_verdict.kind == MISMATCH and raw_verdict.worst_shortfall > noise, "raw logits: a false bug"
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -86,7 +86,8 @@ def explain(
     """The verdict on two outputs that must be equal: identical, a near-tie within the rounding noise,
     or a mismatch above it. width: the verify pass's width to compare one-token passes with; noise: a
     floor measured before (calibration), raised by what this text's own windows show; cfg: the
-    sampling settings of a shared-noise run (None or greedy: greedy decoding)."""
+    run's sampling settings (None: plain greedy decoding). A greedy run with a repetition penalty or
+    banned n-grams picks the argmax of the processed scores, so those are what each token is held to."""
     if spec_ids == plain_ids:
         return Divergence(IDENTICAL)
     score = _scorer(cfg)
@@ -141,9 +142,13 @@ def explain_run(
 
 def _scorer(cfg: SamplingConfig | None) -> Callable[[torch.Tensor, list[int]], torch.Tensor]:
     """(logits row, the history it follows) -> the scores whose argmax picks the token: the logits
-    themselves under greedy decoding, log p − log E under shared noise (p processed as the run's)."""
-    if cfg is None or not cfg.shared_noise:
+    under greedy decoding, processed by the run's repetition controls when it has them (the raw
+    argmax is then not the token the run had to pick), and log p − log E under shared noise (p
+    processed as the run's)."""
+    if cfg is None or (not cfg.shared_noise and not cfg.penalised):
         return lambda row, history: row
+    if not cfg.shared_noise:
+        return lambda row, history: sampling.penalise(row[None], history, [], cfg)[0]
     seed = cfg.seed
 
     def race_score(row: torch.Tensor, history: list[int]) -> torch.Tensor:

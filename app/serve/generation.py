@@ -136,7 +136,7 @@ def _verdict(pair, ids, spec, ar, costs, target_cache, s):
     if plain == [t for x in spec for t in x.emitted]:
         return None
     noise = costs.logit_noise if costs is not None else 0.0
-    return divergence.explain_run(pair.target, target_cache, ids, spec, plain, noise, None if s.greedy else s)
+    return divergence.explain_run(pair.target, target_cache, ids, spec, plain, noise, s)
 
 
 def _precision(pair, asked: str) -> str:
