@@ -145,16 +145,18 @@ def _scorer(cfg: SamplingConfig | None) -> Callable[[torch.Tensor, list[int]], t
     under greedy decoding, processed by the run's repetition controls when it has them (the raw
     argmax is then not the token the run had to pick), and log p − log E under shared noise (p
     processed as the run's)."""
-    if cfg is None or (not cfg.shared_noise and not cfg.penalised):
+    if cfg is None or not cfg.penalised and not cfg.shared_noise:
         return lambda row, history: row
+
+    def processed(row: torch.Tensor, history: list[int]) -> torch.Tensor:
+        return sampling.penalise(row[None], history, [], cfg)[0]  # the row itself when unpenalised
+
     if not cfg.shared_noise:
-        return lambda row, history: sampling.penalise(row[None], history, [], cfg)[0]
-    seed = cfg.seed
+        return processed
 
     def race_score(row: torch.Tensor, history: list[int]) -> torch.Tensor:
-        row = sampling.penalise(row[None], history, [], cfg)[0] if cfg.penalised else row
-        p = sampling.probs(row, cfg).double()
-        e = sampling.race_noise(seed, len(history), p.shape[-1]).double()
+        p = sampling.probs(processed(row, history), cfg).double()
+        e = sampling.race_noise(cfg.seed, len(history), p.shape[-1]).double()
         return (p.log() - e.log()).float()
 
     return race_score
