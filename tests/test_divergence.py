@@ -74,24 +74,32 @@ def test_a_branch_at_a_near_tie_is_rounding_and_above_the_noise_a_mismatch(targe
     assert bug.kind == MISMATCH and "a bug, not rounding" in render.divergence_line("Greedy check", bug)
 
 
-def test_a_greedy_run_with_repetition_controls_is_held_to_its_processed_scores(target, tokenizer):
-    """Greedy decoding under a repetition penalty takes the processed argmax, often not the raw one:
-    after a near-tie branch, every later speculative token that followed those rules falls short of
-    nothing. Held to the raw logits, the same text was reported as a bug."""
+PENALISED = SamplingConfig(0.0, 0, 1.0, 0, 3.0, 2)  # greedy, repetition penalty 3, no repeated 2-grams
+
+
+def _penalised_branch(target, tokenizer):
+    """(prompt ids, plain ids, speculative ids) of a greedy run under PENALISED whose speculative side
+    branches at token 0 to the processed runner-up, as a near-tie would, and goes on under the rules."""
     ids = tokenizer(PROMPT * 2)["input_ids"]
-    cfg = SamplingConfig(0.0, 0, 1.0, 0, 3.0, 2)
     _, plain_steps = run(target, tokenizer, ids, None, max_new_tokens=16, repetition_penalty=3.0,
                          no_repeat_ngram_size=2)  # fmt: skip
     plain = [t for st in plain_steps for t in st.emitted]
     with torch.inference_mode():
         raw = target(torch.tensor([ids + plain])).logits[0, len(ids) - 1 : -1].float()
     assert any(int(raw[i].argmax()) != plain[i] for i in range(len(plain))), "the controls changed a choice"
-    # The speculative side branches at token 0 to the processed runner-up and goes on under the rules.
-    first = sampling.penalise(raw[:1], ids, [], cfg)[0]
+    first = sampling.penalise(raw[:1], ids, [], PENALISED)[0]
     runner_up = int(first.topk(2).indices[1])
     _, rest = run(target, tokenizer, ids + [runner_up], None, max_new_tokens=15, repetition_penalty=3.0,
                   no_repeat_ngram_size=2)  # fmt: skip
-    spec = [runner_up] + [t for st in rest for t in st.emitted]
+    return ids, plain, [runner_up] + [t for st in rest for t in st.emitted]
+
+
+def test_a_greedy_run_with_repetition_controls_is_held_to_its_processed_scores(target, tokenizer):
+    """Greedy decoding under a repetition penalty takes the processed argmax, often not the raw one:
+    after a near-tie branch, every later speculative token that followed those rules falls short of
+    nothing. Held to the raw logits, the same text was reported as a bug."""
+    ids, plain, spec = _penalised_branch(target, tokenizer)
+    cfg = PENALISED
     branch = divergence.explain(target, CachedModel, ids, spec, plain, 4, noise=1e-3, cfg=cfg)
     # The branch itself falls short by its margin, and no token after it falls short at all.
     assert branch.position == 0 and branch.worst_at == 0
@@ -100,6 +108,23 @@ def test_a_greedy_run_with_repetition_controls_is_held_to_its_processed_scores(t
     assert divergence.explain(target, CachedModel, ids, spec, plain, 4, noise=noise, cfg=cfg).kind == NEAR_TIE
     raw_verdict = divergence.explain(target, CachedModel, ids, spec, plain, 4, noise=noise)
     assert raw_verdict.kind == MISMATCH and raw_verdict.worst_shortfall > noise, "raw logits: a false bug"
+
+
+def test_the_benchs_greedy_check_holds_a_penalised_run_to_its_processed_scores(target, tokenizer):
+    """The bench reports each differing contender's verdict with the run's settings, so a penalised
+    bench run's near-tie is not a false mismatch either."""
+    from types import SimpleNamespace as NS
+
+    from app.bench import bench
+
+    ids, plain, spec = _penalised_branch(target, tokenizer)
+    margin = divergence.explain(target, CachedModel, ids, spec, plain, 4, noise=1e-3, cfg=PENALISED).margin
+    field = [NS(ours=True, name="autoregressive"), NS(ours=True, name="adaptive"), NS(ours=False, name="hf")]
+    outputs = {"autoregressive": plain, "adaptive": spec, "hf": spec}
+    steps = {"adaptive": [NS(emitted=spec, drafted=[0, 0, 0])]}
+    costs = NS(logit_noise=abs(margin) * 1.5 + 1e-3)
+    got = bench._divergences(NS(target=target), ids, field, outputs, steps, costs, PENALISED)
+    assert list(got) == ["adaptive"] and got["adaptive"]["kind"] == NEAR_TIE and got["adaptive"]["position"] == 0
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

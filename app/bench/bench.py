@@ -289,7 +289,7 @@ def _prompt(args, pair, lookup_pair, st, i: int, prompt: str, of: int) -> dict:
         row["lookup_costs"] = lookup_own.to_dict()
     row["outside_forward"] = outside_forward(pair, ids, s, sp, r, own)
     if s.greedy:
-        row["divergences"] = _divergences(pair, ids, field, outputs, steps, own)
+        row["divergences"] = _divergences(pair, ids, field, outputs, steps, own, s)
     if assisted is not None:
         row["hf_passes"] = hf_passes_share(pair, assisted, ids, r.max_new_tokens)
     progress.say(
@@ -301,14 +301,15 @@ def _prompt(args, pair, lookup_pair, st, i: int, prompt: str, of: int) -> dict:
     return row
 
 
-def _divergences(pair, ids, field, outputs, steps, costs) -> dict:
+def _divergences(pair, ids, field, outputs, steps, costs, s) -> dict:
     """For each of our speculative contenders whose greedy output differs from plain decoding's:
-    whether it is a near-tie within this dtype's rounding or a mismatch (core/divergence.py)."""
+    whether it is a near-tie within this dtype's rounding or a mismatch (core/divergence.py), held
+    to the scores the run picked from (its repetition controls applied)."""
     plain, out = outputs["autoregressive"], {}
     for c in field:
         if not c.ours or c.name == "autoregressive" or outputs[c.name] == plain:
             continue
-        d = divergence.explain_run(pair.target, CachedModel, ids, steps[c.name], plain, costs.logit_noise)
+        d = divergence.explain_run(pair.target, CachedModel, ids, steps[c.name], plain, costs.logit_noise, s)
         out[c.name] = d.to_dict()
     return out
 

@@ -299,9 +299,7 @@ def _equal_runs(pair, examples: list[dict], new_tokens: int, compiled: bool) -> 
                 matched += got == ref
                 if got != ref:
                     noise = run.costs.logit_noise if run.costs is not None else 0.0
-                    d = divergence.explain_run(
-                        pair.target, run.target_cache, ids, steps, ref, noise, None if s.greedy else s
-                    )
+                    d = divergence.explain_run(pair.target, run.target_cache, ids, steps, ref, noise, s)
                     verdicts[d.kind] += 1
                     mismatches.append(
                         dict(
