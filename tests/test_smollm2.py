@@ -39,6 +39,41 @@ def test_the_conversion_key_follows_the_file(tmp_path, monkeypatch):
     assert gguf_target._digest_cached(fake) != first
 
 
+CONVERTER = """
+import sys, time
+from pathlib import Path
+from app.models import gguf_target
+
+def convert(path, out):
+    with open(sys.argv[2], "a") as log:
+        log.write("converted\\n")
+    time.sleep(1.0)  # long enough for the other process to look in the meantime
+    out.mkdir(parents=True)
+    (out / "model.safetensors").write_bytes(b"")
+    (out / "tokenizer.json").write_text("{}")
+
+gguf_target._convert = convert
+print(gguf_target.converted_dir(Path(sys.argv[1])))
+"""
+
+
+def test_two_processes_convert_the_gguf_once(tmp_path):
+    """The app beside a CLI run (or two test workers) starting at once: one converts, the other waits
+    for that copy instead of replacing the folder under it."""
+    fake, log = tmp_path / "m.gguf", tmp_path / "conversions.log"
+    fake.write_bytes(b"weights")
+    env = os.environ | {"SPECDEC_CACHE": str(tmp_path / "cache")}
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", CONVERTER, str(fake), str(log)], env=env, stdout=subprocess.PIPE, text=True
+        )
+        for _ in range(2)
+    ]
+    outs = {p.communicate(timeout=120)[0].strip() for p in procs}
+    assert all(p.returncode == 0 for p in procs)
+    assert log.read_text().splitlines() == ["converted"] and len(outs) == 1
+
+
 def test_the_first_page_does_not_wait_for_the_conversion(tmp_path, monkeypatch):
     """Building the app names the default target without converting its GGUF (start-up converts it
     beside the server); models.prepare converts it, and then the page reads the target's context."""

