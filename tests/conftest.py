@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import os
 
 import pytest
@@ -83,6 +84,13 @@ def _tree_outputs() -> dict[str, str] | None:
         for p in paths
         if not p.endswith((".py", ".md")) and (root / p).resolve() != asked
     }
+
+
+def pytest_collection_modifyitems(config, items):
+    """Files with the most slow tests first. The workers take whole files in this order, so a long
+    file left for the end would keep one worker busy while the other waits."""
+    slow = collections.Counter(item.path for item in items if item.get_closest_marker("slow"))
+    items.sort(key=lambda item: -slow[item.path])  # stable: each file keeps its own order
 
 
 def pytest_configure(config):
