@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import collections
 import os
 
 import pytest
@@ -86,11 +85,27 @@ def _tree_outputs() -> dict[str, str] | None:
     }
 
 
+# The files that take longest, longest first; the rest follow in collection order. The workers take
+# whole files in this order (pytest.ini turns off xdist's own reordering by test count), so a long file
+# left for the end would keep one worker busy while the other waits.
+LONGEST_FIRST = [
+    "test_ui.py",
+    "test_smollm2.py",
+    "test_examples.py",
+    "test_bench.py",
+    "test_shared_noise.py",
+    "test_load.py",
+    "test_queue.py",
+    "test_trees.py",
+    "test_sampling.py",
+    "test_boundary.py",
+    "test_docs.py",
+]
+
+
 def pytest_collection_modifyitems(config, items):
-    """Files with the most slow tests first. The workers take whole files in this order, so a long
-    file left for the end would keep one worker busy while the other waits."""
-    slow = collections.Counter(item.path for item in items if item.get_closest_marker("slow"))
-    items.sort(key=lambda item: -slow[item.path])  # stable: each file keeps its own order
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: each file keeps its order
 
 
 def pytest_configure(config):
