@@ -28,6 +28,29 @@ PROMPTS = ["Write a Python function that returns the longest word in a sentence.
 NEW = 32
 
 
+@pytest.mark.slow
+def test_a_tiny_slice_trains_both_drafts_end_to_end(tmp_path):
+    out = tmp_path / "drafts"
+    # One thread: the suite's other worker holds the other core (pytest.ini).
+    cmd = [sys.executable, "-m", "app", "train", "--target", "smollm2", "--out", str(out), "--scale", "0.005"]
+    subprocess.run(
+        cmd,
+        cwd=ROOT,
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env=os.environ | {"OMP_NUM_THREADS": "1"},
+    )
+    head = json.loads((out / "draft-feature" / "config.json").read_text())
+    assert head["feature_head"] == "eagle-1" and head["draft_vocab_size"] <= 8192
+    pair = models.load_pair(models.SMOLLM2, str(out / "draft-feature"))
+    assert pair.draft.head is not None and pair.draft.head.draft_vocab is not None
+    small = models.load_pair(models.SMOLLM2, str(out / "draft-small"))
+    assert small.draft.model.config.vocab_size == small.target.config.vocab_size
+    assert json.loads((out / "draft-small" / "training.json").read_text())["command"].startswith("python -m app train")
+
+
 def test_the_conversion_key_follows_the_file(tmp_path, monkeypatch):
     """A changed GGUF (a new wheel) gets a new cache folder; an unchanged one is not hashed again."""
     monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path / "cache"))
@@ -40,20 +63,27 @@ def test_the_conversion_key_follows_the_file(tmp_path, monkeypatch):
 
 
 CONVERTER = """
-import sys, time
+import os, sys, time
 from pathlib import Path
 from app.models import gguf_target
 
+fake, log, here = Path(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3])
+
 def convert(path, out):
-    with open(sys.argv[2], "a") as log:
-        log.write("converted\\n")
-    time.sleep(1.0)  # long enough for the other process to look in the meantime
+    with log.open("a") as f:
+        f.write("converted\\n")
+    # Both processes have started before this one writes (so the other one looks while it writes):
+    deadline = time.monotonic() + 60
+    while len(list(here.glob("started-*"))) < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.5)
     out.mkdir(parents=True)
     (out / "model.safetensors").write_bytes(b"")
     (out / "tokenizer.json").write_text("{}")
 
 gguf_target._convert = convert
-print(gguf_target.converted_dir(Path(sys.argv[1])))
+(here / f"started-{os.getpid()}").touch()
+print(gguf_target.converted_dir(fake))
 """
 
 
@@ -63,13 +93,13 @@ def test_two_processes_convert_the_gguf_once(tmp_path):
     fake, log = tmp_path / "m.gguf", tmp_path / "conversions.log"
     fake.write_bytes(b"weights")
     env = os.environ | {"SPECDEC_CACHE": str(tmp_path / "cache")}
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-c", CONVERTER, str(fake), str(log)], env=env, stdout=subprocess.PIPE, text=True
-        )
-        for _ in range(2)
-    ]
-    outs = {p.communicate(timeout=120)[0].strip() for p in procs}
+    args = [sys.executable, "-c", CONVERTER, str(fake), str(log), str(tmp_path)]
+    procs = [subprocess.Popen(args, cwd=ROOT, env=env, stdout=subprocess.PIPE, text=True) for _ in range(2)]
+    try:
+        outs = {p.communicate(timeout=120)[0].strip() for p in procs}
+    finally:
+        for p in procs:
+            p.kill()
     assert all(p.returncode == 0 for p in procs)
     assert log.read_text().splitlines() == ["converted"] and len(outs) == 1
 
@@ -125,26 +155,3 @@ def test_the_feature_heads_greedy_tree_is_the_targets_own_text_and_each_depth_ba
         trees[batched] = [(s.drafted, s.parents) for s in steps]
     assert trees[True] == trees[False], "the same trees, every round"
     assert max(len(d) for d, _ in trees[True]) == 16
-
-
-@pytest.mark.slow
-def test_a_tiny_slice_trains_both_drafts_end_to_end(tmp_path):
-    out = tmp_path / "drafts"
-    # One thread: the suite's other worker holds the other core (pytest.ini).
-    cmd = [sys.executable, "-m", "app", "train", "--target", "smollm2", "--out", str(out), "--scale", "0.005"]
-    subprocess.run(
-        cmd,
-        cwd=ROOT,
-        check=True,
-        capture_output=True,
-        text=True,
-        timeout=900,
-        env=os.environ | {"OMP_NUM_THREADS": "1"},
-    )
-    head = json.loads((out / "draft-feature" / "config.json").read_text())
-    assert head["feature_head"] == "eagle-1" and head["draft_vocab_size"] <= 8192
-    pair = models.load_pair(models.SMOLLM2, str(out / "draft-feature"))
-    assert pair.draft.head is not None and pair.draft.head.draft_vocab is not None
-    small = models.load_pair(models.SMOLLM2, str(out / "draft-small"))
-    assert small.draft.model.config.vocab_size == small.target.config.vocab_size
-    assert json.loads((out / "draft-small" / "training.json").read_text())["command"].startswith("python -m app train")

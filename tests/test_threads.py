@@ -62,22 +62,33 @@ def _cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def test_load_never_counts_this_process_as_a_neighbour():
+    """With the busy counter reading only this process's own CPU time, spinning here leaves nothing
+    for others: this process's own work is taken out of what the counters say."""
+    load = threads.Load()
+    load._usage = time.process_time
+    load.others()
+    _spin(0.3)
+    assert load.others() == pytest.approx(0.0, abs=0.05)
+
+
 @pytest.mark.skipif(not os.path.exists("/proc/self/stat"), reason="reads the kernel's counters in /proc")
 def test_load_counts_a_busy_neighbour_but_not_this_process():
     """Checked against what the kernel says each process used, so it holds beside other work (the
-    suite's other worker): a neighbour's CPU time is counted, this process's own never is."""
+    suite's other worker): a neighbour's CPU time is counted, this process's own is not."""
     load = threads.Load()
     assert load.capacity >= 1
     time.sleep(0.2)
     load.others()
     t0, c0 = time.monotonic(), time.process_time()
-    _spin(0.5)  # this process's own work is never a neighbour
+    _spin(0.5)
     own = load.others()
     own_rate = (time.process_time() - c0) / (time.monotonic() - t0)
-    assert own is not None and own_rate > 0.5
+    if own_rate < 0.5:
+        pytest.skip(f"this process got {own_rate:.2f} of a core: too busy a machine to read")
     # Busy time is at most the capacity, so others = busy − own leaves at most capacity − own; had
-    # this process been counted, the spin would have pushed it a core above that.
-    assert own <= load.capacity - own_rate + 0.25
+    # this process been counted, its spin would have pushed others a core above that on a loaded box.
+    assert own is not None and own <= load.capacity - own_rate + 0.25
     neighbour = subprocess.Popen([sys.executable, "-c", "while True: pass"])
     try:
         time.sleep(0.3)
@@ -89,7 +100,8 @@ def test_load_counts_a_busy_neighbour_but_not_this_process():
     finally:
         neighbour.kill()
         neighbour.wait()
-    assert neighbour_rate > 0.3, "the neighbour ran"
+    if neighbour_rate < 0.3:
+        pytest.skip(f"the neighbour got {neighbour_rate:.2f} of a core: too busy a machine to read")
     assert other is not None and other >= neighbour_rate - 0.2  # others include at least the neighbour
 
 

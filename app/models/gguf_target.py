@@ -71,7 +71,9 @@ def _digest_cached(path: Path) -> str:
     seen[str(path)] = _stamp(path) | {"sha256": digest}
     try:
         memo.parent.mkdir(parents=True, exist_ok=True)
-        memo.write_text(json.dumps(seen))
+        tmp = memo.with_name(f"{memo.name}.{os.getpid()}.{threading.get_ident()}")
+        tmp.write_text(json.dumps(seen))
+        tmp.replace(memo)  # whole: a process reading it at the same time never sees half
     except OSError:
         pass  # a read-only cache still converts; it only hashes again next time
     return digest
@@ -88,7 +90,7 @@ def ready_dir(path: Path | None = None) -> Path | None:
     if path is None:
         return None
     out = _copy_dir(path)
-    return out if (out / "model.safetensors").is_file() and (out / "tokenizer.json").is_file() else None
+    return out if _complete(out) else None
 
 
 def is_converted(model: str) -> bool:
@@ -109,14 +111,19 @@ def converted_dir(path: Path | None = None) -> Path:
     from filelock import FileLock
 
     out = _copy_dir(path)
+    if _complete(out):
+        return out  # nothing to write, so a read-only cache serves as it is
     out.parent.mkdir(parents=True, exist_ok=True)
     # Threads and processes (the app beside a CLI run, or two test workers) convert one at a time: a
     # second converter would otherwise replace the folder while the first's caller loads from it.
-    with _lock, FileLock(str(out) + ".lock"):
-        if (out / "model.safetensors").is_file() and (out / "tokenizer.json").is_file():
-            return out
-        _convert(path, out)
+    with _lock, FileLock(str(cache_root() / "convert.lock")):
+        if not _complete(out):
+            _convert(path, out)
         return out
+
+
+def _complete(out: Path) -> bool:
+    return (out / "model.safetensors").is_file() and (out / "tokenizer.json").is_file()
 
 
 def _convert(path: Path, out: Path) -> None:
