@@ -87,23 +87,29 @@ def _tree_outputs() -> dict[str, str] | None:
 
 # The files that take longest, longest first; the rest follow in collection order. The workers take
 # whole files in this order (pytest.ini turns off xdist's own reordering by test count), so a long file
-# left for the end would keep one worker busy while the other waits.
+# left for the end would keep one worker busy while the other waits. A worker is handed its next file
+# when two tests of its current one are left, so a file's longest test comes first in it.
 LONGEST_FIRST = [
     "test_ui.py",
-    "test_smollm2.py",
     "test_examples.py",
+    "test_smollm2.py",
     "test_bench.py",
-    "test_shared_noise.py",
+    "test_sampling.py",
     "test_load.py",
     "test_queue.py",
-    "test_trees.py",
-    "test_sampling.py",
+    "test_hosting.py",
     "test_boundary.py",
+    "test_shared_noise.py",
     "test_docs.py",
+    "test_gpucheck.py",
+    "test_cli.py",
 ]
 
 
 def pytest_collection_modifyitems(config, items):
+    here = os.path.dirname(__file__)
+    missing = [name for name in LONGEST_FIRST if not os.path.exists(os.path.join(here, name))]
+    assert not missing, f"LONGEST_FIRST names files that are gone: {missing}"
     rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: each file keeps its order
 

@@ -32,6 +32,65 @@ def streaming(prompt, max_new_tokens):
     raise OSError("/home/owner/.cache: No space left on device")
 
 
+@pytest.mark.slow  # a server and several hundred requests
+def test_a_bad_value_in_any_input_of_any_endpoint_gets_a_readable_message(tmp_path):
+    import json
+    import threading
+    import uuid
+    from concurrent.futures import ThreadPoolExecutor
+
+    import httpx
+    from app_server import serve
+
+    log = tmp_path / "server.log"
+    # Four callers at once from one address: the join limit and the places per address are lifted.
+    with serve(log, SPECDEC_JOINS_PER_MINUTE="100000", SPECDEC_QUEUE_PER_IP="64") as url:
+        config = httpx.get(url + "config", timeout=30).json()
+        good = _base_values(config)
+        kinds = {c["id"]: c.get("type") for c in config["components"]}
+        deps = [d for d in config["dependencies"] if d.get("backend_fn") and d["inputs"]]
+        assert len(deps) >= 10
+        cases = []  # (where, the bad value, the event, its raw data)
+        swept = set()  # components that met every bad value already, in an earlier event
+        for n, dep in enumerate(deps):
+            base = [json.dumps(good[i]) for i in dep["inputs"]]
+            where = dep.get("api_name") or dep["id"]
+            for pos, comp in enumerate(dep["inputs"]):
+                if kinds[comp] == "state":
+                    continue  # held by the server, never sent
+                # Every value in a component's first event; in each later one, three in turn: every
+                # input of every event still meets bad values, and every check meets every value.
+                first = comp not in swept
+                swept.add(comp)
+                values = SWEEP_VALUES if first else [SWEEP_VALUES[(n + pos + j) % len(SWEEP_VALUES)] for j in range(3)]
+                for bad in values:
+                    data = list(base)
+                    data[pos] = bad
+                    cases.append(((where, pos), bad, dep, "[" + ", ".join(data) + "]"))
+            cases.append(((where, "short"), None, dep, "[" + ", ".join(base[:-1]) + "]"))  # one value short
+
+        # Each caller is one visitor who sends bad value after bad value in one session, as a page
+        # would: what one refusal leaves in the session must not break the next call.
+        sessions = threading.local()
+
+        def failure(case):
+            (where, pos), bad, dep, data = case
+            if not hasattr(sessions, "hash"):
+                sessions.hash = uuid.uuid4().hex
+            ok, out = _call(url, dep, data, sessions.hash)
+            wanted = "values" if pos == "short" else ""  # a short call is told how many values it needs
+            readable = isinstance(out, str) and len(out) > 10 and "internal error" not in out and wanted in out
+            return None if ok or readable else (where, pos, bad, out)
+
+        # A few callers at once, as visitors would be: the server checks the calls while the others travel.
+        with ThreadPoolExecutor(4) as pool:
+            failures = [f for f in pool.map(failure, cases) if f is not None]
+        assert len(cases) > 300 and not failures, failures[:10]
+        logged = log.read_text()
+        assert "Traceback" not in logged and "internal error" not in logged, logged[-3000:]
+        assert len(logged.splitlines()) < 300, "refusals are logged at a bounded rate"
+
+
 @pytest.mark.parametrize(
     "kwargs, message",
     [
@@ -172,65 +231,6 @@ def _call(url: str, dep: dict, data_json: str, session: str) -> tuple[bool, obje
                     out = msg.get("output") or {}
                     return bool(msg.get("success")), out.get("error") if not msg.get("success") else out.get("data")
     return False, None
-
-
-@pytest.mark.slow  # a server and several hundred requests
-def test_a_bad_value_in_any_input_of_any_endpoint_gets_a_readable_message(tmp_path):
-    import json
-    import threading
-    import uuid
-    from concurrent.futures import ThreadPoolExecutor
-
-    import httpx
-    from app_server import serve
-
-    log = tmp_path / "server.log"
-    # Four callers at once from one address: the join limit and the places per address are lifted.
-    with serve(log, SPECDEC_JOINS_PER_MINUTE="100000", SPECDEC_QUEUE_PER_IP="64") as url:
-        config = httpx.get(url + "config", timeout=30).json()
-        good = _base_values(config)
-        kinds = {c["id"]: c.get("type") for c in config["components"]}
-        deps = [d for d in config["dependencies"] if d.get("backend_fn") and d["inputs"]]
-        assert len(deps) >= 10
-        cases = []  # (where, the bad value, the event, its raw data)
-        swept = set()  # components that met every bad value already, in an earlier event
-        for n, dep in enumerate(deps):
-            base = [json.dumps(good[i]) for i in dep["inputs"]]
-            where = dep.get("api_name") or dep["id"]
-            for pos, comp in enumerate(dep["inputs"]):
-                if kinds[comp] == "state":
-                    continue  # held by the server, never sent
-                # Every value in a component's first event; in each later one, three in turn: every
-                # input of every event still meets bad values, and every check meets every value.
-                first = comp not in swept
-                swept.add(comp)
-                values = SWEEP_VALUES if first else [SWEEP_VALUES[(n + pos + j) % len(SWEEP_VALUES)] for j in range(3)]
-                for bad in values:
-                    data = list(base)
-                    data[pos] = bad
-                    cases.append(((where, pos), bad, dep, "[" + ", ".join(data) + "]"))
-            cases.append(((where, "short"), None, dep, "[" + ", ".join(base[:-1]) + "]"))  # one value short
-
-        # Each caller is one visitor who sends bad value after bad value in one session, as a page
-        # would: what one refusal leaves in the session must not break the next call.
-        sessions = threading.local()
-
-        def failure(case):
-            (where, pos), bad, dep, data = case
-            if not hasattr(sessions, "hash"):
-                sessions.hash = uuid.uuid4().hex
-            ok, out = _call(url, dep, data, sessions.hash)
-            wanted = "values" if pos == "short" else ""  # a short call is told how many values it needs
-            readable = isinstance(out, str) and len(out) > 10 and "internal error" not in out and wanted in out
-            return None if ok or readable else (where, pos, bad, out)
-
-        # A few callers at once, as visitors would be: the server checks the calls while the others travel.
-        with ThreadPoolExecutor(4) as pool:
-            failures = [f for f in pool.map(failure, cases) if f is not None]
-        assert len(cases) > 300 and not failures, failures[:10]
-        logged = log.read_text()
-        assert "Traceback" not in logged and "internal error" not in logged, logged[-3000:]
-        assert len(logged.splitlines()) < 300, "refusals are logged at a bounded rate"
 
 
 def test_a_number_sent_as_text_reaches_gradio_as_a_number_and_a_blank_seed_as_none():

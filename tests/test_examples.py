@@ -36,18 +36,6 @@ def sampling_of(example: dict) -> SamplingConfig:
     )
 
 
-def test_every_example_carries_valid_settings():
-    kinds = {e["kind"] for e in EXAMPLES}
-    assert {"code", "open-ended"} <= kinds
-    for e in EXAMPLES:
-        sampling_of(e).validate()
-        assert (e["settings"]["decoding"] == "greedy") == (e["kind"] != "open-ended"), e["label"]
-
-
-def test_loop_rule_detects_a_loop():
-    assert loops([1, 2, 3, 4, 5, 6, 7, 8] * 3) and not loops(list(range(40)))
-
-
 @pytest.fixture(scope="module")
 def results():
     pair = models.load_pair(models.DEFAULT_TARGET, models.DEFAULT_DRAFT)
@@ -84,3 +72,15 @@ def test_code_examples_accept_more_than_open_ended_ones(results):
 def test_no_example_loops_under_its_own_settings(results):
     looping = [e["label"] for e, ids, _ in results if loops(ids)]
     assert not looping, looping
+
+
+def test_every_example_carries_valid_settings():
+    kinds = {e["kind"] for e in EXAMPLES}
+    assert {"code", "open-ended"} <= kinds
+    for e in EXAMPLES:
+        sampling_of(e).validate()
+        assert (e["settings"]["decoding"] == "greedy") == (e["kind"] != "open-ended"), e["label"]
+
+
+def test_loop_rule_detects_a_loop():
+    assert loops([1, 2, 3, 4, 5, 6, 7, 8] * 3) and not loops(list(range(40)))

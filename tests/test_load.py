@@ -60,6 +60,32 @@ def server(tmp_path_factory):
         yield url, log
 
 
+@pytest.mark.slow  # a server of its own and about 80 requests
+def test_server_memory_levels_off_over_many_generations_and_abandoned_steps(tmp_path):
+    """Each raw call is a new visitor session: 12 times the sessions the server keeps in generations,
+    then 3 times as many Steps nobody continues."""
+    from app_server import rss_mib
+
+    raw = [json.dumps(v) for v in BASE]
+    kept = 4  # sessions the server keeps (SPECDEC_SESSIONS): every bound is reached in a few dozen calls
+    # A server of its own, so the baseline holds only this test's visitors; one address, no join limit.
+    env = dict(SPECDEC_JOINS_PER_MINUTE="100000", SPECDEC_SESSIONS=str(kept), SPECDEC_QUEUE_PER_IP="64")
+    with serve(tmp_path / "soak.log", **env) as url:
+        # Warm-up: models, calibration, and twice the sessions Gradio keeps, so the oldest have made way.
+        for api in ["generate"] * (2 * kept) + ["step"] * 10:
+            assert _raw_call(url, api, raw)[0] == "complete"
+        start, marks = rss_mib(url.pid), []
+        for i in range(12 * kept):
+            assert _raw_call(url, "generate", raw)[0] == "complete"
+            if i % (3 * kept) == 3 * kept - 1:
+                marks.append(rss_mib(url.pid) - start)
+        for _ in range(3 * kept):
+            assert _raw_call(url, "step", raw)[0] == "complete"
+        grown = rss_mib(url.pid) - start
+    assert grown <= 30, (grown, marks)
+    assert marks[-1] - marks[1] <= 10, f"it levels off: {marks} MiB after each {3 * kept} generations"
+
+
 def test_eight_clients_times_three_requests_match_solo_runs(server):
     from gradio_client import Client
 
@@ -152,29 +178,3 @@ def test_uploads_are_refused_and_no_run_history_is_kept(server):
     assert r.status_code == 403, "the recording route takes no files either"
     for route in ("monitoring", "monitoring/summary"):
         assert httpx.get(f"{url}{route}", timeout=30).status_code in (403, 404), route
-
-
-@pytest.mark.slow  # a server of its own and about 80 requests
-def test_server_memory_levels_off_over_many_generations_and_abandoned_steps(tmp_path):
-    """Each raw call is a new visitor session: 12 times the sessions the server keeps in generations,
-    then 3 times as many Steps nobody continues."""
-    from app_server import rss_mib
-
-    raw = [json.dumps(v) for v in BASE]
-    kept = 4  # sessions the server keeps (SPECDEC_SESSIONS): every bound is reached in a few dozen calls
-    # A server of its own, so the baseline holds only this test's visitors; one address, no join limit.
-    env = dict(SPECDEC_JOINS_PER_MINUTE="100000", SPECDEC_SESSIONS=str(kept), SPECDEC_QUEUE_PER_IP="64")
-    with serve(tmp_path / "soak.log", **env) as url:
-        # Warm-up: models, calibration, and twice the sessions Gradio keeps, so the oldest have made way.
-        for api in ["generate"] * (2 * kept) + ["step"] * 10:
-            assert _raw_call(url, api, raw)[0] == "complete"
-        start, marks = rss_mib(url.pid), []
-        for i in range(12 * kept):
-            assert _raw_call(url, "generate", raw)[0] == "complete"
-            if i % (3 * kept) == 3 * kept - 1:
-                marks.append(rss_mib(url.pid) - start)
-        for _ in range(3 * kept):
-            assert _raw_call(url, "step", raw)[0] == "complete"
-        grown = rss_mib(url.pid) - start
-    assert grown <= 30, (grown, marks)
-    assert marks[-1] - marks[1] <= 10, f"it levels off: {marks} MiB after each {3 * kept} generations"
