@@ -583,7 +583,7 @@ def _set_max_new_tokens(page, n: int) -> None:
     box.wait_for(state="visible", timeout=30_000)
     # A slow page may still be opening the accordion or settling the box when the first fill lands:
     # type again until the box holds the value.
-    for _ in range(3):
+    for _ in range(5):
         box.fill(str(n))
         box.press("Tab")
         try:
@@ -591,7 +591,10 @@ def _set_max_new_tokens(page, n: int) -> None:
             break
         except PlaywrightTimeout:
             continue
-    assert box.input_value() == str(n)
+    held = box.input_value()
+    assert held == str(n), f"the box holds {held}; boxes: {page.locator('#max-new input').count()}, status: " + (
+        page.locator("#run-status").inner_text()
+    )
     page.wait_for_timeout(300)
 
 
