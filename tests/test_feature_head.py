@@ -299,3 +299,41 @@ def test_the_training_time_test_unrolls_as_drafting_does(target):
                 assert torch.allclose(f[0, -1], deep[j][0, start + j], atol=1e-5), (start, j)
         broken = unrolled(head, embeds, features.roll(1, dims=1), depth=3)
         assert not torch.allclose(broken[2][0, 9], deep[2][0, 9], atol=1e-3), "the check must bite"
+
+
+def test_a_stopped_head_training_resumes_to_the_same_head(target, tmp_path, monkeypatch):
+    """`train --target` resumes the head from its last checkpoint: a run stopped after one and
+    resumed gives the weights of a run never stopped, and reports the time of all its steps."""
+    from app.training import train_drafts
+    from app.training.target_text import Row
+
+    monkeypatch.setattr(train_drafts, "CHECKPOINT_EVERY", 2)
+    g = torch.Generator().manual_seed(0)
+    hidden, vocab_size = target.config.hidden_size, target.config.vocab_size
+    rows = []
+    for _ in range(6):
+        ids = torch.randint(3, vocab_size, (20,), generator=g)
+        logp = torch.randn(20, 4, generator=g).log_softmax(-1)
+        top = torch.randint(3, vocab_size, (20, 4), generator=g)
+        rows.append(Row("code", ids, torch.randn(20, hidden, generator=g).half(), top.int(), logp.half()))
+    vocab = torch.arange(vocab_size)
+
+    class Stop(Exception):
+        pass
+
+    def stop_at_the_last_step(record):
+        if record.get("step") == 5:
+            raise Stop
+
+    whole, _ = train_drafts.train_head(target, rows, vocab, 6, seed=0, log=lambda r: None)
+    with pytest.raises(Stop):
+        train_drafts.train_head(target, rows, vocab, 6, seed=0, log=stop_at_the_last_step, work=tmp_path)
+    saved = torch.load(tmp_path / "head-checkpoint.pt", weights_only=False)
+    assert saved["step"] == 4 and saved["seconds"] > 0
+    log: list[dict] = []
+    resumed, info = train_drafts.train_head(target, rows, vocab, 6, seed=0, log=log.append, work=tmp_path)
+    assert {"model": "feature head", "resumed_at": 4} in log
+    for (name, a), b in zip(whole.state_dict().items(), resumed.state_dict().values(), strict=True):
+        assert torch.equal(a, b), name
+    assert info["train_seconds"] >= round(saved["seconds"], 1)
+    assert not (tmp_path / "head-checkpoint.pt").exists(), "a finished run leaves no checkpoint behind"

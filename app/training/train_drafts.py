@@ -152,7 +152,7 @@ def train_head(target, rows: list[Row], vocab: torch.Tensor, steps: int, seed: i
     noise = HEAD_NOISE * float(torch.cat([r.features[:64].float() for r in rows[:256]]).std())
     opt, sched = optimiser(head, HEAD_LR, steps, weight_decay=0.0)
     gen = torch.Generator().manual_seed(seed)
-    data, start, first = batches(rows, HEAD_BATCH, gen), time.time(), 0
+    data, start, first, spent = batches(rows, HEAD_BATCH, gen), time.time(), 0, 0.0
     settings = dict(steps=steps, depth=TTT_DEPTH, rows=len(rows), vocab=len(vocab), seed=seed)
     checkpoint = work / "head-checkpoint.pt" if work is not None else None
     if checkpoint is not None and checkpoint.is_file():
@@ -163,7 +163,7 @@ def train_head(target, rows: list[Row], vocab: torch.Tensor, steps: int, seed: i
             sched.load_state_dict(saved["sched"])
             gen.set_state(saved["gen"])
             torch.set_rng_state(saved["rng"])
-            first = saved["step"]
+            first, spent = saved["step"], saved.get("seconds", 0.0)
             log(dict(model="feature head", resumed_at=first))
     head.train()
     for step in tqdm(range(first, steps), desc="feature head", mininterval=10, initial=first, total=steps):
@@ -176,6 +176,7 @@ def train_head(target, rows: list[Row], vocab: torch.Tensor, steps: int, seed: i
             log_step(log, "feature head", step, loss, parts | dict(eta_s=rate * (steps - step - 1)), start)
         if checkpoint is not None and (step + 1) % CHECKPOINT_EVERY == 0 and step + 1 < steps:
             state = dict(settings=settings, step=step + 1, head=head.state_dict(), opt=opt.state_dict())
+            state |= dict(seconds=spent + time.time() - start)  # a resumed run reports all its steps' time
             state |= dict(sched=sched.state_dict(), gen=gen.get_state(), rng=torch.get_rng_state())
             torch.save(state, checkpoint.with_suffix(".tmp"))
             checkpoint.with_suffix(".tmp").replace(checkpoint)
@@ -191,7 +192,7 @@ def train_head(target, rows: list[Row], vocab: torch.Tensor, steps: int, seed: i
         ttt_depth=TTT_DEPTH,
         ttt_decay=TTT_DECAY,
         draft_vocab=len(vocab),
-        train_seconds=round(time.time() - start, 1),
+        train_seconds=round(spent + time.time() - start, 1),
         params=sum(p.numel() for p in head.parameters()),
         last=parts,
     )
