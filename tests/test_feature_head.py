@@ -337,3 +337,18 @@ def test_a_stopped_head_training_resumes_to_the_same_head(target, tmp_path, monk
         assert torch.equal(a, b), name
     assert info["train_seconds"] >= round(saved["seconds"], 1)
     assert not (tmp_path / "head-checkpoint.pt").exists(), "a finished run leaves no checkpoint behind"
+
+
+def test_the_trained_heads_acceptance_is_measured_in_fp32_whatever_the_default(tmp_path, monkeypatch):
+    """The α a training run records must not depend on its machine: under the auto dtype a bf16 CPU
+    would measure it in bf16, whose near-ties give other outputs than the card's fp32 run."""
+    from app.training import acceptance, train_drafts
+
+    monkeypatch.setenv("SPECDEC_DTYPE", "bf16")
+    pair = models.load_pair(models.TINY_TARGET, "prompt-lookup")
+    assert pair.target.dtype == torch.bfloat16, "the default the record must not follow"
+    FeatureHead(pair.target.config).save(tmp_path / "head")
+    seen = {}
+    monkeypatch.setattr(acceptance, "suites", lambda p, **kw: seen.setdefault("dtype", p.target.dtype))
+    train_drafts.measured_acceptance(models.TINY_TARGET, tmp_path / "head", scale=1.0)
+    assert seen["dtype"] == torch.float32

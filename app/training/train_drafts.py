@@ -273,7 +273,9 @@ def measured_acceptance(target_dir, head_dir: Path, scale: float) -> dict:
     from app import models
     from app.training import acceptance
 
-    pair = models.load_pair(str(target_dir), str(head_dir))
+    # fp32, as the card's `bench --card --dtype fp32`: under the auto dtype a bf16 CPU's near-ties
+    # would make the recorded α depend on the machine that trained.
+    pair = models.load_pair(str(target_dir), str(head_dir), dtype="fp32")
     if scale >= 1:
         return acceptance.suites(pair)
     return acceptance.suites(pair, new_tokens=16, limit=1)
