@@ -70,6 +70,12 @@ def top_k_of(head: torch.Tensor, features: torch.Tensor) -> tuple[torch.Tensor, 
     return torch.cat(out_ids), torch.cat(out_lp)
 
 
+def row(kind: str, ids: torch.Tensor, features: torch.Tensor, head: torch.Tensor) -> Row:
+    """One training row from what the target computed on its device, kept in the host's memory."""
+    top_ids, top_logp = top_k_of(head, features)
+    return Row(kind, ids.cpu().clone(), features.half().cpu(), top_ids.cpu(), top_logp.cpu())
+
+
 def chat_prompt(tokenizer, turns: str | list[dict]) -> list[int]:
     """Ids of one instruction, or of a list of chat messages, through the chat template."""
     messages = [{"role": "user", "content": turns}] if isinstance(turns, str) else turns
@@ -99,8 +105,8 @@ def answer_rows(
         batch = todo[start : start + GEN_BATCH]
         prompts = [chat_prompt(tokenizer, text) for _, text in batch]
         width = max(map(len, prompts))
-        ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])
-        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+        ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts], device=target.device)
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=target.device)
         out = target.generate(
             input_ids=ids,
             attention_mask=mask,
@@ -118,9 +124,7 @@ def answer_rows(
             n = new.index(eos) + 1 if eos in new else len(new)
             n = min(n, features.shape[1] - width)  # the last generated token was never fed
             lo, hi = width - len(prompts[b]), width + n
-            f = features[b, lo:hi].half()
-            top_ids, top_logp = top_k_of(head, features[b, lo:hi])
-            rows.append(Row(kind, out[b, lo:hi].clone(), f, top_ids, top_logp))
+            rows.append(row(kind, out[b, lo:hi], features[b, lo:hi], head))
             written += n
         elapsed = time.time() - began
         log(
@@ -154,12 +158,10 @@ def code_rows(target, tokenizer, n: int, seed: int, ctx: int = CODE_CTX) -> list
             break
     hook, rows, head = FinalNorm(target), [], lm_head_fp32(target)
     for start in tqdm(range(0, len(windows), 8), desc="target features (code)", mininterval=10):
-        x = torch.tensor(windows[start : start + 8])
+        x = torch.tensor(windows[start : start + 8], device=target.device)
         target.model(input_ids=x)
         features = hook.take()
-        for b in range(len(x)):
-            top_ids, top_logp = top_k_of(head, features[b])
-            rows.append(Row("stdlib", x[b].clone(), features[b].half(), top_ids, top_logp))
+        rows += [row("stdlib", x[b], features[b], head) for b in range(len(x))]
     hook.close()
     return rows
 
@@ -201,7 +203,8 @@ def build_rows(target, tokenizer, out: Path, seed: int, scale: float, log) -> li
     new, ctx = (ANSWER_TOKENS, CODE_CTX) if scale >= 0.05 else (24, 64)
     greedy = _phase(out, "answers-greedy", lambda: answer_rows(target, tokenizer, todo, False, seed, log, new))
     rows = list(greedy)
-    for i in range(SAMPLED_ANSWERS if scale >= 1 else 1):
+    # A --scale above 1 (a GPU's default) also samples more answers: more of the target's own text.
+    for i in range(SAMPLED_ANSWERS * max(1, round(scale)) if scale >= 1 else 1):
         rows += _phase(
             out, f"answers-sampled-{i}", lambda i=i: answer_rows(target, tokenizer, todo, True, seed + 1 + i, log, new)
         )

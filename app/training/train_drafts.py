@@ -144,11 +144,12 @@ def train_head(target, rows: list[Row], vocab: torch.Tensor, steps: int, seed: i
 
     torch.manual_seed(seed)
     target.requires_grad_(False)
-    head = FeatureHead(target.config)
+    device = target.device
+    head = FeatureHead(target.config).to(device)
     embed = target.get_input_embeddings()
-    w_sub = target.get_output_embeddings().weight[vocab].detach()
-    to_draft = torch.full((target.config.vocab_size,), -1, dtype=torch.long)
-    to_draft[vocab] = torch.arange(len(vocab))
+    w_sub = target.get_output_embeddings().weight[vocab.to(device)].detach()
+    to_draft = torch.full((target.config.vocab_size,), -1, dtype=torch.long, device=device)
+    to_draft[vocab.to(device)] = torch.arange(len(vocab), device=device)
     noise = HEAD_NOISE * float(torch.cat([r.features[:64].float() for r in rows[:256]]).std())
     opt, sched = optimiser(head, HEAD_LR, steps, weight_decay=0.0)
     gen = torch.Generator().manual_seed(seed)
@@ -156,19 +157,21 @@ def train_head(target, rows: list[Row], vocab: torch.Tensor, steps: int, seed: i
     settings = dict(steps=steps, depth=TTT_DEPTH, rows=len(rows), vocab=len(vocab), seed=seed)
     checkpoint = work / "head-checkpoint.pt" if work is not None else None
     if checkpoint is not None and checkpoint.is_file():
-        saved = torch.load(checkpoint, weights_only=False)
+        saved = torch.load(checkpoint, weights_only=False, map_location=device)
         if saved["settings"] == settings:
             head.load_state_dict(saved["head"])
             opt.load_state_dict(saved["opt"])
             sched.load_state_dict(saved["sched"])
-            gen.set_state(saved["gen"])
-            torch.set_rng_state(saved["rng"])
+            gen.set_state(saved["gen"].cpu())
+            torch.set_rng_state(saved["rng"].cpu())
+            if "cuda_rng" in saved:
+                torch.cuda.set_rng_state(saved["cuda_rng"].cpu(), device)
             first, spent = saved["step"], saved.get("seconds", 0.0)
             log(dict(model="feature head", resumed_at=first))
     head.train()
     for step in tqdm(range(first, steps), desc="feature head", mininterval=10, initial=first, total=steps):
-        b = next(data)
-        with torch.autocast("cpu", dtype=torch.bfloat16):  # AMX and AVX-512 CPUs step several times faster
+        b = {name: t.to(device) for name, t in next(data).items()}
+        with torch.autocast(device.type, dtype=torch.bfloat16):  # AMX and AVX-512 CPUs step several times faster
             loss, parts = head_loss(head, embed, w_sub, to_draft, b, noise, TTT_DEPTH)
         update(head, opt, sched, loss)
         if step % 50 == 0 or step == steps - 1:
@@ -178,6 +181,8 @@ def train_head(target, rows: list[Row], vocab: torch.Tensor, steps: int, seed: i
             state = dict(settings=settings, step=step + 1, head=head.state_dict(), opt=opt.state_dict())
             state |= dict(seconds=spent + time.time() - start)  # a resumed run reports all its steps' time
             state |= dict(sched=sched.state_dict(), gen=gen.get_state(), rng=torch.get_rng_state())
+            if device.type == "cuda":  # the input noise is drawn on the GPU
+                state["cuda_rng"] = torch.cuda.get_rng_state(device)
             torch.save(state, checkpoint.with_suffix(".tmp"))
             checkpoint.with_suffix(".tmp").replace(checkpoint)
     head.eval()
@@ -229,12 +234,12 @@ def small_model(target, tokenizer) -> LlamaForCausalLM:
 def train_small(target, tokenizer, rows: list[Row], steps: int, seed: int, log):
     """The small draft, distilled: soft CE to the target's top-k plus CE to its argmax."""
     torch.manual_seed(seed)
-    model = small_model(target, tokenizer)
+    model = small_model(target, tokenizer).to(target.device)
     opt, sched = optimiser(model, SMALL_LR, steps, weight_decay=0.0)
     data, start = batches(rows, SMALL_BATCH, torch.Generator().manual_seed(seed + 7), SMALL_CROP), time.time()
     model.train()
     for step in tqdm(range(steps), desc="small draft", mininterval=10):
-        b = next(data)
+        b = {name: t.to(target.device) for name, t in next(data).items()}
         valid = b["mask"][:, :-1] * b["mask"][:, 1:]
         logits = model(input_ids=b["ids"][:, :-1], attention_mask=b["mask"][:, :-1].long()).logits
         top, lp = b["top_ids"][:, :-1], b["top_logp"][:, :-1]
@@ -259,8 +264,10 @@ def train_small(target, tokenizer, rows: list[Row], steps: int, seed: int, log):
     return model, info
 
 
-def writing_dtype() -> torch.dtype:
-    """bf16 where this CPU has native bf16 (AVX512-BF16 or AMX), else fp32."""
+def writing_dtype(device: torch.device) -> torch.dtype:
+    """bf16 on a GPU that has it, or where this CPU has native bf16 (AVX512-BF16 or AMX), else fp32."""
+    if device.type == "cuda":
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float32
     return torch.bfloat16 if torch.ops.mkldnn._is_mkldnn_bf16_supported() else torch.float32
 
 
@@ -301,10 +308,13 @@ def main(args, command: str) -> dict:
     # The target writes its answers in bf16 where the CPU computes bf16 natively (about twice fp32's
     # speed there); the features it keeps then differ from fp32's by rounding, well below the noise the
     # head trains with. The drafts train against the fp32 target, as the app runs it.
-    writer = AutoModelForCausalLM.from_pretrained(source, dtype=writing_dtype(), use_safetensors=True).eval()
+    device = torch.device(args.device)
+    writer = AutoModelForCausalLM.from_pretrained(source, dtype=writing_dtype(device), use_safetensors=True)
+    writer = writer.to(device).eval()
     rows = build_rows(writer, tokenizer, work, args.seed, args.scale, log)
     del writer
-    target = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32, use_safetensors=True).eval()
+    target = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32, use_safetensors=True)
+    target = target.to(device).eval()
     kinds = {k: sum(len(r.ids) for r in rows if r.kind == k) for k in sorted({r.kind for r in rows})}
     log(dict(rows=len(rows), tokens=kinds))
     data = dict(
@@ -323,6 +333,7 @@ def main(args, command: str) -> dict:
         steps = max(1, round(HEAD_STEPS * args.scale))
         head, info = train_head(target, rows, vocab, steps, args.seed, log, work)
         info |= dict(data=data, reads=args.target, command=command)
+        head = head.cpu()
         head.draft_vocab = vocab
         head.save(out / "draft-feature", info)
         info["acceptance"] = measured_acceptance(source, out / "draft-feature", args.scale)
@@ -339,7 +350,7 @@ def main(args, command: str) -> dict:
             pad_token_id=target.config.pad_token_id,
             do_sample=False,
         )
-        model.to(torch.float16).save_pretrained(dest)
+        model.cpu().to(torch.float16).save_pretrained(dest)
         tokenizer.save_pretrained(dest)
         (dest / "training.json").write_text(json.dumps(info, indent=1) + "\n")
         results["draft-small"] = info
