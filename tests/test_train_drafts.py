@@ -90,3 +90,6 @@ def test_the_target_command_trains_a_larger_head_on_a_gpu(monkeypatch, cuda):
     assert (args.device, args.scale) == (("cuda", train.GPU_SCALE) if cuda else ("cpu", 1.0))
     train.main(["--target", "smollm2", "--device", "cpu", "--scale", "0.5"])
     assert (seen["args"].device, seen["args"].scale) == ("cpu", 0.5), "what the user asks for wins"
+    if not cuda:
+        with pytest.raises(SystemExit, match="no CUDA device"):
+            train.main(["--target", "smollm2", "--device", "cuda"])

@@ -61,8 +61,8 @@ FAMILY = (
     Shape("draft-weak", 1, 64, 128, 2, 1, steps=60, lr=2e-3, distill=False),
 )
 KD_WEIGHT = 0.7  # share of the distilled draft's loss that is KL to the target
-# A GPU writes the target's answers and steps the head in minutes where 2 cores take hours, so --target
-# there defaults to four times the steps and the sampled answers.
+# A GPU has the throughput for more of the target's own text and more steps than 2 cores can give in
+# a session, so --target there defaults to four times the steps and the sampled answers.
 GPU_SCALE = 4.0
 # On-policy distillation (as in DistillSpec): after the corpus phase, the distilled draft
 # also learns on the target's own greedy continuations, the text it will be asked to predict.
@@ -190,7 +190,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         type=float,
         default=None,
         help="multiplies every model's step count, and with --target above 1 the sampled answers too "
-        "(default 1; with --target on a GPU, 4: a larger head in minutes)",
+        "(default 1; with --target on a GPU, 4)",
     )
     ap.add_argument(
         "--device",
@@ -344,8 +344,14 @@ def main(argv=None) -> dict:
         from app.training import train_drafts
 
         args.device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+        try:
+            device = torch.device(args.device)
+        except RuntimeError as e:
+            raise SystemExit(f"--device {args.device!r}: {e}") from None
+        if device.type == "cuda" and not torch.cuda.is_available():
+            raise SystemExit(f"--device {args.device}: this torch build sees no CUDA device")
         if args.scale is None:
-            args.scale = GPU_SCALE if torch.device(args.device).type == "cuda" else 1.0
+            args.scale = GPU_SCALE if device.type == "cuda" else 1.0
         return train_drafts.main(args, command)
     args.scale = 1.0 if args.scale is None else args.scale
     random.seed(args.seed)
