@@ -42,6 +42,9 @@ def test_a_tiny_slice_trains_both_drafts_end_to_end(tmp_path):
         timeout=900,
         env=os.environ | {"OMP_NUM_THREADS": "1"},
     )
+    record = json.loads((out / "draft-feature" / "training.json").read_text())
+    assert (record["scale"], record["device"], record["data"]["sampled_answers"]) == (0.005, "cpu", 1)
+    assert len(list((out / "work").glob("answers-sampled-*.pt"))) == 1, "the record counts the passes it wrote"
     head = json.loads((out / "draft-feature" / "config.json").read_text())
     assert head["feature_head"] == "eagle-1" and head["draft_vocab_size"] <= 8192
     pair = models.load_pair(models.SMOLLM2, str(out / "draft-feature"))

@@ -195,6 +195,12 @@ def _phase(out: Path, name: str, make) -> list[Row]:
     return rows
 
 
+def sampled_passes(scale: float) -> int:
+    """How many times each instruction is answered by sampling: a --scale of 2 or more (a GPU's
+    default) multiplies them by its whole part, more of the target's own text; a tiny slice samples once."""
+    return SAMPLED_ANSWERS * max(1, int(scale)) if scale >= 1 else 1
+
+
 def build_rows(target, tokenizer, out: Path, seed: int, scale: float, log) -> list[Row]:
     """Every training row, computed once and kept in out/ one phase a file (reused when present)."""
     todo = instructions.training_instructions(seed)
@@ -203,8 +209,7 @@ def build_rows(target, tokenizer, out: Path, seed: int, scale: float, log) -> li
     new, ctx = (ANSWER_TOKENS, CODE_CTX) if scale >= 0.05 else (24, 64)
     greedy = _phase(out, "answers-greedy", lambda: answer_rows(target, tokenizer, todo, False, seed, log, new))
     rows = list(greedy)
-    # A --scale above 1 (a GPU's default) also samples more answers: more of the target's own text.
-    for i in range(SAMPLED_ANSWERS * max(1, round(scale)) if scale >= 1 else 1):
+    for i in range(sampled_passes(scale)):
         rows += _phase(
             out, f"answers-sampled-{i}", lambda i=i: answer_rows(target, tokenizer, todo, True, seed + 1 + i, log, new)
         )

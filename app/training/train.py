@@ -189,8 +189,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         "--scale",
         type=float,
         default=None,
-        help="multiplies every model's step count, and with --target above 1 the sampled answers too "
-        "(default 1; with --target on a GPU, 4)",
+        help="multiplies every model's step count; with --target its whole part multiplies the sampled "
+        "answers too (default 1; with --target on a GPU, 4)",
     )
     ap.add_argument(
         "--device",

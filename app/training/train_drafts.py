@@ -24,7 +24,7 @@ from transformers import DynamicCache, GenerationConfig, LlamaConfig, LlamaForCa
 
 from app.core.passes import through_masked
 from app.training.steps import log_step, optimiser, update
-from app.training.target_text import ANSWER_TOKENS, SAMPLE_TEMPERATURE, SAMPLED_ANSWERS, TOP_K, Row, build_rows
+from app.training.target_text import ANSWER_TOKENS, SAMPLE_TEMPERATURE, TOP_K, Row, build_rows, sampled_passes
 
 DRAFT_VOCAB = 8192  # the feature head drafts among the target's most frequent tokens only
 HEAD_STEPS, HEAD_LR, HEAD_BATCH = 2000, 1e-3, 8
@@ -157,15 +157,15 @@ def train_head(target, rows: list[Row], vocab: torch.Tensor, steps: int, seed: i
     settings = dict(steps=steps, depth=TTT_DEPTH, rows=len(rows), vocab=len(vocab), seed=seed)
     checkpoint = work / "head-checkpoint.pt" if work is not None else None
     if checkpoint is not None and checkpoint.is_file():
-        saved = torch.load(checkpoint, weights_only=False, map_location=device)
+        saved = torch.load(checkpoint, weights_only=False, map_location="cpu")  # load_state_dict moves it
         if saved["settings"] == settings:
             head.load_state_dict(saved["head"])
             opt.load_state_dict(saved["opt"])
             sched.load_state_dict(saved["sched"])
-            gen.set_state(saved["gen"].cpu())
-            torch.set_rng_state(saved["rng"].cpu())
-            if "cuda_rng" in saved:
-                torch.cuda.set_rng_state(saved["cuda_rng"].cpu(), device)
+            gen.set_state(saved["gen"])
+            torch.set_rng_state(saved["rng"])
+            if device.type == "cuda" and "cuda_rng" in saved:
+                torch.cuda.set_rng_state(saved["cuda_rng"], device)
             first, spent = saved["step"], saved.get("seconds", 0.0)
             log(dict(model="feature head", resumed_at=first))
     head.train()
@@ -274,7 +274,7 @@ def writing_dtype(device: torch.device) -> torch.dtype:
 ALIASES = {"draft-feature": "feature-head", "draft-small": "small"}  # --only takes the folders' names too
 
 
-def measured_acceptance(target_dir, head_dir: Path, scale: float) -> dict:
+def measured_acceptance(target_dir, head_dir: Path, scale: float, device: str | None = None) -> dict:
     """Greedy α at k = 4 in decoding on every held-out suite (acceptance.py); a small --scale (the
     tests') measures one short request a suite, as a smoke check of the written head."""
     from app import models
@@ -282,7 +282,7 @@ def measured_acceptance(target_dir, head_dir: Path, scale: float) -> dict:
 
     # fp32, as the card's `bench --card --dtype fp32`: under the auto dtype a bf16 CPU's near-ties
     # would make the recorded α depend on the machine that trained.
-    pair = models.load_pair(str(target_dir), str(head_dir), dtype="fp32")
+    pair = models.load_pair(str(target_dir), str(head_dir), device, dtype="fp32")
     if scale >= 1:
         return acceptance.suites(pair)
     return acceptance.suites(pair, new_tokens=16, limit=1)
@@ -323,7 +323,7 @@ def main(args, command: str) -> dict:
         instructions="app/data/instructions.py",
         top_k=TOP_K,
         answer_tokens=ANSWER_TOKENS,
-        sampled_answers=SAMPLED_ANSWERS,
+        sampled_answers=sampled_passes(args.scale),
         sample_temperature=SAMPLE_TEMPERATURE,
     )
     only = {ALIASES.get(name, name) for name in args.only or ("feature-head", "small")}
@@ -332,17 +332,17 @@ def main(args, command: str) -> dict:
         vocab = draft_vocabulary(rows, min(DRAFT_VOCAB, target.config.vocab_size), target.config.vocab_size, special)
         steps = max(1, round(HEAD_STEPS * args.scale))
         head, info = train_head(target, rows, vocab, steps, args.seed, log, work)
-        info |= dict(data=data, reads=args.target, command=command)
+        info |= dict(data=data, reads=args.target, command=command, scale=args.scale, device=args.device)
         head = head.cpu()
         head.draft_vocab = vocab
         head.save(out / "draft-feature", info)
-        info["acceptance"] = measured_acceptance(source, out / "draft-feature", args.scale)
+        info["acceptance"] = measured_acceptance(source, out / "draft-feature", args.scale, args.device)
         head.save(out / "draft-feature", info)
         log(dict(model="feature head", acceptance=info["acceptance"]))
         results["draft-feature"] = info
     if "small" in only:
         model, info = train_small(target, tokenizer, rows, max(1, round(SMALL_STEPS * args.scale)), args.seed, log)
-        info |= dict(data=data, teacher=args.target, command=command)
+        info |= dict(data=data, teacher=args.target, command=command, scale=args.scale, device=args.device)
         dest = out / "draft-small"
         model.generation_config = GenerationConfig(
             bos_token_id=tokenizer.bos_token_id,
