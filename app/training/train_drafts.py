@@ -59,9 +59,9 @@ def _crop(r: Row, crop: int, gen: torch.Generator) -> Row:
     return Row(r.kind, r.ids[s : s + crop], r.features[s : s + crop], r.top_ids[s : s + crop], r.top_logp[s : s + crop])
 
 
-def batches(rows: list[Row], batch: int, gen: torch.Generator, crop: int = 0):
+def batches(rows: list[Row], batch: int, gen: torch.Generator, crop: int = 0, device: torch.device | None = None):
     """Endless batches of rows (each a random window of at most `crop` tokens when crop > 0), padded on
-    the right: ids, features, top-k, and a mask of real positions."""
+    the right and moved to `device`: ids, features, top-k, and a mask of real positions."""
     while True:
         pick = [rows[i] for i in torch.randint(0, len(rows), (batch,), generator=gen).tolist()]
         if crop:
@@ -71,13 +71,14 @@ def batches(rows: list[Row], batch: int, gen: torch.Generator, crop: int = 0):
         def pad(x, value=0, t=t):
             return torch.stack([F.pad(r, (0, 0) * (r.dim() - 1) + (0, t - len(r)), value=value) for r in x])
 
-        yield dict(
+        b = dict(
             ids=pad([r.ids for r in pick]).long(),
             features=pad([r.features for r in pick]).float(),
             top_ids=pad([r.top_ids for r in pick]).long(),
             top_logp=pad([r.top_logp for r in pick]).float(),
             mask=pad([torch.ones(len(r.ids)) for r in pick]),
         )
+        yield {name: t.to(device) for name, t in b.items()}
 
 
 def soft_ce(q_logits: torch.Tensor, top_ids: torch.Tensor, top_logp: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
@@ -147,13 +148,14 @@ def train_head(target, rows: list[Row], vocab: torch.Tensor, steps: int, seed: i
     device = target.device
     head = FeatureHead(target.config).to(device)
     embed = target.get_input_embeddings()
-    w_sub = target.get_output_embeddings().weight[vocab.to(device)].detach()
+    rows_of_vocab = vocab.to(device)
+    w_sub = target.get_output_embeddings().weight[rows_of_vocab].detach()
     to_draft = torch.full((target.config.vocab_size,), -1, dtype=torch.long, device=device)
-    to_draft[vocab.to(device)] = torch.arange(len(vocab), device=device)
+    to_draft[rows_of_vocab] = torch.arange(len(vocab), device=device)
     noise = HEAD_NOISE * float(torch.cat([r.features[:64].float() for r in rows[:256]]).std())
     opt, sched = optimiser(head, HEAD_LR, steps, weight_decay=0.0)
     gen = torch.Generator().manual_seed(seed)
-    data, start, first, spent = batches(rows, HEAD_BATCH, gen), time.time(), 0, 0.0
+    data, start, first, spent = batches(rows, HEAD_BATCH, gen, device=device), time.time(), 0, 0.0
     settings = dict(steps=steps, depth=TTT_DEPTH, rows=len(rows), vocab=len(vocab), seed=seed)
     checkpoint = work / "head-checkpoint.pt" if work is not None else None
     if checkpoint is not None and checkpoint.is_file():
@@ -170,7 +172,7 @@ def train_head(target, rows: list[Row], vocab: torch.Tensor, steps: int, seed: i
             log(dict(model="feature head", resumed_at=first))
     head.train()
     for step in tqdm(range(first, steps), desc="feature head", mininterval=10, initial=first, total=steps):
-        b = {name: t.to(device) for name, t in next(data).items()}
+        b = next(data)
         with torch.autocast(device.type, dtype=torch.bfloat16):  # AMX and AVX-512 CPUs step several times faster
             loss, parts = head_loss(head, embed, w_sub, to_draft, b, noise, TTT_DEPTH)
         update(head, opt, sched, loss)
@@ -236,10 +238,11 @@ def train_small(target, tokenizer, rows: list[Row], steps: int, seed: int, log):
     torch.manual_seed(seed)
     model = small_model(target, tokenizer).to(target.device)
     opt, sched = optimiser(model, SMALL_LR, steps, weight_decay=0.0)
-    data, start = batches(rows, SMALL_BATCH, torch.Generator().manual_seed(seed + 7), SMALL_CROP), time.time()
+    gen = torch.Generator().manual_seed(seed + 7)
+    data, start = batches(rows, SMALL_BATCH, gen, SMALL_CROP, target.device), time.time()
     model.train()
     for step in tqdm(range(steps), desc="small draft", mininterval=10):
-        b = {name: t.to(target.device) for name, t in next(data).items()}
+        b = next(data)
         valid = b["mask"][:, :-1] * b["mask"][:, 1:]
         logits = model(input_ids=b["ids"][:, :-1], attention_mask=b["mask"][:, :-1].long()).logits
         top, lp = b["top_ids"][:, :-1], b["top_logp"][:, :-1]
@@ -333,7 +336,7 @@ def main(args, command: str) -> dict:
         steps = max(1, round(HEAD_STEPS * args.scale))
         head, info = train_head(target, rows, vocab, steps, args.seed, log, work)
         info |= dict(data=data, reads=args.target, command=command, scale=args.scale, device=args.device)
-        head = head.cpu()
+        head.cpu()
         head.draft_vocab = vocab
         head.save(out / "draft-feature", info)
         info["acceptance"] = measured_acceptance(source, out / "draft-feature", args.scale, args.device)
