@@ -74,8 +74,9 @@ def add_generation_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--device", help="cuda, cuda:1, mps or cpu (default: best available)")
     ap.add_argument(
         "--dtype",
-        help="fp32, fp16, bf16 or auto: the one whose passes run fastest here, timed once per model "
-        "(default: auto, or SPECDEC_DTYPE; fp32 gives the bit-exact greedy check)",
+        help="int8, fp32, fp16, bf16 or auto: the fastest precision whose passes are exact at every width "
+        "here, probed once per model (default: auto, or SPECDEC_DTYPE; int8: int8 weights with integer "
+        "sums, a Llama-shaped target on a CPU)",
     )
     ap.add_argument(
         "--threads",

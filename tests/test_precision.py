@@ -1,5 +1,7 @@
-"""--dtype auto: bf16 where this machine runs the model's passes clearly faster in it, fp32 where
-it does not, measured once per model and kept; the probe is mocked here, so both outcomes are seen."""
+"""--dtype auto where no precision is exact at every width (the width probe is mocked to say so;
+tests/test_exact.py has the exact one): bf16 where this machine runs the model's passes clearly
+faster in it, fp32 where it does not, measured once per model and kept; the timing probe is mocked
+here, so both outcomes are seen."""
 
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ def fresh(monkeypatch):
     monkeypatch.setattr(precision, "_choice", {})
     monkeypatch.setattr(loading, "_cache", {})
     monkeypatch.setattr(precision, "native_bf16", lambda: True)
+    monkeypatch.setattr(precision, "invariant", lambda model: False)
 
 
 @pytest.mark.parametrize(("bf16_share", "want"), [(0.5, torch.bfloat16), (0.95, torch.float32)])
@@ -28,7 +31,7 @@ def test_auto_keeps_bf16_only_where_its_passes_are_clearly_faster(fresh, monkeyp
 
     monkeypatch.setattr(precision, "pass_seconds", seconds)
     model, _ = models.load(TINY_TARGET, "cpu", "auto")
-    assert model.dtype == want and sorted(map(str, timed)) == ["torch.bfloat16", "torch.float32"]
+    assert model.dtype == want and sorted(map(str, timed)) == ["torch.bfloat16", "torch.float32"], "int8 untimed"
     again, _ = models.load(TINY_TARGET, "cpu", "auto")
     assert again is model and len(timed) == 2, "measured once per model and machine"
 

@@ -18,10 +18,11 @@ from app import calibrate, models
 from app.bench import progress
 from app.core import text
 from app.data.prompts import suite
+from app.models import exact
 
 COPY_BYTES = 256 << 20  # larger than any cache, so the copy streams from memory
 COPY_REPS = 5
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+DTYPES = ("fp32", "bf16", exact.NAME)  # int8: models/exact.py, the passes whose rows are exact at every width
 
 
 def bandwidth() -> float:
@@ -54,11 +55,13 @@ def passes(args) -> dict:
         context=len(context),
         bandwidth_gb_s=bytes_per_s / 1e9,
     )
-    for name, dtype in DTYPES.items():
+    for name in DTYPES:
+        if name == exact.NAME and not (target.device.type == "cpu" and exact.supports(target)):
+            continue
         progress.say("passes", f"timing passes of 1..{widths} tokens in {name}")
-        model = copy.deepcopy(target).to(dtype)  # the loaded model is shared (models.load caches it)
+        model = _in(target, name)
         ms = [1000 * t for t in calibrate.pass_times(model, context, widths)]
-        weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+        weight_bytes = exact.weight_bytes(model)
         floor_ms = 1000 * weight_bytes / bytes_per_s
         out[name] = dict(
             ms_by_width=ms,
@@ -67,6 +70,13 @@ def passes(args) -> dict:
             share_of_bandwidth=floor_ms / ms[0],
         )
         print(name, out[name], file=sys.stderr)
-    faster = min(DTYPES, key=lambda n: out[n]["ms_by_width"][0])
+    faster = min((n for n in DTYPES if n in out), key=lambda n: out[n]["ms_by_width"][0])
     out["faster_one_token_pass"] = faster
     return out
+
+
+def _in(target, name: str):
+    """A copy of the loaded fp32 target in precision `name` (models.load shares the loaded one)."""
+    if name == exact.NAME:
+        return exact.convert(target).eval()
+    return copy.deepcopy(target).to({"fp32": torch.float32, "bf16": torch.bfloat16}[name])

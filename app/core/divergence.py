@@ -120,7 +120,7 @@ def explain(
         noise,
         worst,
         worst_at,
-        str(target.dtype).removeprefix("torch."),
+        getattr(target, "specdec_precision", None) or str(target.dtype).removeprefix("torch."),
         "race" if cfg is not None and cfg.shared_noise else "logit",
     )
 

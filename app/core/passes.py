@@ -11,6 +11,8 @@ from transformers.masking_utils import create_causal_mask
 
 from app.core.config import UserError
 
+EXACT_ATTENTION = "specdec_exact"  # the exact precision's attention (models/exact.py) reads sdpa's bool mask
+
 
 def through_masked(
     config,
@@ -69,7 +71,7 @@ def tree_pass(sees: list[list[int]], prefix: list[int], kv: int, config, device)
         allowed[r, :upto] = True
         allowed[r, slots] = True
     kind = getattr(config, "_attn_implementation", None) or "eager"
-    if kind == "sdpa":
+    if kind in ("sdpa", EXACT_ATTENTION):
         return allowed[None, None]
     if kind == "eager":
         dtype = getattr(config, "dtype", None) or torch.float32

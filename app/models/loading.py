@@ -21,7 +21,7 @@ from app.drafts import feature_head, kinds
 from app.drafts.draft_spec import Draft, DraftSpec
 from app.kv import direct_pass
 from app.kv.cache import refuse_uncroppable
-from app.models import gguf_target, hosting, precision
+from app.models import exact, gguf_target, hosting, precision
 from app.models.hub import hub_reachable, offline_message
 from app.models.presets import DEFAULT_TARGET, ROOT, SMOLLM2, default_draft, id_of, preset_ids
 
@@ -40,7 +40,7 @@ def choose_device(device: str | None = None, dtype: str | None = None) -> tuple[
         try:
             return dev, getattr(torch, {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}.get(dtype, dtype))
         except AttributeError:
-            raise UserError(f"unknown dtype {dtype!r}: use fp32, fp16 or bf16") from None
+            raise UserError(f"unknown dtype {dtype!r}: use fp32, fp16, bf16 or int8") from None
     if dev.type == "cuda":
         return dev, torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
     return dev, torch.float16 if dev.type == "mps" else torch.float32
@@ -107,6 +107,8 @@ def load(
     dtype = default_dtype() if dtype is None else dtype
     if dtype.strip().lower() == "auto":
         return _load_fastest(model_id, device, spread, role)
+    if dtype.strip().lower() == exact.NAME:
+        return _load_exact(model_id, device, role)
     name = resolve(model_id, role)
     shown = hosting.shown(model_id)
     token = hosting.token_for(model_id.strip(), preset_ids())
@@ -150,8 +152,8 @@ def default_dtype() -> str:
 
 
 def _load_fastest(model_id: str, device: str | None, spread: bool, role: str):
-    """load() in the dtype its passes run fastest in here (precision.py): on a CPU, loaded in fp32,
-    timed against a bf16 copy once, and kept in the winner; the GPU's and MPS's low precision else."""
+    """load() in the precision precision.py picks here: on a CPU, loaded in fp32, probed for width
+    invariance and timed once, and kept in the winner; the GPU's and MPS's low precision else."""
     dev, low = choose_device(device, "")
     if dev.type != "cpu":  # choose_device's own default there is the low precision
         return load(model_id, device, DTYPE_NAMES[low], spread, role)
@@ -160,11 +162,41 @@ def _load_fastest(model_id: str, device: str | None, spread: bool, role: str):
     if known is None:
         model, tokenizer = load(model_id, device, "fp32", spread, role)
         known = precision.choose(name, model)
-        if known != torch.float32:  # the fp32 copy gives way to the faster one under its own key
+        if known == "bf16":  # the fp32 copy gives way to the faster one under its own key
             with _lock:
                 _cache.pop((name, str(dev), torch.float32, spread), None)
-                _cache[(name, str(dev), known, spread)] = (model.to(known), tokenizer)
-    return load(model_id, device, DTYPE_NAMES[known], spread, role)
+                _cache[(name, str(dev), torch.bfloat16, spread)] = (model.to(torch.bfloat16), tokenizer)
+    return load(model_id, device, known, spread, role)
+
+
+def _load_exact(model_id: str, device: str | None, role: str):
+    """load() in the exact int8 precision (models/exact.py): converted once from the fp32 copy.
+    A draft the precision cannot run stays fp32; a target is refused with one line."""
+    dev, _ = choose_device(device, "fp32")
+    model, tokenizer = load(model_id, device, "fp32", role=role)
+    if dev.type != "cpu" or not exact.supports(model):
+        if role == "draft":
+            return model, tokenizer
+        raise UserError(
+            f"the {exact.NAME} precision runs Llama-shaped decoders on a CPU; {hosting.shown(model_id)!r} "
+            f"on {dev.type} needs fp32 or bf16"
+        )
+    key = (resolve(model_id, role), str(dev), exact.NAME, False)
+    with _lock:
+        if key in _cache:
+            return _cache[key]
+    converted = exact.convert(model).eval()
+    direct_pass.parts(converted)  # its probe passes run now, not in a visitor's first request
+    with _lock:
+        _cache.pop((key[0], str(dev), torch.float32, False), None)  # its layers are now int8; drop fp32's
+        if key not in _cache and len(_cache) >= MAX_CACHED:
+            _cache.pop(next(iter(_cache)))
+        return _cache.setdefault(key, (converted, tokenizer))
+
+
+def precision_of(model: PreTrainedModel) -> str:
+    """The precision a model runs in, as typed: fp32, bf16, fp16 or int8."""
+    return getattr(model, "specdec_precision", None) or DTYPE_NAMES.get(model.dtype, str(model.dtype))
 
 
 def _load_uncached(name: str, shown: str, token, dev: torch.device, torch_dtype: torch.dtype, spread: bool):
@@ -420,5 +452,5 @@ def load_pair(
     draft_name = resolve(draft_id, "draft")
     spec = kinds.parse(draft_name)  # the one place a draft's text is read
     # A draft model runs in the target's dtype, as the auto choice found it: one probe a pair, not two.
-    loading = _Loading(target, tokenizer, target_name, draft_name, draft_id, DTYPE_NAMES.get(target.dtype, dtype))
+    loading = _Loading(target, tokenizer, target_name, draft_name, draft_id, precision_of(target))
     return Pair(target, tokenizer, target_name, spec.kind.load(spec, loading))

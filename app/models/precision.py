@@ -1,10 +1,13 @@
-"""Which dtype a target runs fastest in on this machine, for --dtype auto: measured once per model,
-device and thread setting, as the calibration is.
+"""Which precision a target runs in on this machine for --dtype auto: the fastest whose passes are
+width-invariant here, measured once per model, device and thread setting, as the calibration is.
 
-On a GPU that is bf16 (fp16 without bf16 support). On a CPU it depends: with AMX or AVX-512 BF16,
-bf16 passes run well ahead of fp32 for small models, which are bound by memory bandwidth; without
-native bf16 they are emulated and slower. So on a CPU both are timed, and bf16 is kept only where
-it is clearly faster.
+A pass is width-invariant when a row's logits are the same bits in a one-token pass and inside a
+wider one: then speculative decoding's output is plain decoding's exactly, near-ties included. On a
+CPU, the int8 precision (models/exact.py) is invariant by construction where it runs; fp32 and bf16
+are probed and here were not (a float matrix product sums in an order set by the pass's width).
+Where no precision is invariant, the faster of fp32 and bf16 is kept: bf16 only where it is clearly
+faster, as with AMX or AVX-512 BF16 (emulated, it is slower). On a GPU it is bf16 (fp16 without
+bf16 support).
 """
 
 from __future__ import annotations
@@ -15,14 +18,15 @@ import time
 
 import torch
 
-from app.models import threads
+from app.models import exact, threads
 
 MARGIN = 0.9  # bf16 is picked where its passes take at most this share of fp32's
 WIDTHS = (1, 9)  # a plain step's pass and a verify pass's
 REPS = 3  # timed passes per width and dtype, after one warm-up
 CONTEXT = 64  # cached tokens before the timed passes
 
-_choice: dict[tuple, torch.dtype] = {}
+PROBE_WIDTHS = (2, 5, 9)  # verify widths whose rows are checked against one-token passes
+_choice: dict[tuple, str] = {}
 _lock = threading.Lock()
 
 
@@ -56,25 +60,60 @@ def pass_seconds(model, widths: tuple[int, ...] = WIDTHS, reps: int = REPS) -> f
     return total
 
 
-def choose(name: str, model) -> torch.dtype:
-    """The dtype `model` (loaded in fp32 on a CPU) runs its passes fastest in on this machine and
-    thread setting; a GPU's is loading.choose_device's default."""
+@torch.inference_mode()
+def invariant(model, widths: tuple[int, ...] = PROBE_WIDTHS) -> bool:
+    """Whether each row of a pass of every width in `widths` equals, bit for bit, the one-token pass
+    at the same position after the same CONTEXT cached tokens."""
+    from transformers import DynamicCache
+
+    vocab = model.get_input_embeddings().weight.shape[0]
+    g = torch.Generator().manual_seed(1)
+    widest = max(widths)
+    ids = torch.randint(0, vocab, (1, CONTEXT + widest), generator=g).to(model.device)
+    cache = DynamicCache()
+    model(ids[:, :CONTEXT], cache=cache, use_cache=True)
+    ones = torch.stack(
+        [model(ids[:, CONTEXT + i : CONTEXT + i + 1], cache=cache, use_cache=True).logits[0, 0] for i in range(widest)]
+    )
+    cache.crop(-widest)
+    for width in widths:
+        rows = model(ids[:, CONTEXT : CONTEXT + width], cache=cache, use_cache=True).logits[0]
+        cache.crop(-width)
+        if not torch.equal(rows, ones[:width]):
+            return False
+    return True
+
+
+def choose(name: str, model) -> str:
+    """The precision `model` (loaded in fp32 on a CPU) runs in here, as typed (int8, bf16 or fp32):
+    the fastest width-invariant one, else the faster of fp32 and bf16."""
     key = (name, str(model.device), threads.key())
     with _lock:
         known = _choice.get(key)
     if known is None:
-        known = torch.float32
-        if native_bf16():
-            low = copy.deepcopy(model).to(torch.bfloat16)
-            if pass_seconds(low) <= MARGIN * pass_seconds(model):
-                known = torch.bfloat16
-            del low
+        known = _measure(model)
         with _lock:
             _choice[key] = known
     return known
 
 
-def chosen(name: str, device: str) -> torch.dtype | None:
+def _measure(model) -> str:
+    candidates = {"fp32": model}
+    if native_bf16():
+        candidates["bf16"] = copy.deepcopy(model).to(torch.bfloat16)
+    if model.device.type == "cpu" and exact.supports(model):
+        candidates[exact.NAME] = exact.convert(model).eval()
+    exact_ones = [n for n, m in candidates.items() if invariant(m)]
+    if exact_ones:
+        if len(exact_ones) == 1:
+            return exact_ones[0]
+        return min(exact_ones, key=lambda n: pass_seconds(candidates[n]))
+    if "bf16" in candidates and pass_seconds(candidates["bf16"]) <= MARGIN * pass_seconds(model):
+        return "bf16"
+    return "fp32"
+
+
+def chosen(name: str, device: str) -> str | None:
     """What choose() picked for this model here before, if it ran."""
     with _lock:
         return _choice.get((name, device, threads.key()))

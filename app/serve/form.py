@@ -18,7 +18,7 @@ from app.args import make_settings
 from app.core.config import REJECTION, Settings, SpecConfig
 
 _REQUIRED = inspect.Parameter.empty
-DTYPES = ("auto", "fp32", "bf16")  # the precisions a visitor may pick for the target
+DTYPES = ("auto", "fp32", "bf16", "int8")  # the precisions a visitor may pick for the target
 
 
 def server_dtype() -> str:

@@ -110,7 +110,7 @@ def _stream(form: Form, control, progress=None) -> Iterator[tuple]:
     doc["comparison"] = metrics.compare(doc["speculative"]["stats"], doc["autoregressive"]["stats"])
     doc["stopped"] = stopped  # True: Stop ended both runs early, so every figure is partial
     doc["threads"] = threads.key()  # "auto" or the fixed count (docs/threads.md)
-    doc["dtype"] = dict(asked=dtype, used=str(pair.target.dtype).removeprefix("torch."))
+    doc["dtype"] = dict(asked=dtype, used=models.precision_of(pair.target))
     must_match = s.greedy or s.shared_noise  # a seed fixes the text under shared noise
     verdict = None if stopped or not must_match else _verdict(pair, ids, spec, ar, costs, speculative.target_cache, s)
     if verdict is not None:
@@ -141,9 +141,14 @@ def _verdict(pair, ids, spec, ar, costs, target_cache, s):
 
 def _precision(pair, asked: str) -> str:
     """The precision line under the summary: the dtype in use, and why."""
-    used = models.DTYPE_NAMES.get(pair.target.dtype, str(pair.target.dtype))
-    why = " (auto: the faster of fp32 and bf16 on this machine)" if asked == "auto" else ""
-    exact = "" if used == "fp32" else "; fp32 (Models › Precision) gives the bit-exact greedy check"
+    used = models.precision_of(pair.target)
+    why = " (auto: the fastest precision exact at every width here)" if asked == "auto" else ""
+    if used == "int8":
+        exact = ": a row's logits are the same bits at every verify width, so greedy output is plain decoding's exactly"
+    elif used == "fp32":
+        exact = "; its rows can differ in the last bits between widths, far below any but an exact tie"
+    else:
+        exact = "; a verify pass can round a near-tie the other way: int8 (Models › Precision) is exact at every width"
     return f"Target in **{used}** on {pair.target.device}{why}{exact}."
 
 

@@ -109,10 +109,16 @@ def _model_controls(c) -> None:
         )
         c.custom_draft = gr.Textbox("", label="…or a custom draft (Hub id, local dir, prompt-lookup, early-exit:N)")
         c.dtype = gr.Radio(
-            [("auto: the fastest here", "auto"), ("fp32: the bit-exact check", "fp32"), ("bf16", "bf16")],
+            [
+                ("auto: the fastest exact one here", "auto"),
+                ("int8: exact at every width", "int8"),
+                ("fp32", "fp32"),
+                ("bf16", "bf16"),
+            ],
             value=form.server_dtype(),
             label="Precision",
-            info="auto times fp32 against bf16 once per model and keeps bf16 where it is clearly faster; in "
+            info="int8 weights with integer sums give a row the same logits in a one-token pass and a verify "
+            "pass, so greedy output is plain decoding's exactly; auto picks it where it runs. In fp32 and "
             "bf16 a verify pass can round a near-tie the other way, and the check then says so",
             elem_id="dtype",
         )

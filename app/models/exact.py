@@ -1,0 +1,298 @@
+"""The exact precision: passes whose rows are the same bits at every width, on int8 weights.
+
+A float matrix product sums its inner dimension in an order that depends on how many rows the pass
+has (a one-token pass takes a matrix-vector kernel, a nine-token pass a blocked one), so a row's
+logits differ in their last bits between a plain step and a verify pass, and a near-tie can tip.
+Integer sums are exact in any order. So every reduction here is made exact:
+
+- **Linear layers and the LM head:** the weights are int8, one scale per output row. Each input row
+  is written as a 15-bit integer times one scale of its own (hi·128 + lo, both int8), and the two
+  halves go through one `torch._int_mm` (int32 sums, exact). The rescale is elementwise.
+- **Attention:** queries, keys and values are fixed point per row (a scale and integers), so the
+  scores and the weighted sum of values are sums of integers, computed in float64 below 2**53,
+  where every addition is exact. The softmax's denominator is summed the same way.
+- **Elementwise functions with a vector and a scalar path** (exp, SiLU): ATen runs the scalar path
+  on the tail of a buffer and on thread-split chunks, and the two can differ in the last bit. They
+  run here on slices of whole rows, each below ATen's grain and a multiple of the vector width.
+- RMSNorm's mean runs one row per output in a fixed order (a test checks it at every width).
+
+The rows of such a pass depend only on the row's own inputs and on the keys it may see.
+"""
+
+from __future__ import annotations
+
+import copy
+import weakref
+
+import torch
+from torch import nn
+from transformers import AttentionInterface
+from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
+from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+from app.core.passes import EXACT_ATTENTION as ATTENTION
+
+NAME = "int8"  # how the precision is typed (--dtype int8) and shown
+HALF = 128  # a 15-bit activation is hi·HALF + lo, hi and lo int8
+FIXED = float(2**20)  # attention's fixed-point levels: 2**20 · 2**20 · 2**13 keys stays below 2**53
+GRAIN = 32768  # ATen's serial grain: an elementwise op on fewer elements runs on one thread
+LANES = 32  # a multiple of every CPU vector width ATen unrolls to (2 x 16 floats)
+
+
+class Int8Linear(nn.Module):
+    """y = x Wᵀ with W as int8 rows and a scale each; the sums are integers, exact at any width."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None):
+        super().__init__()
+        w = weight.detach().float()
+        scale = w.abs().amax(dim=1).clamp_min(torch.finfo(torch.float32).tiny) / 127
+        q = torch.round(w / scale[:, None]).clamp_(-127, 127).to(torch.int8)
+        # (K, N) as a transposed view of the (N, K) rows: _int_mm's fast layout
+        self.register_buffer("weight_t", q.t(), persistent=False)
+        self.register_buffer("scale", scale, persistent=False)
+        self.register_parameter("weight", None)  # the LM head's keeps its float rows for drafting
+        self.bias = None if bias is None else nn.Parameter(bias.detach().float(), requires_grad=False)
+        self.in_features, self.out_features = w.shape[1], w.shape[0]
+        # hi·half + lo: the int32 sums of both halves, combined, stay below 2**31
+        self.half = min(HALF, 1 << max(0, int(2**31 / (127 * 127 * self.in_features * 1.02)).bit_length() - 1))
+        self.wide = self.half < 64  # too long a row for int32: combine in int64 with the full 15 bits
+        if self.wide:
+            self.half = HALF
+
+    @classmethod
+    def of(cls, *linears: nn.Linear) -> Int8Linear:
+        """One layer over the concatenated outputs of linears that read the same input."""
+        biases = [x.bias for x in linears]
+        bias = (
+            None
+            if all(b is None for b in biases)
+            else torch.cat(
+                [b if b is not None else torch.zeros(x.out_features) for b, x in zip(biases, linears, strict=True)]
+            )
+        )
+        return cls(torch.cat([x.weight for x in linears]), bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        rows = x.reshape(-1, shape[-1]).float()
+        n = rows.shape[0]
+        halves, step = split(rows, self.half)
+        sums = torch._int_mm(halves, self.weight_t)
+        if self.wide:
+            sums = sums.long()
+        exact = sums[:n].mul_(self.half).add_(sums[n:])
+        y = exact.float().mul_(step).mul_(self.scale)
+        if self.bias is not None:
+            y = y.add_(self.bias)
+        return y.reshape(*shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, int8"
+
+
+def split(rows: torch.Tensor, half: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(halves, step): rows ≈ (hi·half + lo)·step per row, with hi stacked over lo as int8 (2R, K)
+    and step (R, 1) float32."""
+    peak = rows.abs().amax(dim=-1, keepdim=True).clamp_min_(1e-30)
+    levels = 127 * half
+    q = (rows * (levels / peak)).round_()
+    hi = (q * (1 / half)).round_()
+    return torch.cat([hi, q.sub_(hi, alpha=half)]).to(torch.int8), peak / levels
+
+
+def fixed(x: torch.Tensor, levels: float = FIXED) -> tuple[torch.Tensor, torch.Tensor]:
+    """(integers, step) with x ≈ integers · step along the last dim; float64, |integers| ≤ levels."""
+    x = x.double()
+    peak = x.abs().amax(dim=-1, keepdim=True).clamp_min_(1e-300)
+    return (x * (levels / peak)).round_(), peak / levels
+
+
+def by_rows(fn, x: torch.Tensor) -> torch.Tensor:
+    """fn applied to slices of whole rows of a contiguous x, each below ATen's grain, so every
+    element takes the vector path (the row length is a multiple of LANES)."""
+    x = x.contiguous()
+    width = x.shape[-1]
+    flat = x.reshape(-1, width)
+    per = max(1, GRAIN // width)
+    if flat.shape[0] <= per:
+        return fn(x)
+    return torch.cat([fn(part) for part in flat.split(per)]).reshape(x.shape)
+
+
+def attention(
+    module: nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float | None = None,
+    dropout: float = 0.0,
+    **kwargs,
+) -> tuple[torch.Tensor, None]:
+    """(B, T, H, D) attention output of (B, H, T, D) queries over keys and values in fixed point,
+    (B, Hkv, S, D + 1) float64: D integers and the row's step (stored(), as ExactAttention caches
+    them), or plain (B, Hkv, S, D). Every sum over keys or over the head dimension is a sum of
+    integers below 2**53."""
+    b, heads, t, d = query.shape
+    kv_heads, s = key.shape[1], key.shape[2]
+    group = heads // kv_heads
+    scaling = d**-0.5 if scaling is None else scaling
+    if key.shape[-1] == d:  # a layer of the model's own class (a feature head's) caches plain keys
+        key, value = stored(key), stored(value)
+    q_int, q_step = fixed(query.reshape(b, kv_heads, group * t, d))
+    q_int = nn.functional.pad(q_int, (0, 1))  # meets the keys' step column with 0
+    scores = (q_int @ key.transpose(-1, -2)).mul_(q_step * scaling).mul_(key[..., d].unsqueeze(-2))
+    # padded to whole vector widths, so the softmax's exp runs every element on one path
+    scores = nn.functional.pad(scores.view(b, kv_heads, group, t, s), (0, (-s) % LANES), value=float("-inf"))
+    scores = scores.masked_fill_(_blocked(attention_mask, b, t, s, query.device)[:, :, None], float("-inf"))
+    scores = scores.sub_(scores.amax(dim=-1, keepdim=True))
+    e = by_rows(torch.exp, scores).view(b, kv_heads, group * t, -1)[..., :s]  # in [0, 1]; 0 where blocked
+    levels = getattr(module, "weight_levels", FIXED)
+    w_int, w_step = fixed(e * value[..., d].unsqueeze(-2), levels)  # the values' steps carried in
+    total = (e * (FIXED * levels)).round_().sum(dim=-1, keepdim=True)  # integers below 2**53: exact
+    out = (w_int @ value)[..., :d].mul_(w_step * (FIXED * levels)).div_(total)
+    return out.view(b, heads, t, d).transpose(1, 2).float().contiguous(), None
+
+
+def stored(x: torch.Tensor) -> torch.Tensor:
+    """(..., D + 1) float64: x's rows in fixed point (fixed()) with their step as a last column."""
+    ints, step = fixed(x)
+    return torch.cat([ints, step], dim=-1)
+
+
+_masks: dict[int, tuple[weakref.ref, torch.Tensor]] = {}  # id(a pass's mask) -> (the mask, its padded complement)
+_causal: dict[tuple, torch.Tensor] = {}
+
+
+def _blocked(mask: torch.Tensor | None, b: int, t: int, s: int, device) -> torch.Tensor:
+    """(B, 1, T, S padded to LANES) bool, True where a query row may not see the key: every layer
+    of a pass gets the same mask, so it is built once. No mask means causal over the last T keys."""
+    padded = s + (-s) % LANES
+    if mask is None:
+        key = (b, t, s, str(device))
+        if key not in _causal:
+            if len(_causal) > 64:
+                _causal.clear()
+            rows = torch.arange(t, device=device)[:, None] + (s - t)
+            _causal[key] = (torch.arange(padded, device=device)[None, :] > rows).expand(b, 1, t, padded)
+        return _causal[key]
+    held = _masks.get(id(mask))
+    if held is not None and held[0]() is mask:
+        return held[1]
+    seen = mask if mask.dtype == torch.bool else mask == 0
+    found = ~nn.functional.pad(seen.expand(b, 1, t, s), (0, padded - s))
+    for dead in [k for k, (ref, _) in _masks.items() if ref() is None]:
+        del _masks[dead]
+    _masks[id(mask)] = (weakref.ref(mask), found)
+    return found
+
+
+AttentionInterface.register(ATTENTION, attention)
+ALL_MASK_ATTENTION_FUNCTIONS.register(ATTENTION, sdpa_mask)
+
+
+class ExactAttention(nn.Module):
+    """A decoder's self-attention with one int8 layer for q, k and v, rotary as the model's own,
+    and the exact attention above; the same call as the module it replaces."""
+
+    def __init__(self, attn: nn.Module, config):
+        super().__init__()
+        self.layer_idx, self.head_dim, self.scaling = attn.layer_idx, attn.head_dim, attn.scaling
+        self.num_key_value_groups = attn.num_key_value_groups
+        self.qkv = Int8Linear.of(attn.q_proj, attn.k_proj, attn.v_proj)
+        self.o_proj = Int8Linear.of(attn.o_proj)
+        self.sizes = [attn.q_proj.out_features, attn.k_proj.out_features, attn.v_proj.out_features]
+        # the weights' fixed point leaves room for the longest context's sum of 2**20-level products
+        longest = int(getattr(config, "max_position_embeddings", 8192) or 8192) + LANES
+        self.weight_levels = float(2 ** (52 - 20 - max(1, longest - 1).bit_length()))
+
+    def forward(self, hidden_states, position_embeddings, attention_mask=None, cache=None, **kwargs):
+        shape = (*hidden_states.shape[:-1], -1, self.head_dim)
+        q, k, v = (x.view(shape).transpose(1, 2) for x in self.qkv(hidden_states).split(self.sizes, dim=-1))
+        cos, sin = position_embeddings
+        q, k = apply_rotary_pos_emb(q, k, cos, sin)
+        k, v = stored(k), stored(v)
+        if cache is not None:
+            k, v = cache.update(k, v, self.layer_idx)
+        out, _ = attention(self, q, k, v, attention_mask, scaling=self.scaling)
+        return self.o_proj(out.reshape(*hidden_states.shape[:-1], -1)), None
+
+
+class ExactMLP(nn.Module):
+    """down(SiLU(gate x) · up x) with gate and up as one int8 layer."""
+
+    def __init__(self, mlp: nn.Module):
+        super().__init__()
+        self.gate_up = Int8Linear.of(mlp.gate_proj, mlp.up_proj)
+        self.down_proj = Int8Linear.of(mlp.down_proj)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up(x).chunk(2, dim=-1)
+        return self.down_proj(silu(gate).mul_(up))
+
+
+def silu(x: torch.Tensor) -> torch.Tensor:
+    """SiLU on whole-row slices: its exp's vector and scalar paths can differ in the last bit."""
+    if x.shape[-1] % LANES:
+        raise ValueError(f"the exact precision needs an MLP width that is a multiple of {LANES}")
+    return by_rows(nn.functional.silu, x)
+
+
+MLP_NAMES = ("gate_proj", "up_proj", "down_proj")
+
+
+def supports(model: nn.Module) -> bool:
+    """Whether convert() can run this model: Llama-shaped layers (q, k, v and o projections without
+    norms of their own, a SiLU-gated MLP) under a standard rotary embedding."""
+    config = model.config
+    layers = getattr(getattr(model, "model", None), "layers", None)
+    if getattr(config, "hidden_act", None) != "silu" or layers is None or model.get_output_embeddings() is None:
+        return False
+    names = ("q_proj", "k_proj", "v_proj", "o_proj")
+    for layer in layers:
+        attn, mlp = getattr(layer, "self_attn", None), getattr(layer, "mlp", None)
+        if attn is None or not all(isinstance(getattr(attn, n, None), nn.Linear) for n in names):
+            return False
+        if hasattr(attn, "q_norm") or hasattr(attn, "sliding_window") and attn.sliding_window:
+            return False
+        if mlp is None or not all(isinstance(getattr(mlp, n, None), nn.Linear) for n in MLP_NAMES):
+            return False
+    return getattr(config, "intermediate_size", 1) % LANES == 0 and getattr(config, "hidden_size", 1) % LANES == 0
+
+
+def convert(model: nn.Module) -> nn.Module:
+    """A copy of an fp32 causal LM in the exact precision: int8 linear layers and LM head, exact
+    attention and SiLU. The input embedding stays fp32 (a row lookup needs no sums)."""
+    if not supports(model):
+        raise ValueError("the int8 precision runs Llama-shaped decoders (SmolLM2, Llama, Qwen2, Mistral)")
+    exact = copy.copy(model)  # shares the embedding and norms; the layers below are new modules
+    exact._modules = dict(model._modules)
+    base = copy.copy(model.model)
+    base._modules = dict(model.model._modules)
+    layers = nn.ModuleList()
+    for layer in model.model.layers:
+        new = copy.copy(layer)
+        new._modules = dict(layer._modules)
+        new.self_attn = ExactAttention(layer.self_attn, model.config)
+        new.mlp = ExactMLP(layer.mlp)
+        layers.append(new)
+    base.layers = layers
+    exact.model = base
+    head = Int8Linear.of(model.get_output_embeddings())
+    head.weight = model.get_output_embeddings().weight  # the rows a feature head drafts from (tied: the embedding)
+    exact.set_output_embeddings(head)
+    exact.specdec_precision = NAME
+    exact.config = copy.deepcopy(model.config)
+    exact.config._attn_implementation = ATTENTION
+    base.config = exact.config
+    return exact
+
+
+def weight_bytes(model: nn.Module) -> int:
+    """Bytes of the weights a pass reads: parameters and buffers, without the input embedding's
+    table (a pass reads one row of it) when the LM head has its own copy."""
+    tensors = {id(t): t for t in [*model.parameters(), *model.buffers()]}
+    head = model.get_output_embeddings()
+    if isinstance(head, Int8Linear):
+        tensors.pop(id(model.get_input_embeddings().weight), None)
+    return sum(t.numel() * t.element_size() for t in tensors.values())

