@@ -110,7 +110,8 @@ def _stream(form: Form, control, progress=None) -> Iterator[tuple]:
     doc["comparison"] = metrics.compare(doc["speculative"]["stats"], doc["autoregressive"]["stats"])
     doc["stopped"] = stopped  # True: Stop ended both runs early, so every figure is partial
     doc["threads"] = threads.key()  # "auto" or the fixed count (docs/threads.md)
-    doc["dtype"] = dict(asked=dtype, used=models.precision_of(pair.target))
+    used = models.precision_of(pair.target)
+    doc["dtype"] = dict(asked=dtype, used=used if used == "int8" else str(pair.target.dtype).removeprefix("torch."))
     must_match = s.greedy or s.shared_noise  # a seed fixes the text under shared noise
     verdict = None if stopped or not must_match else _verdict(pair, ids, spec, ar, costs, speculative.target_cache, s)
     if verdict is not None:
