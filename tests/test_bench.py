@@ -292,3 +292,27 @@ def test_forward_clock_counts_direct_passes_whole_and_lets_go_of_them():
         seconds = time.perf_counter() - start
     assert 0.5 * seconds < inside[0] <= seconds
     assert (direct_pass.forward, direct_pass.step) == real
+
+
+def test_llama_cpp_is_timed_only_on_the_wheels_gguf_and_says_why_not(monkeypatch):
+    import builtins
+    import sys
+
+    from app.bench import contenders
+    from app.models import gguf_target
+
+    contender, why = contenders.llama_cpp(models.TINY_TARGET, 2)
+    assert contender is None and "not the wheel's GGUF" in why
+    if gguf_target.gguf_path() is None:
+        return
+    real_import = builtins.__import__
+
+    def no_llama(name, *a, **kw):
+        if name == "llama_cpp":
+            raise ImportError(name)
+        return real_import(name, *a, **kw)
+
+    monkeypatch.delitem(sys.modules, "llama_cpp", raising=False)
+    monkeypatch.setattr(builtins, "__import__", no_llama)
+    contender, why = contenders.llama_cpp(str(gguf_target.converted_dir()), 2)
+    assert contender is None and "does not import" in why

@@ -76,3 +76,17 @@ def test_a_draft_the_target_gives_no_mass_is_never_kept():
 def test_an_empty_stop_string_is_refused_before_a_run(target, tokenizer):
     with pytest.raises(UserError, match="stop string"):
         run(target, tokenizer, "def f", PromptLookup(), max_new_tokens=8, stop=("",))
+
+
+def test_prompt_lookup_stops_its_drafts_before_an_end_of_text_id():
+    context = [5, 6, 7, 9, 5, 6, 2, 8, 5, 6]  # "5 6" was last followed by the end of a text (2)
+    chain = PromptLookup(2, 1, eos=(2,))
+    chain.begin(context, 16)
+    greedy = SamplingConfig()
+    assert chain.propose(4, greedy, torch.Generator()).tokens == [7, 9, 5, 6], "the older match, not an empty draft"
+    tree = PromptLookup(2, 1, tree=8, eos=(2,))
+    tree.begin(context, 16)
+    assert tree.propose(4, greedy, torch.Generator()).tokens == [7, 9, 5, 6]
+    unaware = PromptLookup(2, 1)  # a target without an end-of-text id
+    unaware.begin(context, 16)
+    assert unaware.propose(4, greedy, torch.Generator()).tokens == [2, 8, 5, 6]

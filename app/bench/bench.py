@@ -32,7 +32,7 @@ import torch
 from app import calibrate, models, questions
 from app.args import add_generation_args, settings, with_chat
 from app.bench import progress, specbench
-from app.bench.contenders import CONSTANT, SWEEP, TREE, TREE_AUTO, Contender, adaptive_k, fixed_k, hf, ours
+from app.bench.contenders import CONSTANT, SWEEP, TREE, TREE_AUTO, Contender, adaptive_k, fixed_k, hf, llama_cpp, ours
 from app.bench.report import _f, _x, html_report, prompt_row, summarize_rows  # noqa: F401
 from app.core import divergence, engine, metrics
 from app.core.config import settings_dict
@@ -46,6 +46,8 @@ def contenders(args, pair, lookup_pair, s, sp, r, costs, lookup_costs, tree_cost
     """Everything timed: ours first, then transformers' generate with the same models. tree_costs:
     the calibration with trees (--tree auto), which the tree shaped by the cost model reads."""
     out = _ours_field(args, pair, lookup_pair, s, sp, r, costs, lookup_costs, tree_costs)
+    if s.greedy and getattr(args, "llama_cpp", None) is not None:
+        out.append(args.llama_cpp)
     if not (args.hf and s.greedy):  # transformers' outputs are only comparable under greedy decoding
         return out
     return out + _hf_field(pair, lookup_pair, sp)
@@ -233,6 +235,11 @@ def bench(args) -> dict:
     lookup_costs = calibrate.costs_for(lookup_pair, adaptive_k(sp), sampling=s) if lookup_pair else None
     tree_costs = _tree_costs(pair, sp, s)
     prompts = suite(args.suite, st.run.chat)[: args.limit or None]
+    llama_note = ""
+    if args.with_llama_cpp and s.greedy:  # loaded once; its runs are timed like every contender's
+        args.llama_cpp, llama_note = llama_cpp(pair.target_name, pair.tokenizer.eos_token_id)
+        if llama_note:
+            progress.say("bench", llama_note)
     field = contenders(args, pair, lookup_pair, s, sp, r, costs, lookup_costs, tree_costs)
     warm = pair.encode(prompts[0], r.chat)
     progress.say("bench", f"warm-up: {len(field)} contenders once each")
@@ -258,6 +265,8 @@ def bench(args) -> dict:
         prompts=rows,
         device=str(pair.target.device),
         dtype=str(pair.target.dtype),
+        precision=models.precision_of(pair.target),
+        llama_cpp=llama_note or None,  # why llama.cpp was not timed, when it was asked for and was not
         torch=torch.__version__,
     )
 
@@ -329,6 +338,12 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--reps", type=int, default=3, help="timed repetitions per prompt and contender (>= 1)")
     ap.add_argument("--no-hf", dest="hf", action="store_false", help="skip transformers' generate")
     ap.add_argument(
+        "--no-llama-cpp",
+        dest="with_llama_cpp",
+        action="store_false",
+        help="skip llama.cpp's plain decoding of the wheel's GGUF (timed where llama-cpp-python imports)",
+    )
+    ap.add_argument(
         "--no-sweep",
         dest="sweep",
         action="store_false",
@@ -343,7 +358,7 @@ def main(argv: list[str]) -> int:
     ap.add_argument(
         "--passes",
         action="store_true",
-        help="ms per target pass by width in fp32 and bf16, beside the memory bandwidth (passes.py)",
+        help="ms per target pass by width in fp32, bf16 and int8, beside the memory bandwidth (passes.py)",
     )
     ap.add_argument(
         "--rules",

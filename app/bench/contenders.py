@@ -89,3 +89,34 @@ def adaptive_k(sp: SpecConfig) -> SpecConfig:
 
 def fixed_k(sp: SpecConfig, k: int) -> SpecConfig:
     return SpecConfig(k=k, k_policy="fixed", k_max=max(sp.k_max, k), ngram_max=sp.ngram_max, ngram_min=sp.ngram_min)
+
+
+LLAMA_CPP = "llama_cpp"  # llama.cpp's plain decoding of the wheel's GGUF, where llama-cpp-python imports
+
+
+def llama_cpp(target_name: str, eos: int | None) -> tuple[Contender | None, str]:
+    """(llama.cpp's greedy decoding of the same GGUF at our thread count, '') where the target is the
+    wheel's SmolLM2 and `llama_cpp` imports; else (None, why it is skipped)."""
+    from app.models import gguf_target
+
+    path = gguf_target.gguf_path()
+    if path is None or target_name != str(gguf_target.converted_dir()):
+        return None, "llama.cpp: skipped, the target is not the wheel's GGUF"
+    try:
+        import llama_cpp as lc  # optional: pip install llama-cpp-python (it builds llama.cpp)
+    except ImportError:
+        return None, "llama.cpp: skipped, llama_cpp does not import here (pip install llama-cpp-python)"
+    count = torch.get_num_threads()
+    llm = lc.Llama(model_path=str(path), n_ctx=4096, n_threads=count, n_threads_batch=count, verbose=False)
+
+    def run(ids: list[int], n: int):
+        start = time.perf_counter()
+        out: list[int] = []
+        for token in llm.generate(ids, top_k=1, top_p=1.0, temp=0.0, repeat_penalty=1.0, reset=True):
+            if token == eos or len(out) >= n:
+                break
+            out.append(int(token))
+        return out, time.perf_counter() - start, None
+
+    label = f"llama.cpp: plain decoding of the same GGUF (Q4_1), {count} threads"
+    return Contender(LLAMA_CPP, label, run, ours=False), ""

@@ -24,9 +24,18 @@ class PromptLookup:
     context_limit: int | None = None
     cache_factory: Callable[[Any], KVCache] | None = None  # no model, no cache
 
-    def __init__(self, ngram_max: int = 3, ngram_min: int = 1, tree: int = 0):
+    def __init__(self, ngram_max: int = 3, ngram_min: int = 1, tree: int = 0, eos: tuple[int, ...] = ()):
         self.ngram_max, self.ngram_min = ngram_max, ngram_min
         self.tree = tree  # a node budget: several matches' continuations as branches of one tree; 0: one chain
+        # a continuation is cut before an end-of-text id, as transformers' lookup does: the output ends
+        # there only if the target itself picks it
+        self.eos = frozenset(eos)
+
+    def _until_eos(self, follow: list[int]) -> list[int]:
+        for i, t in enumerate(follow):
+            if t in self.eos:
+                return follow[:i]
+        return follow
 
     def begin(self, prompt_ids: list[int], vocab_size: int) -> None:
         self.ids = list(prompt_ids)
@@ -40,8 +49,9 @@ class PromptLookup:
             tail = ids[-n:]
             for start in range(len(ids) - n - 1, -1, -1):
                 if ids[start : start + n] == tail:
-                    self._drafts = ids[start + n : start + n + k]
-                    return Proposal(list(self._drafts), None)
+                    self._drafts = self._until_eos(ids[start + n : start + n + k])
+                    if self._drafts:
+                        return Proposal(list(self._drafts), None)
         self._drafts = []
         return Proposal([], None)
 
@@ -56,7 +66,7 @@ class PromptLookup:
         for n in range(min(self.ngram_max, len(ids) - 1), self.ngram_min - 1, -1) if k else ():
             tail = ids[-n:]
             for start in range(len(ids) - n - 1, -1, -1):
-                follow = tuple(ids[start + n : start + n + k])
+                follow = tuple(self._until_eos(ids[start + n : start + n + k]))
                 if ids[start : start + n] != tail or not follow or follow in seen:
                     continue
                 seen.add(follow)
@@ -125,10 +135,19 @@ class LookupKind(BaseKind):
 
 class LookupDraft(BaseDraft):
     def proposer(self, target, spec: SpecConfig) -> Proposer:
-        return PromptLookup(spec.ngram_max, spec.ngram_min, spec.tree)
+        return PromptLookup(spec.ngram_max, spec.ngram_min, spec.tree, eos_ids(target))
 
     def idle_note(self, step) -> str:
         return "No n-gram ending the text so far occurs earlier in it, so prompt lookup had nothing to propose."
+
+
+def eos_ids(target) -> tuple[int, ...]:
+    """The target's end-of-text ids, from its generation config (or its config)."""
+    found = getattr(getattr(target, "generation_config", None), "eos_token_id", None)
+    found = found if found is not None else getattr(target.config, "eos_token_id", None)
+    if found is None:
+        return ()
+    return tuple(found) if isinstance(found, (list, tuple)) else (int(found),)
 
 
 KIND = LookupKind()
