@@ -5,7 +5,7 @@ import dataclasses
 from conftest import ADD_PROMPT, run
 
 from app.core import metrics
-from app.core.config import REJECTION
+from app.core.config import REJECTION, SHARED_NOISE
 from app.core.events import BONUS, CORRECTED, KIND_LABELS, TARGET, Decision, Step
 from app.drafts.model import ModelProposer
 from app.views import plots, render
@@ -102,6 +102,20 @@ def test_check_line_while_running_after_stop_and_done(records):
     for text in (running, stopped, render.identity_check(spec, ar, render.GREEDY), render.LEGEND):
         assert not set(EMOJI) & set(text), "no emoji: Debian's Chromium draws them as empty boxes"
     assert 'class="mark ok"' in render.identity_check(spec, ar, render.GREEDY)
+
+
+def test_outputs_that_part_read_checking_until_the_verdict(records):
+    """A class watching the lossless demo sees no "failed" before the verdict: while both runs go on,
+    and after Stop, parted outputs read neutral; only finished runs without a near-tie verdict fail."""
+    spec, ar = records
+    parted = [dataclasses.replace(s, emitted=[t + 1 for t in s.emitted]) if i == 1 else s for i, s in enumerate(ar)]
+    first = len(ar[0].emitted)
+    for rule in (render.GREEDY, SHARED_NOISE):
+        running = render.identity_check(spec, parted, rule, done=False)
+        assert f"checking</span>: identical up to token {first}" in running and "fail" not in running
+        stopped = render.identity_check(spec, parted, rule, done=False, stopped=True)
+        assert "Stopped" in stopped and "fail" not in stopped and "no verdict" in stopped
+        assert 'class="mark fail"' in render.identity_check(spec, parted, rule)
 
 
 def test_summary_waits_for_rounds_and_says_partial_after_stop(records):

@@ -220,6 +220,17 @@ def identity_check(
         return divergence_line(name, divergence)
     if a[:n] != b[:n]:
         first = next(i for i in range(n) if a[i] != b[i])
+        # no verdict before both runs have ended: a branch may be a near-tie within the precision's rounding
+        if stopped:
+            return (
+                f"{_mark('stop', 'Stopped')} after {_tokens(n)}: the outputs were identical up to token "
+                f"{first}; a stopped run gets no verdict on where they part."
+            )
+        if not done:
+            return (
+                f"{_mark('run', name + ' checking')}: identical up to token {first}, where the two runs part; "
+                "the verdict comes once both have ended."
+            )
         return f"{_mark('fail', name + ' failed')}: the outputs differ at token {first}."
     if stopped:
         return (
