@@ -64,9 +64,13 @@ def test_a_branch_at_a_near_tie_is_rounding_and_above_the_noise_a_mismatch(targe
     tie = divergence.explain(target, CachedModel, ids, spec, plain, 4, noise=margin * 1.5 + 1e-3)
     assert tie.kind == NEAR_TIE and tie.position == j and tie.margin == pytest.approx(margin, abs=1e-3)
     assert {t for t, _ in tie.plain_row[:2]} == {plain[j], runner_up}
-    assert "near-tie" in render.divergence_line("Greedy check", tie)
-    # The branch point under the check line: both rows' scores, the two candidates named.
+    # The branch point: both rows' scores, the two candidates named, one click below a plain sentence.
     table = render.branch_point(tie, lambda t: f"tok{t}")
+    line = render.divergence_line("Greedy check", tie, table)
+    lead, below = line.split("<details>")
+    assert f"Identical up to token {j}. There the target's two best tokens were almost tied" in lead
+    assert "Precision › int8" in lead and "near-tie" not in lead
+    assert "near-tie" in below and table in below
     assert f"token {j}" in table and f"tok{plain[j]}" in table and f"tok{runner_up}" in table
     assert "plain decoding's" in table and "speculative's" in table
     assert f"{tie.plain_row[0][1]:.3f}" in table and f"{dict(tie.verify_row)[tie.plain_row[0][0]]:.3f}" in table

@@ -162,9 +162,8 @@ def _outputs(
     prompt, spec, ar, rule, figures, doc, done=True, stopped=False, costs=None, verdict=None, precision="", decode=None
 ):
     summary = render.summary_markdown(spec, ar, done and not stopped, stopped, costs)
-    check = render.identity_check(spec, ar, rule, done and not stopped, stopped, verdict)
-    if verdict is not None and decode is not None and not stopped:
-        check += "\n\n" + render.branch_point(verdict, decode)
+    below = render.branch_point(verdict, decode) if verdict is not None and decode is not None and not stopped else ""
+    check = render.identity_check(spec, ar, rule, done and not stopped, stopped, verdict, below)
     return (
         render.pane_html(prompt, spec),
         render.pane_html(prompt, ar, kind_classes=False),

@@ -198,6 +198,7 @@ def identity_check(
     done: bool = True,
     stopped: bool = False,
     divergence: Divergence | None = None,
+    below: str = "",
 ) -> str:
     """Whether both panes hold the same tokens, where they must: under greedy decoding, and under the
     shared-noise rule, where a seed fixes the text (rule: GREEDY, or the sampling rule of the run).
@@ -217,7 +218,7 @@ def identity_check(
     name = "Greedy check" if rule == GREEDY else "Same-seed check (shared noise)"
     n = min(len(a), len(b))
     if divergence is not None and divergence.kind != IDENTICAL:
-        return divergence_line(name, divergence)
+        return divergence_line(name, divergence, below)
     if a[:n] != b[:n]:
         first = next(i for i in range(n) if a[i] != b[i])
         # no verdict before both runs have ended: a branch may be a near-tie within the precision's rounding
@@ -268,7 +269,7 @@ def branch_point(d: Divergence, decode) -> str:
     )
 
 
-def divergence_line(name: str, d: Divergence) -> str:
+def divergence_line(name: str, d: Divergence, below: str = "") -> str:
     """The check's line for outputs that must match and differ: a near-tie within rounding, or a bug.
     Under shared noise the scores are the race's, log p − log E."""
     where = f"the outputs differ from token {d.position}"
@@ -277,10 +278,22 @@ def divergence_line(name: str, d: Divergence) -> str:
         scores = "race scores log p − log E of the top two" if race else "top two"
         choice = "the race's winner" if race else "the target's greedy choice"
         best = "its race's winner" if race else "the target's argmax"
+        tied = "two best race scores" if race else "two best tokens"
+        # one plain sentence first, for a class; the figures one click below
+        lead = (
+            f"Identical up to token {d.position}. There the target's {tied} were almost tied "
+            f"({abs(d.margin):.2g} apart), closer than {d.dtype} rounding reaches ({d.noise:.2g}), so the "
+            f"two runs tipped different ways. Both are {choice}. Pick Precision › int8, whose passes "
+            "give a row the same logits at every width, for runs that never part."
+        )
+        detail = (
+            f"{where}: a near-tie ({scores} {abs(d.margin):.3g} apart; {d.dtype} rounding here reaches "
+            f"{d.noise:.3g}), both continuations are {choice} within rounding. Every speculative token is "
+            f"{best} within that noise."
+        )
         return (
-            f"{_mark('ok', name + ': rounding')}: {where}: a near-tie ({scores} {abs(d.margin):.3g} apart; "
-            f"{d.dtype} rounding here reaches {d.noise:.3g}), both continuations are {choice} within "
-            f"rounding. Every speculative token is {best} within that noise."
+            f"{_mark('ok', name + ': rounding')}: {lead}"
+            f"<details><summary>The figures</summary>\n\n{detail}\n\n{below}\n\n</details>"
         )
     if d.plain_token is None or d.spec_token is None:
         detail = "one output ends where the other goes on"
@@ -295,7 +308,8 @@ def divergence_line(name: str, d: Divergence) -> str:
             f"token {d.worst_at} of the speculative output is {d.worst_shortfall:.3g} below {best}, "
             f"above the {d.noise:.3g} rounding reaches"
         )
-    return f"{_mark('fail', name + ' failed')}: {where}, and {detail} ({d.dtype}): a bug, not rounding."
+    line = f"{_mark('fail', name + ' failed')}: {where}, and {detail} ({d.dtype}): a bug, not rounding."
+    return line + (f"\n\n{below}" if below else "")
 
 
 DECISION_HEADERS = ["draft token", "q(x)", "p(x)", "min(1, p/q)", "u", "decision"]
