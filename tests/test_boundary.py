@@ -174,6 +174,17 @@ def test_raw_values_are_checked_by_parameter_and_by_component_before_preprocessi
             boundary.check_payload(handler, blocks, values)
     with pytest.raises(UserError, match="takes 7 values, got 6"):
         boundary.check_payload(handler, blocks, good[:-1])
+    # A number its component would refuse (Gradio's own refusal logs a traceback a request).
+    bounded = [gr.Number(minimum=0.1, maximum=2, label="Temperature"), gr.Slider(1, 4, label="Repetition penalty")]
+    for values, message in [
+        ([1e3, 2], "Temperature must be from 0.1 to 2, got 1000"),
+        (["1e3", 2], "Temperature must be from 0.1 to 2, got 1000"),
+        ([0, 2], "Temperature must be from 0.1 to 2, got 0"),
+        ([1, 0.5], "Repetition penalty must be from 1 to 4, got 0.5"),
+    ]:
+        with pytest.raises(UserError, match=message):
+            boundary.check_payload(lambda a, b: None, bounded, values)
+    boundary.check_payload(lambda a, b: None, bounded, [0.7, 1.2])
 
 
 def test_log_records_are_rate_limited_and_say_how_many_were_left_out():
@@ -186,7 +197,7 @@ def test_log_records_are_rate_limited_and_say_how_many_were_left_out():
 
 
 # What a script may post for any input: no type the component expects, or no finite number.
-SWEEP_VALUES = ["null", '"abc"', "[]", "{}", "NaN", "Infinity", "-Infinity", "true", "1e300"]
+SWEEP_VALUES = ["null", '"abc"', "[]", "{}", "NaN", "Infinity", "-Infinity", "true", "1e300", '"1e3"']
 
 
 def _base_values(config: dict) -> dict[int, object]:

@@ -9,6 +9,7 @@ import pytest
 from app_server import serve
 
 from app.core.config import UserError
+from app.models import hosting
 from app.serve import queue_limits
 from app.serve.form import NAMES
 
@@ -125,14 +126,15 @@ def test_a_run_past_its_deadline_ends_as_if_stopped(monkeypatch):
     assert doc["stopped"] and doc["speculative"]["stats"]["new_tokens"] < 200
 
 
-def _join(url: str, fn_index: int, session: str, ip: str, max_new: int = 40):
+def _join(url: str, fn_index: int, session: str, ip: str | None, max_new: int = 40):
+    """A raw join, as a script sends it; ip: the X-Forwarded-For it claims (None: no header)."""
     import httpx
 
     data = list(ARGS)
     data[11] = max_new
     return httpx.post(
         url + "gradio_api/queue/join",
-        headers={"x-forwarded-for": ip},
+        headers={"x-forwarded-for": ip} if ip else {},
         timeout=60,
         json={
             "data": [*data, None],
@@ -173,6 +175,30 @@ def test_one_visitor_cannot_fill_the_queue_and_another_is_still_served(tmp_path)
         named = dict(zip(NAMES, [*ARGS[:11], 8, *ARGS[12:]], strict=True))
         out = Client(url, verbose=False).predict(**named, api_name="/generate")
         assert out[-1]["speculative"]["token_ids"] == out[-1]["autoregressive"]["token_ids"]
+
+
+def test_a_private_server_has_no_public_limits_until_it_is_reached_through_a_proxy(tmp_path, monkeypatch):
+    import httpx
+
+    with serve(tmp_path / "server.log") as url:  # 127.0.0.1, no SPECDEC_* limits set: the owner's
+        config = httpx.get(url + "config", timeout=30).json()
+        fn_index = next(d["id"] for d in config["dependencies"] if d.get("api_name") == "generate")
+        own = [_join(url, fn_index, "owner", None, 4) for _ in range(6)]
+        assert [r.status_code for r in own] == [200] * 6, "no per-session or per-address cap on the owner"
+        # The first request through a proxy makes the server public for good: the caps bind from then on.
+        proxied = [_join(url, fn_index, "visitor", "10.0.0.9", 4) for _ in range(4)]
+        codes = [r.status_code for r in proxied]
+        assert codes.count(200) <= 2 and codes[-1] == 400, codes  # the session's cap, or the address's share
+        assert "each visitor may have 2" in proxied[-1].text or "Your network already has" in proxied[-1].text
+    monkeypatch.delenv("SPACE_ID", raising=False)
+    monkeypatch.delenv("SPECDEC_RUN_SECONDS", raising=False)
+    monkeypatch.setattr(hosting, "public", lambda: False)
+    assert queue_limits.run_seconds() == float("inf"), "a private server's runs end when they end"
+    monkeypatch.setenv("SPECDEC_RUN_SECONDS", "30")
+    assert queue_limits.run_seconds() == 30.0, "unless its owner sets a deadline"
+    monkeypatch.delenv("SPECDEC_RUN_SECONDS")
+    monkeypatch.setattr(hosting, "public", lambda: True)
+    assert queue_limits.run_seconds() == 180.0
 
 
 def test_forged_session_hashes_and_forwarded_for_take_no_more_than_a_share(tmp_path):

@@ -233,3 +233,25 @@ def test_a_tree_rounds_thrown_away_branches_are_shown_branch_by_branch():
     assert "a tree of 6 drafts" in page and "3 branches thrown away" in page
     chain = Step(4, 3, [1, 2, 3], ["a", "b", "c"], 1, 9, CORRECTED, "X", [2, 3], [1, 9], "aX", 0.0, 0.0, 0.0)
     assert chain.thrown_away() == [[1, 2]] and 'class="fork"' not in render.pane_html("", [chain])
+
+
+def test_token_text_is_readable_everywhere_and_a_tree_table_indents_by_depth():
+    from app.serve.teaching import _round_note
+
+    assert render.code("```") == "```` ``` ````" and render.code("a b") == "`a·b`"
+    assert render.code("a|b", in_table=True) == "`a\\|b`", "a pipe would end a Markdown table cell"
+    note = _round_note(_step(token_text="```", token_kind=BONUS))
+    assert "the target's token: ```` ``` ```` (**" in note
+    plain = _round_note(_step(drafted=[], draft_text=[], decisions=[], accepted=0, token_kind=TARGET))
+    assert "no drafts this round" in plain and "target token" not in plain, "the kind is not named twice"
+    # A chain of three drafts as a tree: each depth sits further in than the one above it.
+    tree = _step(
+        drafted=[5, 6, 8],
+        draft_text=["a", "b", "c"],
+        decisions=[Decision(t, x, 0.5, 1.0, 1.0, None, True, node=i) for i, (t, x) in enumerate([(5, "a"), (6, "b")])],
+        accepted=2,
+    )
+    tree.parents = [-1, 0, 1]
+    labels = [row[0] for row in render.decision_rows(tree, render.GREEDY)[:3]]
+    assert labels[0] == "a" and labels[1].endswith("└\u2009b") and labels[2].endswith("└\u2009c")
+    assert len(labels[2]) > len(labels[1]) > len(labels[0]) and labels[2].startswith("\u2003")

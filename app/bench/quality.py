@@ -114,13 +114,14 @@ def file_loss(model, tokenizer, files: int = 5, tokens: int = 2048) -> float:
     return sum(loss for loss, _ in losses) / sum(n for _, n in losses)
 
 
-def measure(target: str, new_tokens: int = 128) -> dict:
+def measure(target: str, new_tokens: int = 128, dtype: str | None = None) -> dict:
     progress.say("quality", f"loading {target}")
-    model, tokenizer = models.load(target)
+    model, tokenizer = models.load(target, dtype=dtype)
     suites = {"code": code_prompts(), "english": list(ENGLISH)}
     progress.say("quality", "held-out loss on the first 2,048 tokens of 5 files")
     report = {
         "target": Path(target).name,
+        "precision": models.precision_of(model),
         "new_tokens": new_tokens,
         "held_out_loss_first_2048_tokens_of_5_files": round(file_loss(model, tokenizer), 4),
         "prompts": {k: len(v) for k, v in suites.items()},
@@ -148,9 +149,10 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m app quality", description=__doc__.splitlines()[0])
     ap.add_argument("--target", default=models.TINY_TARGET, help="model directory or id")
     ap.add_argument("--new-tokens", type=int, default=128)
+    ap.add_argument("--dtype", help="int8, fp32, bf16 or auto (default: auto, or SPECDEC_DTYPE)")
     ap.add_argument("--out", type=Path, default=Path("runs/quality.json"))
     args = ap.parse_args(argv)
-    report = measure(args.target, args.new_tokens)
+    report = measure(args.target, args.new_tokens, args.dtype)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=1) + "\n")
     print(json.dumps({k: v for k, v in report.items() if k != "samples"}, indent=1))

@@ -22,6 +22,7 @@ The rows of such a pass depend only on the row's own inputs and on the keys it m
 from __future__ import annotations
 
 import copy
+import threading
 import weakref
 
 import torch
@@ -34,7 +35,9 @@ from app.core.passes import EXACT_ATTENTION as ATTENTION
 
 NAME = "int8"  # how the precision is typed (--dtype int8) and shown
 HALF = 128  # a 15-bit activation is hi·HALF + lo, hi and lo int8
-FIXED = float(2**20)  # attention's fixed-point levels: 2**20 · 2**20 · 2**13 keys stays below 2**53
+FIXED = float(2**20)  # queries', keys' and values' fixed-point levels: a score sums 64 products below 2**41
+# the softmax weights' levels where a layer names none: with values' 2**20, a sum over 2**14 keys stays below 2**53
+WEIGHT_LEVELS = float(2**18)
 GRAIN = 32768  # ATen's serial grain: an elementwise op on fewer elements runs on one thread
 LANES = 32  # a multiple of every CPU vector width ATen unrolls to (2 x 16 floats)
 
@@ -153,7 +156,7 @@ def attention(
         scores = scores.masked_fill_(_blocked(attention_mask, b, t, s, query.device)[:, :, None], float("-inf"))
     scores = scores.sub_(scores.amax(dim=-1, keepdim=True))
     e = by_rows(torch.exp, scores).view(b, kv_heads, group * t, -1)[..., :s]  # in [0, 1]; 0 where blocked
-    levels = getattr(module, "weight_levels", FIXED)
+    levels = getattr(module, "weight_levels", WEIGHT_LEVELS)
     w_int, w_step = fixed(e * value[..., d].unsqueeze(-2), levels, positive=True)  # the values' steps carried in
     total = (e * (FIXED * levels)).round_().sum(dim=-1, keepdim=True)  # integers below 2**53: exact
     out = (w_int @ value)[..., :d].mul_(w_step * (FIXED * levels)).div_(total)
@@ -168,29 +171,31 @@ def stored(x: torch.Tensor) -> torch.Tensor:
 
 _masks: dict[int, tuple[weakref.ref, torch.Tensor]] = {}  # id(a pass's mask) -> (the mask, its padded complement)
 _causal: dict[tuple, torch.Tensor] = {}
+_masks_lock = threading.Lock()  # requests run passes on several threads
 
 
 def _blocked(mask: torch.Tensor | None, b: int, t: int, s: int, device) -> torch.Tensor:
     """(B, 1, T, S padded to LANES) bool, True where a query row may not see the key: every layer
     of a pass gets the same mask, so it is built once. No mask means causal over the last T keys."""
     padded = s + (-s) % LANES
-    if mask is None:
-        key = (b, t, s, str(device))
-        if key not in _causal:
-            if len(_causal) > 64:
-                _causal.clear()
-            rows = torch.arange(t, device=device)[:, None] + (s - t)
-            _causal[key] = (torch.arange(padded, device=device)[None, :] > rows).expand(b, 1, t, padded)
-        return _causal[key]
-    held = _masks.get(id(mask))
-    if held is not None and held[0]() is mask:
-        return held[1]
-    seen = mask if mask.dtype == torch.bool else mask == 0
-    found = ~nn.functional.pad(seen.expand(b, 1, t, s), (0, padded - s))
-    for dead in [k for k, (ref, _) in _masks.items() if ref() is None]:
-        del _masks[dead]
-    _masks[id(mask)] = (weakref.ref(mask), found)
-    return found
+    with _masks_lock:
+        if mask is None:
+            key = (b, t, s, str(device))
+            if key not in _causal:
+                if len(_causal) > 64:
+                    _causal.clear()
+                rows = torch.arange(t, device=device)[:, None] + (s - t)
+                _causal[key] = (torch.arange(padded, device=device)[None, :] > rows).expand(b, 1, t, padded)
+            return _causal[key]
+        held = _masks.get(id(mask))
+        if held is not None and held[0]() is mask:
+            return held[1]
+        seen = mask if mask.dtype == torch.bool else mask == 0
+        found = ~nn.functional.pad(seen.expand(b, 1, t, s), (0, padded - s))
+        for dead in [k for k, (ref, _) in _masks.items() if ref() is None]:
+            del _masks[dead]
+        _masks[id(mask)] = (weakref.ref(mask), found)
+        return found
 
 
 AttentionInterface.register(ATTENTION, attention)
@@ -208,7 +213,7 @@ class ExactAttention(nn.Module):
         self.qkv = Int8Linear.of(attn.q_proj, attn.k_proj, attn.v_proj)
         self.o_proj = Int8Linear.of(attn.o_proj)
         self.sizes = [attn.q_proj.out_features, attn.k_proj.out_features, attn.v_proj.out_features]
-        # the weights' fixed point leaves room for the longest context's sum of 2**20-level products
+        # the softmax weights' fixed point leaves room for the longest context's sum of products
         longest = int(getattr(config, "max_position_embeddings", 8192) or 8192) + LANES
         self.weight_levels = float(2 ** (52 - 20 - max(1, longest - 1).bit_length()))
 

@@ -199,6 +199,24 @@ def check_payload(fn: Callable, blocks: list, values: list) -> None:
             # A number sent as text passed its check ("1e3", or a blank seed), but Gradio's own
             # preprocessing rounds numbers and fails on text: hand it the number, or None for blank.
             values[i] = float(value) if value.strip() else None
+        _within(block, label, values[i])
+
+
+def _within(block, label: str, value) -> None:
+    """A number inside its component's own range: outside it, Gradio's preprocessing refuses it with a
+    traceback in the log for every request, so it is refused here first, in one line."""
+    if type(block).__name__ not in ("Number", "Slider") or isinstance(value, bool):
+        return
+    if not isinstance(value, (int, float)):
+        return
+    lo, hi = getattr(block, "minimum", None), getattr(block, "maximum", None)
+    if (lo is not None and value < lo) or (hi is not None and value > hi):
+        span = (
+            f"from {lo:g} to {hi:g}"
+            if lo is not None and hi is not None
+            else (f"at least {lo:g}" if lo is not None else f"at most {hi:g}")
+        )
+        raise UserError(f"{label} must be {span}, got {value:g}")
 
 
 def gate(demo, user_error: Callable[[UserError], BaseException]) -> None:

@@ -18,6 +18,10 @@ the client's own word and is ignored. A whole class behind one school NAT shares
 and so its few places: a host serving a classroom raises SPECDEC_QUEUE_PER_IP. A queued visitor
 sees Gradio's own status: their place in the queue and its estimated wait.
 
+These limits, and a run's deadline (SPECDEC_RUN_SECONDS), bind a public server (models/hosting.py:
+a Space, a bind beyond loopback, or a request that came through a proxy). A private server is its
+owner's: none applies there unless its variable is set.
+
 SPECDEC_CONCURRENCY is how many generations share the device at once (default 1). Each run
 has its own KV caches, so memory grows with it: raise it only where the device has room for
 that many runs of the largest allowed model at the longest allowed length.
@@ -36,6 +40,7 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from typing import TypeVar
 
 from app.core.config import UserError
+from app.models import hosting
 
 T = TypeVar("T")
 MAX_QUEUED = 64  # places in the whole queue
@@ -44,6 +49,7 @@ SHARE = 4  # an address holds at most 1/SHARE of the places the other addresses 
 MAX_CONCURRENCY = 8  # SPECDEC_CONCURRENCY above this is refused: one device, one memory
 RATE_WINDOW = 60.0  # seconds over which joins per address are counted
 MAX_TRACKED = 10_000  # addresses whose recent joins are remembered; the stalest go first
+SESSION_VAR, IP_VAR, RATE_VAR = "SPECDEC_QUEUE_PER_SESSION", "SPECDEC_QUEUE_PER_IP", "SPECDEC_JOINS_PER_MINUTE"
 
 
 def _env_int(name: str, default: int, lo: int, hi: int) -> int:
@@ -59,21 +65,26 @@ def _env_int(name: str, default: int, lo: int, hi: int) -> int:
     return n
 
 
+def enforced(name: str) -> bool:
+    """Whether the limit that variable `name` sets binds now: on a public server, or where it is set."""
+    return bool(os.environ.get(name, "").strip()) or hosting.public()
+
+
 def per_session() -> int:
     """Jobs one browser session may have waiting or running (a run is two chained jobs at most)."""
-    return _env_int("SPECDEC_QUEUE_PER_SESSION", 2, 1, MAX_QUEUED)
+    return _env_int(SESSION_VAR, 2, 1, MAX_QUEUED)
 
 
 def per_ip() -> int:
     """Jobs one client address may have waiting or running at most, whatever its fair share: a few, so
     one address's flood adds minutes, not an hour, to a newcomer's wait (a classroom behind one NAT
     raises it with SPECDEC_QUEUE_PER_IP)."""
-    return _env_int("SPECDEC_QUEUE_PER_IP", PER_IP, 1, MAX_QUEUED)
+    return _env_int(IP_VAR, PER_IP, 1, MAX_QUEUED)
 
 
 def joins_per_minute() -> int:
     """Joins one client address may make in a minute: a classroom's clicks, not a script's loop."""
-    return _env_int("SPECDEC_JOINS_PER_MINUTE", 120, 1, 100_000)
+    return _env_int(RATE_VAR, 120, 1, 100_000)
 
 
 def concurrency() -> int:
@@ -82,7 +93,10 @@ def concurrency() -> int:
 
 
 def run_seconds() -> float:
-    """The deadline of one run: past it, a generation ends as if Stop were pressed."""
+    """The deadline of one run: past it, a generation ends as if Stop were pressed (none on a
+    private server unless SPECDEC_RUN_SECONDS is set)."""
+    if not enforced("SPECDEC_RUN_SECONDS"):
+        return float("inf")
     return float(_env_int("SPECDEC_RUN_SECONDS", 180, 5, 3600))
 
 
@@ -212,8 +226,10 @@ def install(demo) -> None:
     async def capped_push(body, request, username):
         async with lock:
             ip = client_ip(request)
-            why = refusal(queue, body.session_hash, ip, session_cap, ip_cap)
-            if not why and not rate.admit(ip):
+            caps = [c if enforced(n) else MAX_QUEUED for c, n in ((session_cap, SESSION_VAR), (ip_cap, IP_VAR))]
+            private = caps == [MAX_QUEUED, MAX_QUEUED]  # a private server's queue is its owner's
+            why = None if private else refusal(queue, body.session_hash, ip, *caps)
+            if not why and enforced(RATE_VAR) and not rate.admit(ip):
                 why = f"Too many requests from your network this minute (at most {rate.limit}). Please wait a moment."
             if why:
                 return False, why, "error"

@@ -6,14 +6,13 @@ import gradio as gr
 
 from app import request
 from app.core.config import UserError
-from app.core.events import KIND_LABELS
+from app.core.events import KIND_LABELS, TARGET
 from app.serve import heap, sessions
 from app.serve.form import Form, takes_form
 from app.serve.handlers import LOADING, MEASURING, _user_error, guarded, measuring, prepared
 from app.serve.texts import EXAMPLES, example_row  # noqa: F401 - the API's examples
 from app.serve.zerogpu import gpu
 from app.views import plots, render
-from app.views.render import visible
 
 
 @gpu
@@ -30,7 +29,7 @@ def step_round(session, form: Form, control=None, progress=gr.Progress()):
     try:
         # The filled seed, not the box: a session resumes only the very run it showed (sessions.py).
         key = (form.prompt, form.target, form.draft, r.chat, s, sp, r)
-        progress(0.0, desc=LOADING)
+        progress(None, desc=LOADING)  # a phase and its timer: a load reports no fraction of itself
         ready = prepared(form, control, last=True)  # Step's last handler: the click's check prepared it
         pair, ids = ready.pair, ready.ids
         progress(0.0, desc=MEASURING)
@@ -62,7 +61,8 @@ def _shown(pair, ids, steps, step, s) -> tuple:
 def _round_note(step) -> str:
     return (
         f"**Round {step.round}** · k = {step.k} · drafted {len(step.drafted)} · accepted {step.accepted} · "
-        f"target token: **{KIND_LABELS[step.token_kind]}** `{visible(step.token_text)}`"
+        f"the target's token: {render.code(step.token_text)} "
+        + ("(no drafts this round)" if step.token_kind == TARGET else f"(**{KIND_LABELS[step.token_kind]}**)")
         + (f" · stopped: {step.stop_reason.replace('_', ' ')}" if step.stop_reason else "")
     )
 
@@ -88,9 +88,9 @@ def _feature_note(pair, ids, steps, step) -> str:
         return ""
     committed = ids + [t for s in steps[:-1] for t in s.emitted]
     pos = step.feature_position
-    read = visible(pair.tokenizer.decode(committed[pos : pos + 1]))
-    newest = visible(pair.tokenizer.decode(committed[pos + 1 : pos + 2]))
+    read = render.code(pair.tokenizer.decode(committed[pos : pos + 1]))
+    newest = render.code(pair.tokenizer.decode(committed[pos + 1 : pos + 2]))
     return (
-        f"\n\nThe head read the target's last-layer feature at position {pos} (its state after `{read}`) "
-        f"together with the embedding of the newest token `{newest}`, then drafted on its own predicted features."
+        f"\n\nThe head read the target's last-layer feature at position {pos} (its state after {read}) "
+        f"together with the embedding of the newest token {newest}, then drafted on its own predicted features."
     )

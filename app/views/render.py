@@ -38,6 +38,21 @@ def visible(piece: str) -> str:
     return piece.replace(" ", "·").replace("\t", "⇥").replace("\r", "").replace("\n", "↵")
 
 
+def code(piece: str, in_table: bool = False) -> str:
+    """A token as Markdown inline code, readable whatever it holds: whitespace drawn (visible), a
+    fence one backtick longer than any run inside it (a ``` token stays three backticks), and a
+    table cell's pipes escaped."""
+    shown = visible(piece) or "(no text yet)"
+    fence = (
+        "`" * (1 + max(len("".join(run)) for tick, run in itertools.groupby(shown) if tick == "`"))
+        if "`" in shown
+        else "`"
+    )
+    pad = " " if shown.startswith("`") or shown.endswith("`") else ""
+    out = f"{fence}{pad}{shown}{pad}{fence}"
+    return out.replace("|", "\\|") if in_table else out
+
+
 def _mark(kind: str, word: str) -> str:
     """A status word with a CSS dot before it: no emoji, so no missing-glyph boxes."""
     return f'<span class="mark {kind}">{word}</span>'
@@ -335,6 +350,11 @@ def tree_order(parents: Sequence[int]) -> list[tuple[int, int]]:
     return out
 
 
+def _indent(depth: int) -> str:
+    """A tree node's label prefix: em spaces, which a table cell does not collapse, then └ below depth 1."""
+    return "" if depth <= 1 else "\u2003\u2003" * (depth - 2) + "└\u2009"
+
+
 def _cell(text: str) -> str:
     return visible(text) or "(no text yet)"  # a byte of a multi-byte character has none
 
@@ -357,7 +377,7 @@ def decision_rows(step: Step, rule: str = REJECTION) -> list[list]:
         by_node = {d.node: d for d in step.decisions}
         rows = []
         for node, depth in tree_order(step.parents):
-            label = "  " * (depth - 1) + ("└ " if depth > 1 else "") + _cell(step.draft_text[node])
+            label = _indent(depth) + _cell(step.draft_text[node])
             d = by_node.get(node)
             if d is None:
                 rows.append([label, "–", "–", "–", "–", "not judged (its parent or a sibling before it decided)"])
@@ -391,7 +411,7 @@ def race_markdown(step: Step) -> str:
     target_pick = max(step.race, key=lambda r: r[4])[0]
     draft_pick = max(step.race, key=lambda r: r[5])[0] if any(r[5] > 0 for r in step.race) else None
     rows = [
-        f"| `{visible(text) or '(no text yet)'}` | {p:.4f} | {q:.4f} | {ps:.3f} | {qs:.3f} | "
+        f"| {code(text, in_table=True)} | {p:.4f} | {q:.4f} | {ps:.3f} | {qs:.3f} | "
         + " ".join(m for m, hit in (("target's pick", i == target_pick), ("draft's pick", i == draft_pick)) if hit)
         + " |"
         for i, text, p, q, ps, qs in step.race
