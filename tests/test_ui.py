@@ -236,7 +236,7 @@ def test_a_request_says_it_is_loading_and_measuring_before_its_first_tokens():
 
     from app.serve import generation, ui
 
-    seen, fractions = [], []
+    seen = []
 
     class Tracker:
         """As gradio's tracker behaves: callable, and falsy (it has a length), so a handler must not
@@ -245,7 +245,6 @@ def test_a_request_says_it_is_loading_and_measuring_before_its_first_tokens():
         def __call__(self, fraction, desc=None):
             if not seen or seen[-1] != desc:  # a measurement reports its progress under one description
                 seen.append(desc)
-                fractions.append(fraction)
 
         def __len__(self):
             return 0
@@ -255,7 +254,6 @@ def test_a_request_says_it_is_loading_and_measuring_before_its_first_tokens():
     args += [0, 8, "adaptive", 4]
     first = next(ui.generate_both(*args, control={"stop": False}, progress=progress))
     assert seen == [generation.LOADING, generation.MEASURING] and "loading models" in seen[0]
-    assert fractions[0] is None, "a load shows its phase and timer, never a percentage stuck at 0.0%"
     assert "measuring this machine" in seen[1] and "tok" in first[0]
     seen.clear()
     ui.step_round(None, *args, progress=progress)

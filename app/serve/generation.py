@@ -77,7 +77,7 @@ def _stream(form: Form, control, progress=None) -> Iterator[tuple]:
     # A gr.Progress tracker is falsy (it has a length), so only None means "no tracker".
     progress = progress if progress is not None else (lambda *a, **k: None)
     # A first request loads the pair and measures this machine, which takes a while: each says so.
-    progress(None, desc=LOADING)  # a phase and its timer: a load reports no fraction of itself
+    progress(0.0, desc=LOADING)
     ready = prepared(form, control)
     pair, ids = ready.pair, ready.ids
     shown = pair.tokenizer.decode(ids, skip_special_tokens=True)

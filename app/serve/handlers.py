@@ -130,7 +130,7 @@ def check_request(form: Form, control=None, progress=gr.Progress()) -> str:
                 f"max new tokens must be a whole number from 1 to {cap} for this target, "
                 f"got {form.settings.run.max_new_tokens}"
             )
-        progress(None, desc=loading_note(form.target))  # the phase and its timer, no percentage
+        progress(0.0, desc=loading_note(form.target))
         prepared(form, control)
     except UserError as e:
         raise _user_error(e) from None

@@ -29,7 +29,7 @@ def step_round(session, form: Form, control=None, progress=gr.Progress()):
     try:
         # The filled seed, not the box: a session resumes only the very run it showed (sessions.py).
         key = (form.prompt, form.target, form.draft, r.chat, s, sp, r)
-        progress(None, desc=LOADING)  # a phase and its timer: a load reports no fraction of itself
+        progress(0.0, desc=LOADING)
         ready = prepared(form, control, last=True)  # Step's last handler: the click's check prepared it
         pair, ids = ready.pair, ready.ids
         progress(0.0, desc=MEASURING)
