@@ -220,6 +220,7 @@ def measure(
     and a few rounds draft trees, which price a tree round beyond a chain's (Costs.tree_fixed_s,
     draft_node_s). `report(fraction)`, when given, hears how far the measurement has come."""
     report = report or (lambda fraction: None)
+    report(0.0)
     probe = pair.tokenizer(PROBE)["input_ids"]
     limit, new_tokens = _window(pair, max(k_max, tree), target_cache)
     n = min(limit // 2, CONTEXT)
@@ -452,7 +453,7 @@ def costs_for(
         pair.target_name,
         pair.draft_name,
         str(pair.target.device),
-        pair.target.dtype,
+        getattr(pair.target, "specdec_precision", None) or pair.target.dtype,  # int8 holds fp32 tensors too
         spec.k_max,
         threads.key(),
         getattr(target_cache, "__name__", str(target_cache)),

