@@ -255,3 +255,14 @@ def test_token_text_is_readable_everywhere_and_a_tree_table_indents_by_depth():
     labels = [row[0] for row in render.decision_rows(tree, render.GREEDY)[:3]]
     assert labels[0] == "a" and labels[1].endswith("└\u2009b") and labels[2].endswith("└\u2009c")
     assert len(labels[2]) > len(labels[1]) > len(labels[0]) and labels[2].startswith("\u2003")
+
+
+def test_a_kind_of_text_whose_texts_part_says_why():
+    def entry(identical):
+        side = dict(speedup=dict(median=1.2, min=1.0, max=1.4), tokens_per_pass=2.0, alpha=0.6, identical=identical)
+        return {"questions": 2, "d": side}
+
+    same = render.category_table({"code": entry(1.0), "overall": entry(1.0)}, ["d"])
+    assert "100% |" in same and render.SAME_TEXT_NOTE not in same
+    parted = render.category_table({"code": entry(0.0), "overall": entry(0.5)}, ["d"])
+    assert "| 0% |" in parted and parted.endswith(render.SAME_TEXT_NOTE) and "int8" in render.SAME_TEXT_NOTE

@@ -73,7 +73,7 @@ class Form:
     draft: str
     settings: Settings
     seed_given: bool  # False: the Seed box was blank and the seed was filled (fill_seed)
-    dtype: str = "auto"  # the target's precision: auto (the fastest here), fp32 (bit-exact check) or bf16
+    dtype: str = "auto"  # the target's precision: auto (the fastest exact one here), int8, fp32 or bf16
 
     def with_seed(self, seed: int) -> Form:
         sampling = dataclasses.replace(self.settings.sampling, seed=seed)

@@ -448,4 +448,15 @@ def category_table(summary: dict, drafts: Sequence[str]) -> str:
                 f"{_fmt(v['alpha'])} | {sp['median']:.2f}× ({sp['min']:.2f}–{sp['max']:.2f}) | "
                 f"{100 * v['identical']:.0f}% |"
             )
-    return "\n".join(lines)
+    parted = any(entry[d]["identical"] < 1 for entry in summary.values() for d in drafts)
+    return "\n".join(lines) + (f"\n\n{SAME_TEXT_NOTE}" if parted else "")
+
+
+# Why "same text" can be under 100% (the table's rows come from runs the greedy check does not judge).
+SAME_TEXT_NOTE = (
+    "**Same text under 100%:** under greedy decoding in fp32 or bf16 a verify pass rounds a row's "
+    "logits a little differently from a one-token pass, so where the target's two best tokens are "
+    "almost tied the two runs can tip different ways; Generate's check line explains each such "
+    "branch. Precision › int8 gives a row the same logits at every width, and the same text. Under "
+    "sampling with the rejection rule the texts differ by design."
+)
