@@ -40,12 +40,19 @@ def test_bench_says_so_before_loading_and_measuring(monkeypatch, capsys):
 def test_bench_counts_its_prompts_on_stderr_and_keeps_stdout_json(tmp_path, capsys):
     argv = ["--target", models.TINY_TARGET, "--draft", models.PROMPT_LOOKUP, "--limit", "2", "--reps", "1"]
     argv += ["--no-hf", "--no-sweep", "--no-lookup", "--max-new-tokens", "6", "--out", str(tmp_path / "b")]
-    assert cli.main(["bench", *argv]) == 0
+    assert cli.main(["bench", *argv, "--json"]) == 0
     out, err = capsys.readouterr()
-    assert json.loads(out)["contenders"], "stdout is the summary's JSON and nothing else"
+    assert json.loads(out)["contenders"], "with --json, stdout is the summary's JSON and nothing else"
     for line in ("bench: loading", "bench: warm-up", "prompt 0/2", "prompt 1/2", "prompt 2/2", "bench: prompt 2/2:"):
         assert line in err, (line, err)
     assert err.index("prompt 0/2") < err.index("bench: prompt 1/2:"), "the count shows before the first prompt ends"
+    assert "ours/HF" not in err, "no figure for a contender that was not run"
+    # Without --json: a short table a reader takes in, which says why a comparison is missing.
+    table = bench.summary_table(json.loads((tmp_path / "b.json").read_text()), "stdlib-code target")
+    assert table.splitlines()[0] == "stdlib-code target · fp32 · 2 prompts"
+    assert "ours: plain autoregressive" in table and "ours/HF: n/a, transformers' generate was not run" in table
+    rows = table.splitlines()[3 : 3 + len(json.loads(out)["contenders"])]
+    assert rows and not any("/" in r for r in rows), "models by name, never by their path on this host"
 
 
 def test_quality_says_so_before_loading(monkeypatch, capsys):

@@ -33,7 +33,7 @@ from app import calibrate, models, questions
 from app.args import add_generation_args, settings, with_chat
 from app.bench import progress, specbench
 from app.bench.contenders import CONSTANT, SWEEP, TREE, TREE_AUTO, Contender, adaptive_k, fixed_k, hf, llama_cpp, ours
-from app.bench.report import _f, _x, html_report, prompt_row, summarize_rows  # noqa: F401
+from app.bench.report import _f, _x, html_report, prompt_row, summarize_rows, summary_table  # noqa: F401
 from app.core import divergence, engine, metrics
 from app.core.config import settings_dict
 from app.data.prompts import suite
@@ -301,11 +301,12 @@ def _prompt(args, pair, lookup_pair, st, i: int, prompt: str, of: int) -> dict:
         row["divergences"] = _divergences(pair, ids, field, outputs, steps, own, s)
     if assisted is not None:
         row["hf_passes"] = hf_passes_share(pair, assisted, ids, r.max_new_tokens)
+    versus_hf = row["ours_over_hf"].get("fixed_k")  # only where transformers' assisted run was timed
     progress.say(
         "bench",
         f"prompt {i + 1}/{of}: adaptive {_x(row['speedup'])}, "
-        f"alpha {_f(row['adaptive']['alpha'])}, predicted {_x(row['adaptive']['predicted_speedup'])}, "
-        f"ours/HF at k = {sp.k} {_x(row['ours_over_hf'].get('fixed_k'))}",
+        f"alpha {_f(row['adaptive']['alpha'])}, predicted {_x(row['adaptive']['predicted_speedup'])}"
+        + (f", ours/HF at k = {sp.k} {_x(versus_hf)}" if versus_hf is not None else ""),
     )
     return row
 
@@ -324,7 +325,7 @@ def _divergences(pair, ids, field, outputs, steps, costs, s) -> dict:
 
 
 def main(argv: list[str]) -> int:
-    ap = argparse.ArgumentParser(prog="python -m app bench", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m app bench", description=__doc__.split("\n\n")[0])
     ap.add_argument(
         "--suite",
         default="code",
@@ -371,6 +372,7 @@ def main(argv: list[str]) -> int:
         help="tokens/s with 1 thread, every core and auto, idle and beside one busy process",
     )
     ap.add_argument("--out", type=Path, default=Path("runs/bench"), help="writes OUT.json and OUT.html")
+    ap.add_argument("--json", action="store_true", help="print the summary as JSON (default: a readable table)")
     add_generation_args(ap)
     args = ap.parse_args(argv)
     threads.apply(args.threads)
@@ -400,7 +402,10 @@ def main(argv: list[str]) -> int:
         written[1].write_text(html_report(doc) if mode is bench else specbench.html_report(doc))
     if mode is specbench.specbench:
         print(specbench.table(doc), file=sys.stderr)
-    json.dump(doc.get("summary", doc), sys.stdout, indent=1)
-    print()
+    if mode is bench and not args.json:
+        print(summary_table(doc, args.target or models.DEFAULT_TARGET))
+    else:
+        json.dump(doc.get("summary", doc), sys.stdout, indent=1)
+        print()
     print("wrote " + " and ".join(str(w) for w in written), file=sys.stderr)
     return 0

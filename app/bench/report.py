@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import html
 import json
+import re
 import statistics
 
 from app.core import metrics
@@ -60,6 +61,32 @@ def prompt_row(i, ids, field, times, outputs, steps, costs, lookup_costs, k: int
     if "hf_plain" in got and "hf_assisted_default" in got:  # what plots.bench_figure draws beside ours
         row["hf"] = dict(assisted_speedup=got["hf_assisted_default"]["tokens_per_s"] / got["hf_plain"]["tokens_per_s"])
     return row
+
+
+def summary_table(doc: dict, target: str = "") -> str:
+    """The bench's summary for a reader: a line per contender (median tokens/s, speedup over plain
+    decoding with its range, and whether every output was plain decoding's), then what is n/a.
+    Models are named by their last path part, never by where they sit on this host."""
+    sm = doc["summary"]
+    labels = {
+        n: re.sub(r"(?:[\w.~-]*/)+([\w.-]+)", r"\1", doc.get("contenders", {}).get(n, n)) for n in sm["contenders"]
+    }
+    width = max(map(len, labels.values()))
+    head = f"{'contender':<{width}}  tokens/s  speedup (range)        same text"
+    shown = target or re.sub(r".*/", "", doc.get("target", ""))
+    lines = [f"{shown} · {doc.get('precision', '')} · {sm['prompts']} prompts", head, "-" * len(head)]
+    for name, v in sm["contenders"].items():
+        sp, tps = v["speedup"], v["tokens_per_s"]
+        same = "yes" if v["identical"] else ("own text" if name == "llama_cpp" else "no")
+        lines.append(
+            f"{labels[name]:<{width}}  {tps['median']:8.1f}  "
+            f"{sp['median']:.2f}x ({sp['min']:.2f}-{sp['max']:.2f})  {same:>10}"
+        )
+    if not any(n.startswith("hf_") for n in sm["contenders"]):
+        lines.append("ours/HF: n/a, transformers' generate was not run (--no-hf, or sampled decoding)")
+    if doc.get("llama_cpp"):
+        lines.append(doc["llama_cpp"])
+    return "\n".join(lines)
 
 
 def summarize_rows(rows: list[dict], names: list[str], k: int) -> dict:
