@@ -224,8 +224,8 @@ class ExactAttention(nn.Module):
         cos, sin = (x.unsqueeze(1) for x in position_embeddings)
         qk = qkv[:, : heads + kv_heads]
         qk = qk * cos + rotate_half(qk) * sin  # the model's own rotary, on queries and keys at once
-        q, k = qk[:, :heads], stored(qk[:, heads:])
-        v = stored(qkv[:, heads + kv_heads :])
+        q = qk[:, :heads]
+        k, v = stored(torch.cat([qk[:, heads:], qkv[:, heads + kv_heads :]], dim=1)).chunk(2, dim=1)
         if cache is not None:
             k, v = cache.update(k, v, self.layer_idx)
         out, _ = attention(self, q, k, v, attention_mask, scaling=self.scaling)
