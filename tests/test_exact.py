@@ -198,3 +198,64 @@ def test_auto_picks_the_fastest_precision_that_is_exact_at_every_width(monkeypat
     assert models.precision_of(model) == "int8"
     pair = models.load_pair(models.TINY_TARGET, "small draft (bundled)", "cpu", "auto")
     assert models.precision_of(pair.target) == models.precision_of(pair.draft.model) == "int8"
+
+
+def test_exact_attention_is_attention_under_every_mask_and_head_grouping():
+    """Against torch's own sdpa (repeat_kv's head order): causal with no mask, a bool mask, an additive
+    mask and a tree's mask, one row and many, within fixed point's rounding."""
+    from app.core.passes import tree_pass
+
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(1, h, n, 64, generator=g) for h, n in ((6, 5), (2, 40), (2, 40)))
+    layer = nn.Module()
+
+    def reference(mask):
+        kr, vr = (x.repeat_interleave(3, dim=1) for x in (k, v))
+        return nn.functional.scaled_dot_product_attention(q, kr, vr, attn_mask=mask).transpose(1, 2)
+
+    causal = torch.ones(5, 40, dtype=torch.bool).tril(35)[None, None]
+    tree = tree_pass([[35], [35, 36], [35, 37], [35, 36, 38], [39]], [35] * 5, 40, SimpleConfig("sdpa"), "cpu")
+    additive = torch.zeros(causal.shape).masked_fill(~causal, torch.finfo(torch.float32).min)
+    for mask, want in ((None, causal), (causal, causal), (additive, causal), (tree, tree)):
+        got, _ = exact.attention(layer, q, k, v, mask)
+        assert (got - reference(want)).abs().max() < 5e-5  # a wrong head, key or mask row is off by ~0.1
+    one, _ = exact.attention(layer, q[:, :, -1:], k, v, None)
+    assert (one - _sdpa_last(q, k, v)).abs().max() < 5e-5
+
+
+class SimpleConfig:
+    def __init__(self, kind):
+        self._attn_implementation = kind
+
+
+def _sdpa_last(q, k, v):
+    kr, vr = (x.repeat_interleave(3, dim=1) for x in (k, v))
+    return nn.functional.scaled_dot_product_attention(q[:, :, -1:], kr, vr).transpose(1, 2)
+
+
+def test_elementwise_functions_run_on_whole_vector_rows_below_the_grain():
+    sizes = []
+
+    def record(part):
+        sizes.append(part.numel())
+        return part
+
+    exact.by_rows(record, torch.zeros(400, 1568))  # 627,200 elements: split into slices of whole rows
+    assert sizes and all(n <= exact.GRAIN and n % exact.LANES == 0 for n in sizes) and sum(sizes) == 400 * 1568
+
+
+@pytest.mark.parametrize("width", [576, 1536, 4096, 11008])
+def test_an_int8_layers_sums_are_the_exact_integers(width):
+    """hi·half + lo against int64 arithmetic, at widths that take each half and the int64 path."""
+    g = torch.Generator().manual_seed(width)
+    layer = exact.Int8Linear(torch.randn(64, width, generator=g))
+    rows = torch.randn(3, width, generator=g) * 7
+    halves, step = exact.split(rows, layer.half)
+    wanted = halves.long() @ layer.weight_t.long()
+    combined = wanted[3:] + wanted[:3] * layer.half
+    assert combined.abs().max() < 2**31 or layer.wide, "int32 would have overflowed"
+    assert torch.equal(layer(rows), torch.add(wanted[3:], wanted[:3], alpha=layer.half).mul(step).mul_(layer.scale))
+    plain = exact.Int8Linear(torch.randn(64, width, generator=g), split=False)
+    peak = rows.abs().amax(dim=-1, keepdim=True).clamp_min_(1e-30)
+    ints = (rows * (127 / peak)).round_().to(torch.int8)
+    assert torch.equal(plain(rows), (ints.long() @ plain.weight_t.long()).mul(peak / 127).mul_(plain.scale))

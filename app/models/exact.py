@@ -127,6 +127,9 @@ def by_rows(fn, x: torch.Tensor) -> torch.Tensor:
     return torch.cat([fn(part) for part in flat.split(per)]).reshape(x.shape)
 
 
+ROWS = 128  # query rows attended at once: a long prefill's float64 scores stay a few tens of MB
+
+
 def attention(
     module: nn.Module,
     query: torch.Tensor,
@@ -140,27 +143,45 @@ def attention(
     """(B, T, H, D) attention output of (B, H, T, D) queries over keys and values in fixed point,
     (B, Hkv, S, D + 1) float64: D integers and the row's step (stored(), as ExactAttention caches
     them), or plain (B, Hkv, S, D). Every sum over keys or over the head dimension is a sum of
-    integers below 2**53."""
+    integers below 2**53. Rows are independent, so a long pass runs ROWS of them at a time."""
     b, heads, t, d = query.shape
-    kv_heads, s = key.shape[1], key.shape[2]
-    group = heads // kv_heads
+    s = key.shape[2]
     scaling = d**-0.5 if scaling is None else scaling
     if key.shape[-1] == d:  # a layer of the model's own class (a feature head's) caches plain keys
         key, value = stored(key), stored(value)
+    levels = getattr(module, "weight_levels", WEIGHT_LEVELS)
+    # one row with no mask sees every key (the padding is -inf already)
+    blocked = None if attention_mask is None and t == 1 else _blocked(attention_mask, b, t, s, query.device)
+    if t <= ROWS:
+        out = _attend(query, key, value, blocked, scaling, levels)
+    else:
+        parts = [
+            _attend(query[:, :, i : i + ROWS], key, value, blocked[:, :, i : i + ROWS], scaling, levels)
+            for i in range(0, t, ROWS)
+        ]
+        out = torch.cat(parts, dim=2)
+    return out.transpose(1, 2).float().contiguous(), None
+
+
+def _attend(query, key, value, blocked, scaling: float, levels: float) -> torch.Tensor:
+    """(B, H, T, D) float64 attention of queries over fixed-point keys and values; `blocked`:
+    (B, 1, T, S padded) True where a row may not see a key, or None for none."""
+    b, heads, t, d = query.shape
+    kv_heads, s = key.shape[1], key.shape[2]
+    group = heads // kv_heads
     q_int, q_step = fixed(query.reshape(b, kv_heads, group * t, d))
     q_int = nn.functional.pad(q_int, (0, 1))  # meets the keys' step column with 0
     scores = (q_int @ key.transpose(-1, -2)).mul_(q_step * scaling).mul_(key[..., d].unsqueeze(-2))
     # padded to whole vector widths, so the softmax's exp runs every element on one path
     scores = nn.functional.pad(scores.view(b, kv_heads, group, t, s), (0, (-s) % LANES), value=float("-inf"))
-    if attention_mask is not None or t > 1:  # one row with no mask sees every key; the padding is -inf already
-        scores = scores.masked_fill_(_blocked(attention_mask, b, t, s, query.device)[:, :, None], float("-inf"))
+    if blocked is not None:
+        scores = scores.masked_fill_(blocked[:, :, None], float("-inf"))
     scores = scores.sub_(scores.amax(dim=-1, keepdim=True))
     e = by_rows(torch.exp, scores).view(b, kv_heads, group * t, -1)[..., :s]  # in [0, 1]; 0 where blocked
-    levels = getattr(module, "weight_levels", WEIGHT_LEVELS)
     w_int, w_step = fixed(e * value[..., d].unsqueeze(-2), levels, positive=True)  # the values' steps carried in
     total = (e * (FIXED * levels)).round_().sum(dim=-1, keepdim=True)  # integers below 2**53: exact
     out = (w_int @ value)[..., :d].mul_(w_step * (FIXED * levels)).div_(total)
-    return out.view(b, heads, t, d).transpose(1, 2).float().contiguous(), None
+    return out.view(b, heads, t, d)
 
 
 def stored(x: torch.Tensor) -> torch.Tensor:
@@ -182,10 +203,13 @@ def _blocked(mask: torch.Tensor | None, b: int, t: int, s: int, device) -> torch
         if mask is None:
             key = (b, t, s, str(device))
             if key not in _causal:
+                rows = torch.arange(t, device=device)[:, None] + (s - t)
+                causal = (torch.arange(padded, device=device)[None, :] > rows).expand(b, 1, t, padded)
+                if t > ROWS:  # a long prefill's mask is used by its own pass only
+                    return causal
                 if len(_causal) > 64:
                     _causal.clear()
-                rows = torch.arange(t, device=device)[:, None] + (s - t)
-                _causal[key] = (torch.arange(padded, device=device)[None, :] > rows).expand(b, 1, t, padded)
+                _causal[key] = causal
             return _causal[key]
         held = _masks.get(id(mask))
         if held is not None and held[0]() is mask:
@@ -255,12 +279,20 @@ def silu(x: torch.Tensor) -> torch.Tensor:
 
 
 MLP_NAMES = ("gate_proj", "up_proj", "down_proj")
+# Families whose attention is exactly the one ExactAttention computes (full rotary on q and k with
+# transformers' rotate_half, no q/k norms or clipping): others that look alike (StableLM's partial
+# rotary, Cohere's interleaved one) would run and give wrong logits.
+FAMILIES = ("llama", "mistral", "qwen2")
 
 
 def supports(model: nn.Module) -> bool:
     """Whether convert() can run this model: Llama-shaped layers (q, k, v and o projections without
     norms of their own, a SiLU-gated MLP) under a standard rotary embedding."""
     config = model.config
+    if getattr(config, "model_type", None) not in FAMILIES or getattr(config, "clip_qkv", None):
+        return False
+    if float(getattr(config, "partial_rotary_factor", 1.0) or 1.0) != 1.0:
+        return False
     layers = getattr(getattr(model, "model", None), "layers", None)
     if getattr(config, "hidden_act", None) != "silu" or layers is None or model.get_output_embeddings() is None:
         return False

@@ -108,7 +108,7 @@ def load(
     if dtype.strip().lower() == "auto":
         return _load_fastest(model_id, device, spread, role)
     if dtype.strip().lower() == exact.NAME:
-        return _load_exact(model_id, device, role)
+        return _load_exact(model_id, device, role, spread)
     name = resolve(model_id, role)
     shown = hosting.shown(model_id)
     token = hosting.token_for(model_id.strip(), preset_ids())
@@ -169,29 +169,41 @@ def _load_fastest(model_id: str, device: str | None, spread: bool, role: str):
     return load(model_id, device, known, spread, role)
 
 
-def _load_exact(model_id: str, device: str | None, role: str):
-    """load() in the exact int8 precision (models/exact.py): converted once from the fp32 copy.
-    A draft the precision cannot run stays fp32; a target is refused with one line."""
+def _load_exact(model_id: str, device: str | None, role: str, spread: bool = False):
+    """load() in the exact int8 precision (models/exact.py): converted once from the fp32 copy, which
+    is then dropped. A draft the precision cannot run stays fp32; a target is refused in one line."""
     dev, _ = choose_device(device, "fp32")
-    model, tokenizer = load(model_id, device, "fp32", role=role)
-    if dev.type != "cpu" or not exact.supports(model):
-        if role == "draft":
-            return model, tokenizer
-        raise UserError(
-            f"the {exact.NAME} precision runs Llama-shaped decoders on a CPU; {hosting.shown(model_id)!r} "
-            f"on {dev.type} needs fp32 or bf16"
-        )
-    key = (resolve(model_id, role), str(dev), exact.NAME, False)
+    name = resolve(model_id, role)
+    key = (name, str(dev), exact.NAME, False)
     with _lock:
         if key in _cache:
             return _cache[key]
-    converted = exact.convert(model).eval()
-    direct_pass.parts(converted)  # its probe passes run now, not in a visitor's first request
-    with _lock:
-        _cache.pop((key[0], str(dev), torch.float32, False), None)  # its layers are now int8; drop fp32's
-        if key not in _cache and len(_cache) >= MAX_CACHED:
-            _cache.pop(next(iter(_cache)))
-        return _cache.setdefault(key, (converted, tokenizer))
+        one = _loading.setdefault(key, threading.Lock())
+    with one:  # one conversion per model at a time
+        with _lock:
+            if key in _cache:
+                return _cache[key]
+        try:
+            model, tokenizer = load(model_id, device, "fp32", spread, role)
+            if dev.type != "cpu" or not exact.supports(model):
+                if role == "draft":
+                    return model, tokenizer
+                raise UserError(
+                    f"the {exact.NAME} precision runs Llama-shaped decoders on a CPU; "
+                    f"{hosting.shown(model_id)!r} on {dev.type} needs fp32 or bf16"
+                )
+            converted = exact.convert(model).eval()
+            direct_pass.parts(converted)  # its probe passes run now, not in a visitor's first request
+            with _lock:
+                for wide in (False, True):  # its layers are now int8: fp32's copies go
+                    _cache.pop((name, str(dev), torch.float32, wide), None)
+                if len(_cache) >= MAX_CACHED:
+                    _cache.pop(next(iter(_cache)))
+                _cache[key] = (converted, tokenizer)
+                return _cache[key]
+        finally:
+            with _lock:
+                _loading.pop(key, None)
 
 
 def precision_of(model: PreTrainedModel) -> str:
