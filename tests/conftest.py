@@ -101,6 +101,7 @@ LONGEST_FIRST = [
     "test_boundary.py",
     "test_shared_noise.py",
     "test_docs.py",
+    "test_exact.py",
     "test_gpucheck.py",
     "test_cli.py",
 ]
