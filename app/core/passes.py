@@ -7,11 +7,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 from transformers import DynamicCache
-from transformers.masking_utils import create_causal_mask
+from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, create_causal_mask, sdpa_mask
 
 from app.core.config import UserError
-
-EXACT_ATTENTION = "specdec_exact"  # the exact precision's attention (models/exact.py) reads sdpa's bool mask
 
 
 def through_masked(
@@ -71,7 +69,7 @@ def tree_pass(sees: list[list[int]], prefix: list[int], kv: int, config, device)
         allowed[r, :upto] = True
         allowed[r, slots] = True
     kind = getattr(config, "_attn_implementation", None) or "eager"
-    if kind in ("sdpa", EXACT_ATTENTION):
+    if kind == "sdpa" or ALL_MASK_ATTENTION_FUNCTIONS.get(kind) is sdpa_mask:  # a kind that reads sdpa's masks
         return allowed[None, None]
     if kind == "eager":
         dtype = getattr(config, "dtype", None) or torch.float32
