@@ -31,9 +31,8 @@ from transformers import AttentionInterface
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 from transformers.models.llama.modeling_llama import rotate_half
 
-from app.core.passes import EXACT_ATTENTION as ATTENTION
-
 NAME = "int8"  # how the precision is typed (--dtype int8) and shown
+ATTENTION = "specdec_exact"  # the attention's registered name; its masks are sdpa's
 HALF = 128  # a 15-bit activation is hi·HALF + lo, hi and lo int8
 FIXED = float(2**20)  # queries', keys' and values' fixed-point levels: a score sums 64 products below 2**41
 # the softmax weights' levels where a layer names none: with values' 2**20, a sum over 2**14 keys stays below 2**53
@@ -57,11 +56,10 @@ class Int8Linear(nn.Module):
         self.register_parameter("weight", None)  # the LM head's keeps its float rows for drafting
         self.bias = None if bias is None else nn.Parameter(bias.detach().float(), requires_grad=False)
         self.in_features, self.out_features = w.shape[1], w.shape[0]
-        # hi·half + lo: the int32 sums of both halves, combined, stay below 2**31
-        self.half = min(HALF, 1 << max(0, int(2**31 / (127 * 127 * self.in_features * 1.02)).bit_length() - 1))
-        self.wide = self.half < 64  # too long a row for int32: combine in int64 with the full 15 bits
-        if self.wide:
-            self.half = HALF
+        # hi·half + lo: the largest half whose combined int32 sums stay below 2**31, else int64 sums
+        room = 2**31 / (127 * 127 * self.in_features * 1.02)
+        self.wide = room < 64  # too long a row for int32 at 14 bits: combine in int64 with the full 15
+        self.half = 64 if 64 <= room < HALF else HALF
 
     @classmethod
     def of(cls, *linears: nn.Linear, split: bool = True) -> Int8Linear:
@@ -79,17 +77,17 @@ class Int8Linear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
         rows = x.reshape(-1, shape[-1]).float()
-        if not self.split:
-            peak = rows.abs().amax(dim=-1, keepdim=True).clamp_min_(1e-30)
-            q = (rows * (127 / peak)).round_().to(torch.int8)
-            y = torch._int_mm(q, self.weight_t).mul(peak / 127).mul_(self.scale)
-            return (y if self.bias is None else y.add_(self.bias)).reshape(*shape[:-1], self.out_features)
-        n = rows.shape[0]
-        halves, step = split(rows, self.half)
-        sums = torch._int_mm(halves, self.weight_t)
-        if self.wide:
-            sums = sums.long()
-        y = torch.add(sums[n:], sums[:n], alpha=self.half).mul(step).mul_(self.scale)  # int · float32: float32
+        if self.split:
+            n = rows.shape[0]
+            halves, step = split(rows, self.half)
+            sums = torch._int_mm(halves, self.weight_t)
+            if self.wide:
+                sums = sums.long()
+            sums = torch.add(sums[n:], sums[:n], alpha=self.half)
+        else:
+            ints, step = split(rows, 1, halves=False)
+            sums = torch._int_mm(ints, self.weight_t)
+        y = sums.mul(step).mul_(self.scale)  # int · float32: float32
         if self.bias is not None:
             y = y.add_(self.bias)
         return y.reshape(*shape[:-1], self.out_features)
@@ -98,12 +96,14 @@ class Int8Linear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, int8"
 
 
-def split(rows: torch.Tensor, half: int) -> tuple[torch.Tensor, torch.Tensor]:
+def split(rows: torch.Tensor, half: int, halves: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
     """(halves, step): rows ≈ (hi·half + lo)·step per row, with hi stacked over lo as int8 (2R, K)
-    and step (R, 1) float32."""
+    and step (R, 1) float32; halves=False: the rows themselves as int8 (R, K), rows ≈ ints·step."""
     peak = rows.abs().amax(dim=-1, keepdim=True).clamp_min_(1e-30)
     levels = 127 * half
     q = (rows * (levels / peak)).round_()
+    if not halves:
+        return q.to(torch.int8), peak / levels
     hi = (q * (1 / half)).round_()
     return torch.cat([hi, q.sub_(hi, alpha=half)]).to(torch.int8), peak / levels
 
