@@ -28,6 +28,7 @@ from app.core.policy import FixedK
 from app.kv import static_cache
 from app.kv.cache import CachedModel
 from app.models import context_length, threads
+from app.models.loading import precision_of
 
 # Code with some repetition, so prompt lookup finds matches as it does in real code.
 PROBE = '''import os
@@ -453,7 +454,7 @@ def costs_for(
         pair.target_name,
         pair.draft_name,
         str(pair.target.device),
-        getattr(pair.target, "specdec_precision", None) or pair.target.dtype,  # int8 holds fp32 tensors too
+        precision_of(pair.target),  # an int8 model holds fp32 tensors too: its dtype does not name it
         spec.k_max,
         threads.key(),
         getattr(target_cache, "__name__", str(target_cache)),

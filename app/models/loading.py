@@ -161,12 +161,26 @@ def _load_fastest(model_id: str, device: str | None, spread: bool, role: str):
     known = precision.chosen(name, str(dev))
     if known is None:
         model, tokenizer = load(model_id, device, "fp32", spread, role)
-        known = precision.choose(name, model)
-        if known == "bf16":  # the fp32 copy gives way to the faster one under its own key
-            with _lock:
-                _cache.pop((name, str(dev), torch.float32, spread), None)
-                _cache[(name, str(dev), torch.bfloat16, spread)] = (model.to(torch.bfloat16), tokenizer)
+        known, built = precision.choose(name, model)
+        if known != "fp32" and built is not None:  # the copy the measurement built replaces fp32's
+            if known == exact.NAME:
+                direct_pass.parts(built)  # its probe passes run now, not in a visitor's first request
+            key = (
+                (name, str(dev), exact.NAME, False) if known == exact.NAME else (name, str(dev), torch.bfloat16, spread)
+            )
+            _keep(key, (built, tokenizer), name, str(dev))
     return load(model_id, device, known, spread, role)
+
+
+def _keep(key: tuple, loaded: tuple, name: str, dev: str) -> tuple:
+    """Cache a model converted from the fp32 copy under its own key, dropping the fp32 copies (the
+    oldest entry goes past MAX_CACHED)."""
+    with _lock:
+        for wide in (False, True):
+            _cache.pop((name, dev, torch.float32, wide), None)
+        if key not in _cache and len(_cache) >= MAX_CACHED:
+            _cache.pop(next(iter(_cache)))
+        return _cache.setdefault(key, loaded)
 
 
 def _load_exact(model_id: str, device: str | None, role: str, spread: bool = False):
@@ -194,13 +208,7 @@ def _load_exact(model_id: str, device: str | None, role: str, spread: bool = Fal
                 )
             converted = exact.convert(model).eval()
             direct_pass.parts(converted)  # its probe passes run now, not in a visitor's first request
-            with _lock:
-                for wide in (False, True):  # its layers are now int8: fp32's copies go
-                    _cache.pop((name, str(dev), torch.float32, wide), None)
-                if len(_cache) >= MAX_CACHED:
-                    _cache.pop(next(iter(_cache)))
-                _cache[key] = (converted, tokenizer)
-                return _cache[key]
+            return _keep(key, (converted, tokenizer), name, str(dev))
         finally:
             with _lock:
                 _loading.pop(key, None)

@@ -93,24 +93,27 @@ def agreement(reference, other) -> float:
     return float((a == b).float().mean())
 
 
-def choose(name: str, model) -> str:
-    """The precision `model` (loaded in fp32 on a CPU) runs in here, as typed (int8, bf16 or fp32):
-    the fastest width-invariant one, else the faster of fp32 and bf16."""
+def choose(name: str, model) -> tuple[str, object]:
+    """(precision, model in it): the precision `model` (loaded in fp32 on a CPU) runs in here, as
+    typed (int8, bf16 or fp32), the fastest width-invariant one, else the faster of fp32 and bf16;
+    with the copy the measurement built in it (None when it was measured before), for the loader
+    to keep instead of building it again."""
     key = (name, str(model.device), threads.key())
     with _lock:
         known = _choice.get(key)
-    if known is None:
-        known = _measure(model)
-        with _lock:
-            _choice[key] = known
-    return known
+    if known is not None:
+        return known, None
+    known, built = _measure(model)
+    with _lock:
+        _choice[key] = known
+    return known, built
 
 
 AGREEMENT = 0.5  # int8 is a candidate only where its argmax agrees this often with fp32's on the probe (random
 # tokens: SmolLM2 agrees at 0.77, a model whose attention computes otherwise near chance)
 
 
-def _measure(model) -> str:
+def _measure(model) -> tuple[str, object]:
     candidates = {"fp32": model}
     if native_bf16():
         candidates["bf16"] = copy.deepcopy(model).to(torch.bfloat16)
@@ -119,13 +122,15 @@ def _measure(model) -> str:
         if agreement(model, converted) >= AGREEMENT:  # a family that converts but computes otherwise is left out
             candidates[exact.NAME] = converted
     exact_ones = [n for n, m in candidates.items() if invariant(m)]
-    if exact_ones:
-        if len(exact_ones) == 1:
-            return exact_ones[0]
-        return min(exact_ones, key=lambda n: pass_seconds(candidates[n]))
-    if "bf16" in candidates and pass_seconds(candidates["bf16"]) <= MARGIN * pass_seconds(model):
-        return "bf16"
-    return "fp32"
+    if len(exact_ones) > 1:
+        picked = min(exact_ones, key=lambda n: pass_seconds(candidates[n]))
+    elif exact_ones:
+        picked = exact_ones[0]
+    elif "bf16" in candidates and pass_seconds(candidates["bf16"]) <= MARGIN * pass_seconds(model):
+        picked = "bf16"
+    else:
+        picked = "fp32"
+    return picked, candidates[picked]
 
 
 def chosen(name: str, device: str) -> str | None:
