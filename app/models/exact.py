@@ -76,7 +76,7 @@ class Int8Linear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
-        rows = x.reshape(-1, shape[-1]).float()
+        rows = x.reshape(-1, shape[-1])
         if self.split:
             n = rows.shape[0]
             halves, step = split(rows, self.half)
@@ -99,20 +99,20 @@ class Int8Linear(nn.Module):
 def split(rows: torch.Tensor, half: int, halves: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
     """(halves, step): rows ≈ (hi·half + lo)·step per row, with hi stacked over lo as int8 (2R, K)
     and step (R, 1) float32; halves=False: the rows themselves as int8 (R, K), rows ≈ ints·step."""
-    peak = rows.abs().amax(dim=-1, keepdim=True).clamp_min_(1e-30)
-    levels = 127 * half
-    q = (rows * (levels / peak)).round_()
+    step = rows.abs().amax(dim=-1, keepdim=True).clamp_min_(1e-30).mul_(1 / (127 * half))
+    # a product, not a division: ATen may divide a one-row pass by a reciprocal, a wider one not
+    q = rows.mul(step.reciprocal()).round_()
     if not halves:
-        return q.to(torch.int8), peak / levels
-    hi = (q * (1 / half)).round_()
-    return torch.cat([hi, q.sub_(hi, alpha=half)]).to(torch.int8), peak / levels
+        return q.to(torch.int8), step
+    hi = q.mul(1 / half).round_()
+    return torch.cat([hi, q.sub_(hi, alpha=half)]).to(torch.int8), step
 
 
 def fixed(x: torch.Tensor, levels: float = FIXED, positive: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """(integers, step) with x ≈ integers · step along the last dim; float64, |integers| ≤ levels."""
     x = x.double()
     peak = (x if positive else x.abs()).amax(dim=-1, keepdim=True).clamp_min_(1e-300)
-    return (x * (levels / peak)).round_(), peak / levels
+    return (x * (levels / peak)).round_(), peak * (1 / levels)  # levels is a power of two: the step is exact
 
 
 def by_rows(fn, x: torch.Tensor) -> torch.Tensor:
@@ -125,6 +125,14 @@ def by_rows(fn, x: torch.Tensor) -> torch.Tensor:
     if flat.shape[0] <= per:
         return fn(x)
     return torch.cat([fn(part) for part in flat.split(per)]).reshape(x.shape)
+
+
+def exp_(flat: torch.Tensor) -> torch.Tensor:
+    """exp in place over a 1-D buffer whose length is a multiple of LANES, in slices of at most
+    ATen's grain: every element takes the vector path, whatever the rows it holds."""
+    for part in flat.split(GRAIN):
+        torch.exp(part, out=part)
+    return flat
 
 
 ROWS = 128  # query rows attended at once: a long prefill's float64 scores stay a few tens of MB
@@ -150,37 +158,45 @@ def attention(
     if key.shape[-1] == d:  # a layer of the model's own class (a feature head's) caches plain keys
         key, value = stored(key), stored(value)
     levels = getattr(module, "weight_levels", WEIGHT_LEVELS)
-    # one row with no mask sees every key (the padding is -inf already)
-    blocked = None if attention_mask is None and t == 1 else _blocked(attention_mask, b, t, s, query.device)
+    # one row with no mask sees every key
+    first, blocked = (s, None) if attention_mask is None and t == 1 else _blocked(attention_mask, b, t, s, query.device)
     if t <= ROWS:
-        out = _attend(query, key, value, blocked, scaling, levels)
+        out = _attend(query, key, value, first, blocked, scaling, levels)
     else:
         parts = [
-            _attend(query[:, :, i : i + ROWS], key, value, blocked[:, :, i : i + ROWS], scaling, levels)
+            _attend(query[:, :, i : i + ROWS], key, value, first, _rows(blocked, i), scaling, levels)
             for i in range(0, t, ROWS)
         ]
         out = torch.cat(parts, dim=2)
     return out.transpose(1, 2).float().contiguous(), None
 
 
-def _attend(query, key, value, blocked, scaling: float, levels: float) -> torch.Tensor:
+def _rows(blocked: torch.Tensor | None, i: int) -> torch.Tensor | None:
+    return None if blocked is None else blocked[:, :, i : i + ROWS]
+
+
+def _attend(query, key, value, first: int, blocked, scaling: float, levels: float) -> torch.Tensor:
     """(B, H, T, D) float64 attention of queries over fixed-point keys and values; `blocked`:
-    (B, 1, T, S padded) True where a row may not see a key, or None for none."""
+    (B, 1, T, S - first) True where a row may not see a key from slot `first` on, or None for none."""
     b, heads, t, d = query.shape
     kv_heads, s = key.shape[1], key.shape[2]
-    group = heads // kv_heads
-    q_int, q_step = fixed(query.reshape(b, kv_heads, group * t, d))
-    q_int = nn.functional.pad(q_int, (0, 1))  # meets the keys' step column with 0
-    scores = (q_int @ key.transpose(-1, -2)).mul_(q_step * scaling).mul_(key[..., d].unsqueeze(-2))
-    # padded to whole vector widths, so the softmax's exp runs every element on one path
-    scores = nn.functional.pad(scores.view(b, kv_heads, group, t, s), (0, (-s) % LANES), value=float("-inf"))
+    group, n = heads // kv_heads, b * kv_heads
+    q_int, q_step = fixed(query.reshape(n, group * t, d))
+    keys, values = key.reshape(n, s, d + 1), value.reshape(n, s, d + 1)
+    # the scores sit in a buffer padded to whole vector widths, so exp runs every element on one path
+    size = n * group * t * s
+    buffer = torch.empty(size + (-size) % LANES, dtype=torch.float64, device=query.device)
+    if size % LANES:
+        buffer[size:].zero_()
+    scores = torch.bmm(q_int, keys[..., :d].transpose(1, 2), out=buffer[:size].view(n, group * t, s))
+    scores.mul_(q_step * scaling).mul_(keys[:, None, :, d])
     if blocked is not None:
-        scores = scores.masked_fill_(blocked[:, :, None], float("-inf"))
-    scores = scores.sub_(scores.amax(dim=-1, keepdim=True))
-    e = by_rows(torch.exp, scores).view(b, kv_heads, group * t, -1)[..., :s]  # in [0, 1]; 0 where blocked
-    w_int, w_step = fixed(e * value[..., d].unsqueeze(-2), levels, positive=True)  # the values' steps carried in
+        scores.view(b, kv_heads, group, t, s)[..., first:].masked_fill_(blocked[:, :, None], float("-inf"))
+    scores.sub_(scores.amax(dim=-1, keepdim=True))
+    e = exp_(buffer)[:size].view(n, group * t, s)  # in [0, 1]; 0 where blocked
+    w_int, w_step = fixed(e * values[:, None, :, d], levels, positive=True)  # the values' steps carried in
     total = (e * (FIXED * levels)).round_().sum(dim=-1, keepdim=True)  # integers below 2**53: exact
-    out = (w_int @ value)[..., :d].mul_(w_step * (FIXED * levels)).div_(total)
+    out = torch.bmm(w_int, values[..., :d]).mul_(w_step * (FIXED * levels)).div_(total)
     return out.view(b, heads, t, d)
 
 
@@ -190,36 +206,39 @@ def stored(x: torch.Tensor) -> torch.Tensor:
     return torch.cat([ints, step], dim=-1)
 
 
-_masks: dict[int, tuple[weakref.ref, torch.Tensor]] = {}  # id(a pass's mask) -> (the mask, its padded complement)
-_causal: dict[tuple, torch.Tensor] = {}
+_masks: dict[int, tuple[weakref.ref, tuple]] = {}  # id(a pass's mask) -> (the mask, what _blocked gives)
+_causal: dict[tuple, tuple[int, torch.Tensor]] = {}
 _masks_lock = threading.Lock()  # requests run passes on several threads
 
 
-def _blocked(mask: torch.Tensor | None, b: int, t: int, s: int, device) -> torch.Tensor:
-    """(B, 1, T, S padded to LANES) bool, True where a query row may not see the key: every layer
+def _blocked(mask: torch.Tensor | None, b: int, t: int, s: int, device) -> tuple[int, torch.Tensor | None]:
+    """(first, blocked): the first key slot some row may not see, and (B, 1, T, S - first) bool,
+    True where a query row may not see the key (None where every row sees every key). Every layer
     of a pass gets the same mask, so it is built once. No mask means causal over the last T keys."""
-    padded = s + (-s) % LANES
     with _masks_lock:
         if mask is None:
             key = (b, t, s, str(device))
             if key not in _causal:
-                rows = torch.arange(t, device=device)[:, None] + (s - t)
-                causal = (torch.arange(padded, device=device)[None, :] > rows).expand(b, 1, t, padded)
+                first = s - t + 1
+                rows = torch.arange(t, device=device)[:, None]
+                causal = (torch.arange(t - 1, device=device)[None, :] >= rows).expand(b, 1, t, t - 1)
                 if t > ROWS:  # a long prefill's mask is used by its own pass only
-                    return causal
+                    return first, causal
                 if len(_causal) > 64:
                     _causal.clear()
-                _causal[key] = causal
+                _causal[key] = (first, causal)
             return _causal[key]
         held = _masks.get(id(mask))
         if held is not None and held[0]() is mask:
             return held[1]
-        seen = mask if mask.dtype == torch.bool else mask == 0
-        found = ~nn.functional.pad(seen.expand(b, 1, t, s), (0, padded - s))
+        found = ~(mask if mask.dtype == torch.bool else mask == 0).expand(b, 1, t, s)
+        hit = found.flatten(0, 2).any(dim=0).nonzero()
+        first = int(hit[0]) if len(hit) else s
+        out = (first, found[..., first:] if first < s else None)
         for dead in [k for k, (ref, _) in _masks.items() if ref() is None]:
             del _masks[dead]
-        _masks[id(mask)] = (weakref.ref(mask), found)
-        return found
+        _masks[id(mask)] = (weakref.ref(mask), out)
+        return out
 
 
 AttentionInterface.register(ATTENTION, attention)
