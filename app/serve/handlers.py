@@ -18,7 +18,7 @@ import gradio as gr
 from app import models
 from app.core.config import UserError
 from app.models import hosting
-from app.request import LOADING, MEASURING, loading_note  # noqa: F401 - the views' phase names
+from app.request import CONVERTING, LOADING, MEASURING, loading_note  # noqa: F401 - the views' phase names
 from app.serve import boundary, queue_limits
 from app.serve.boundary import MAX_NEW_TOKENS_CAP
 from app.serve.form import Form, fill_seed, model_ids, takes_form  # noqa: F401 - fill_seed: the UI's start_run
@@ -38,10 +38,13 @@ def _user_error(e: Exception) -> gr.Error:
 guarded = boundary.guarded(_user_error, passthrough=(gr.Error,))
 
 
-def _pair(target: str, draft: str, dtype: str = "auto") -> models.Pair:
+def _pair(target: str, draft: str, dtype: str = "auto", progress=None) -> models.Pair:
+    """The loaded pair; while a first load waits on the wheel's GGUF conversion, `progress` (the
+    page's tracker) hears how far it is."""
+    waiting = None if progress is None else lambda: _converting(progress)
     try:  # a slow load goes on in the background and never holds the device slot for long
         key = (target, draft, dtype)
-        return queue_limits.within_load_time(key, lambda: models.load_pair(target, draft, dtype=dtype))
+        return queue_limits.within_load_time(key, lambda: models.load_pair(target, draft, dtype=dtype), waiting=waiting)
     except UserError as e:
         raise _user_error(e) from None
 
@@ -67,16 +70,25 @@ def new_click(control: dict | None) -> None:
         control["click"] = secrets.token_hex(8)
 
 
-def prepared(form: Form, control: dict | None = None, last: bool = False) -> Prepared:
+def _converting(progress) -> None:
+    """The conversion's share of tensors done, while the wheel's GGUF converts (the converter may be
+    the server's start-up or another request; its bar is the loader's own count)."""
+    done = models.gguf_target.converting()
+    if done is not None:
+        progress(done, desc=CONVERTING)
+
+
+def prepared(form: Form, control: dict | None = None, last: bool = False, progress=None) -> Prepared:
     """The form's pair and prompt ids, reused within one click (`control` carries its token), else
-    resolved and encoded now. `last`: the click's final handler, which drops the entry."""
+    resolved and encoded now. `last`: the click's final handler, which drops the entry. `progress`:
+    the page's tracker, told how far a first load's GGUF conversion is."""
     token = control.get("click") if isinstance(control, dict) else None
     key = (form.target, form.draft, form.dtype, form.prompt, form.settings.run.chat)
     with _clicks_lock:
         held = (_clicks.pop if last else _clicks.get)(token, None)
     if held is not None and held[0] == key:
         return held[1]
-    pair = _pair(form.target, form.draft, form.dtype)
+    pair = _pair(form.target, form.draft, form.dtype, progress)
     ready = Prepared(pair, pair.encode(form.prompt, form.settings.run.chat))
     if token and not last:
         with _clicks_lock:
@@ -112,7 +124,7 @@ def check_request(form: Form, control=None, progress=gr.Progress()) -> str:
                 f"got {form.settings.run.max_new_tokens}"
             )
         progress(0.0, desc=loading_note(form.target))
-        prepared(form, control)
+        prepared(form, control, progress=progress)
     except UserError as e:
         raise _user_error(e) from None
     return ""
@@ -160,7 +172,7 @@ def load_pair(target, custom_target, draft, custom_draft, dtype="auto", progress
     """Load (or fetch from the shared cache) a pair and say what was loaded."""
     target, draft = model_ids(target, custom_target, draft, custom_draft)
     progress(0.1, desc=f"loading {target}")
-    pair = _pair(target, draft, dtype)
+    pair = _pair(target, draft, dtype, progress)
     progress(1.0, desc="ready")
     t = pair.target
     # Preset names as the user picked them; a custom id or directory as given.

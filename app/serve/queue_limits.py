@@ -111,24 +111,36 @@ _loader = ThreadPoolExecutor(max_workers=16, thread_name_prefix="load")
 _loads_lock = threading.RLock()  # reentrant: a load already done runs its callback at once
 
 
-def within_load_time(key: tuple, load: Callable[[], T], seconds: float | None = None) -> T:
+WAIT_REPORT_SECONDS = 0.5  # how often a request waiting on a load tells its page how far it is
+
+
+def within_load_time(
+    key: tuple, load: Callable[[], T], seconds: float | None = None, waiting: Callable[[], None] | None = None
+) -> T:
     """load(), waited for at most `seconds` (load_seconds()); a slower load goes on in the background.
 
     A request therefore holds its place on the device for a bounded time however slow a download is;
     the next request for the same key finds the load under way, or its result in the model cache.
+    `waiting` is called every WAIT_REPORT_SECONDS while the request waits (to report progress).
     """
     with _loads_lock:
         future = _loads.get(key)
         if future is None:
             future = _loads[key] = _loader.submit(load)
             future.add_done_callback(lambda _: _forget(key, future))
-    try:
-        return future.result(timeout=load_seconds() if seconds is None else seconds)
-    except FutureTimeout:
-        raise UserError(
-            "the models are still loading (a first download can take minutes); the load goes on in the "
-            "background, so try again in a minute"
-        ) from None
+    deadline = time.monotonic() + (load_seconds() if seconds is None else seconds)
+    while True:
+        left = deadline - time.monotonic()
+        try:
+            return future.result(timeout=max(0.0, min(left, WAIT_REPORT_SECONDS) if waiting else left))
+        except FutureTimeout:
+            if time.monotonic() >= deadline:
+                raise UserError(
+                    "the models are still loading (a first download can take minutes); the load goes on in "
+                    "the background, so try again in a minute"
+                ) from None
+            if waiting is not None:
+                waiting()
 
 
 def _forget(key: tuple, future: Future) -> None:

@@ -30,7 +30,8 @@ def step_round(session, form: Form, control=None, progress=gr.Progress()):
         # The filled seed, not the box: a session resumes only the very run it showed (sessions.py).
         key = (form.prompt, form.target, form.draft, r.chat, s, sp, r)
         progress(0.0, desc=LOADING)
-        ready = prepared(form, control, last=True)  # Step's last handler: the click's check prepared it
+        # Step's last handler: the click's check prepared it
+        ready = prepared(form, control, last=True, progress=progress)
         pair, ids = ready.pair, ready.ids
         progress(0.0, desc=MEASURING)
         run = request.start(pair, ids, form.settings, report=measuring(progress))  # the policy Generate's runs have

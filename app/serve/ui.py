@@ -153,12 +153,15 @@ def _decoding_controls(c) -> None:
         c.max_new = gr.Number(min(max_new, cap), precision=0, elem_id="max-new", label=_cap_label(cap))
         c.chat = gr.Checkbox(chat, label="Chat formatting: the prompt is an instruction (models with a chat template)")
     with gr.Accordion("Speculation", open=False):
-        c.k_policy = gr.Radio(["adaptive", "heuristic", "fixed"], value="adaptive", label="k policy")
+        c.k_policy = gr.Radio(
+            ["adaptive", "heuristic", "fixed"], value="adaptive", label="k policy", elem_id="k-policy"
+        )
         c.k = gr.Slider(
             1,
             16,
             4,
             step=1,
+            elem_id="k",
             label=f"k: fixed k, or heuristic's start (adaptive ignores it and picks k ≤ {SpecConfig.k_max})",
         )
         c.tree = gr.Slider(
@@ -166,6 +169,7 @@ def _decoding_controls(c) -> None:
             32,
             0,
             step=1,
+            elem_id="tree-nodes",
             label="Tree nodes: 0 drafts a chain. With fixed k, a tree of N nodes, k deep; with adaptive k, "
             "this machine's cost model shapes each round (a plain step, a chain or a tree of up to N nodes). "
             "One target pass verifies the whole tree",
