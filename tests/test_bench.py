@@ -344,3 +344,33 @@ def test_llama_cpp_runs_at_the_most_threads_ours_may_use(monkeypatch):
     finally:
         torch.set_num_threads(before)
     assert made["n_threads"] == made["n_threads_batch"] == 2 and "2 threads" in contender.label
+
+
+def test_the_size_sweep_spreads_early_exits_and_reads_its_curve(tmp_path, capsys):
+    """bench --sizes on the tiny family: per category, each draft's α, cost c, tokens per pass and
+    speedup in order of c, Leviathan's prediction from the same α and c at its best k, one sentence
+    per category, and the figure in the HTML page."""
+    from app.bench import bench, sizes
+    from app.core.costs import expected_tokens_per_pass
+
+    assert sizes.depths(8) == list(range(1, 8)) and sizes.depths(30) == [3, 7, 10, 13, 17, 20, 23, 27]
+    assert sizes.drafts_for(models.TINY_TARGET, 8)[-1] == models.PROMPT_LOOKUP
+    assert "draft-feature" in sizes.drafts_for("assets/models/target", 8)[-2]
+    out = tmp_path / "sizes"
+    argv = ["--sizes", "--target", models.TINY_TARGET, "--drafts", "early-exit:1,early-exit:6,prompt-lookup"]
+    argv += ["--categories", "coding,qa", "--max-new-tokens", "8", "--k", "3", "--out", str(out)]
+    assert bench.main(argv) == 0  # a fixed k: no round costs to measure, so the test stays cheap
+    doc = json.loads((tmp_path / "sizes.json").read_text())
+    assert set(doc["sizes"]) == {"coding", "qa", "overall"} and doc["layers"] == 8
+    for curve in doc["sizes"].values():
+        costs = [p["c"] for p in curve["points"]]
+        assert costs == sorted(costs) and {p["draft"] for p in curve["points"]} == set(doc["drafts"])
+        for p in curve["points"]:
+            assert p["c"] == doc["draft_cost"][p["draft"]]
+            if p["alpha"] is not None:
+                k = p["predicted_k"]
+                assert p["predicted"] == pytest.approx(expected_tokens_per_pass(p["alpha"], k) / (k * p["c"] + 1))
+    assert doc["draft_cost"]["early-exit:6"] > doc["draft_cost"]["early-exit:1"] > doc["draft_cost"]["prompt-lookup"]
+    said = capsys.readouterr().err
+    assert "For coding, " in said and "For qa, " in said and "is fastest here" in said
+    assert "speedup over plain decoding" in (tmp_path / "sizes.html").read_text()
