@@ -372,5 +372,7 @@ def test_the_size_sweep_spreads_early_exits_and_reads_its_curve(tmp_path, capsys
                 assert p["predicted"] == pytest.approx(expected_tokens_per_pass(p["alpha"], k) / (k * p["c"] + 1))
     assert doc["draft_cost"]["early-exit:6"] > doc["draft_cost"]["early-exit:1"] > doc["draft_cost"]["prompt-lookup"]
     said = capsys.readouterr().err
-    assert "For coding, " in said and "For qa, " in said and "is fastest here" in said
+    for category in ("coding", "qa", "overall"):
+        sentence = next(line for line in said.splitlines() if line.startswith(f"For {category}, "))
+        assert "is fastest here" in sentence or "no draft beats plain decoding" in sentence
     assert "speedup over plain decoding" in (tmp_path / "sizes.html").read_text()

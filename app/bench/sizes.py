@@ -78,7 +78,11 @@ def sizes(args) -> dict:
     plain = questions.timed(first, st, False, None)
     # a fixed k plans nothing, so it needs no round costs: only adaptive and heuristic k measure them
     planned = st.spec.k_policy != "fixed"
-    field = {d: questions.timed(p, st, True, request.costs(p, st) if planned else None) for d, p in pairs.items()}
+    field = {}
+    for i, (d, p) in enumerate(pairs.items(), start=1):
+        if planned:
+            progress.say("sizes", f"draft {i}/{len(drafts)}: {d}: measuring this machine's round costs for adaptive k")
+        field[d] = questions.timed(p, st, True, request.costs(p, st) if planned else None)
     context = models.context_length(first.target)
     rows = [
         questions.answer(q, tok, plain, field, st.run, context, n)
@@ -138,15 +142,22 @@ def verdicts(doc: dict) -> dict[str, str]:
     for category, curve in doc["sizes"].items():
         points = curve["points"]
         best = next(p for p in points if p["draft"] == curve["fastest"])
-        text = f"For {category}, {_name(best['draft'], doc['layers'])} is fastest here ({best['speedup']:.2f}×"
+        name = _name(best["draft"], doc["layers"])
+        if best["speedup"] < 1:
+            out[category] = f"For {category}, no draft beats plain decoding here (the best, {name}, ran at "
+            out[category] += f"{best['speedup']:.2f}×)."
+            continue
+        text = f"For {category}, {name} is fastest here ({best['speedup']:.2f}×"
         text += f", α {best['alpha']:.2f}, c {best['c']:.3f})" if best["alpha"] is not None else ")"
         exits = [p for p in points if p["draft"].startswith("early-exit:")]
-        depth = [int(p["draft"].split(":")[1]) for p in exits]
-        if best in exits and min(depth) < depth[exits.index(best)] < max(depth):
+        shallower = [p for p in exits if p["c"] < best["c"] and p["alpha"] is not None]
+        deeper = [p for p in exits if p["c"] > best["c"]]
+        if best in exits and shallower and deeper and max(p["alpha"] for p in shallower) < (best["alpha"] or 0):
             text += "; shallower exits are rejected too often, deeper ones cost too much"
         elif exits:
             top = max(exits, key=lambda p: p["speedup"])
-            text += f"; among the early exits, {_name(top['draft'], doc['layers'])} is fastest ({top['speedup']:.2f}×)"
+            alpha = f", α {top['alpha']:.2f}" if top["alpha"] is not None else ""
+            text += f"; the best early exit, {_name(top['draft'], doc['layers'])}, ran at {top['speedup']:.2f}×{alpha}"
         out[category] = text + "."
     return out
 
@@ -159,14 +170,14 @@ def _name(draft: str, layers: int) -> str:
 
 def table(doc: dict) -> str:
     """The sweep as text: a row per category and draft, cheapest draft first."""
-    lines = [f"{'category':<16} {'draft':<28} {'c':>6} {'alpha':>6} {'tok/pass':>8} {'speedup':>8} {'predicted':>9}"]
+    lines = [f"{'category':<16} {'draft':<30} {'c':>6} {'alpha':>6} {'tok/pass':>8} {'speedup':>8} {'predicted':>9}"]
     for category, curve in doc["sizes"].items():
         for p in curve["points"]:
             alpha = f"{p['alpha']:>6.2f}" if p["alpha"] is not None else f"{'-':>6}"
             tpp = f"{p['tokens_per_pass']:>8.2f}" if p["tokens_per_pass"] is not None else f"{'-':>8}"
             pred = f"{p['predicted']:>8.2f}x" if p["predicted"] is not None else f"{'-':>9}"
             lines.append(
-                f"{category:<16} {_name(p['draft'], doc['layers'])[:28]:<28} {p['c']:>6.3f} {alpha} {tpp} "
+                f"{category:<16} {_name(p['draft'], doc['layers'])[:30]:<30} {p['c']:>6.3f} {alpha} {tpp} "
                 f"{p['speedup']:>7.2f}x {pred}"
             )
     return "\n".join(lines + [""] + list(verdicts(doc).values()))
