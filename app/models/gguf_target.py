@@ -137,8 +137,11 @@ class _Counted:
     converting(), so a page can show the conversion's real progress, and prints nothing (a server's
     log is for requests)."""
 
-    def __init__(self, iterable, *args, **kwargs):
+    def __init__(self, iterable=(), *args, **kwargs):
         self.items = list(iterable)
+
+    def __getattr__(self, name: str):  # a bar's other calls (update, close, set_postfix...) do nothing here
+        return lambda *args, **kwargs: None
 
     def __iter__(self):
         _progress[1] = len(self.items)
