@@ -14,7 +14,7 @@ from app.core.config import SamplingConfig
 from app.core.divergence import IDENTICAL, MISMATCH, NEAR_TIE
 from app.drafts.model import ModelProposer
 from app.kv.cache import CachedModel
-from app.views import render
+from app.views import check
 
 PROMPT = "def add(a, b):\n  return a"
 
@@ -65,8 +65,8 @@ def test_a_branch_at_a_near_tie_is_rounding_and_above_the_noise_a_mismatch(targe
     assert tie.kind == NEAR_TIE and tie.position == j and tie.margin == pytest.approx(margin, abs=1e-3)
     assert {t for t, _ in tie.plain_row[:2]} == {plain[j], runner_up}
     # The branch point: both rows' scores, the two candidates named, one click below a plain sentence.
-    table = render.branch_point(tie, lambda t: f"tok{t}")
-    line = render.divergence_line("Greedy check", tie, table)
+    table = check.branch_point(tie, lambda t: f"tok{t}")
+    line = check.divergence_line("Greedy check", tie, table)
     lead, below = line.split("<details>")
     assert f"Identical up to token {j}. There the target's two best tokens were almost tied" in lead
     assert "Precision › int8" in lead and "near-tie" not in lead
@@ -75,7 +75,7 @@ def test_a_branch_at_a_near_tie_is_rounding_and_above_the_noise_a_mismatch(targe
     assert "plain decoding's" in table and "speculative's" in table
     assert f"{tie.plain_row[0][1]:.3f}" in table and f"{dict(tie.verify_row)[tie.plain_row[0][0]]:.3f}" in table
     bug = divergence.explain(target, CachedModel, ids, spec, plain, 4)
-    assert bug.kind == MISMATCH and "a bug, not rounding" in render.divergence_line("Greedy check", bug)
+    assert bug.kind == MISMATCH and "a bug, not rounding" in check.divergence_line("Greedy check", bug)
 
 
 PENALISED = SamplingConfig(0.0, 0, 1.0, 0, 3.0, 2)  # greedy, repetition penalty 3, no repeated 2-grams
@@ -181,7 +181,7 @@ def test_under_shared_noise_a_branch_at_a_close_race_is_rounding_and_above_the_n
     tie = divergence.explain(target, CachedModel, ids, spec, plain, 4, noise=noise, cfg=cfg)
     assert tie.kind == NEAR_TIE and tie.position == j and tie.score == "race"
     assert tie.margin == pytest.approx(margin, abs=1e-3) and tie.noise == pytest.approx(noise * 2 / 0.8)
-    line = render.divergence_line("Same-seed check (shared noise)", tie)
+    line = check.divergence_line("Same-seed check (shared noise)", tie)
     assert "race scores log p − log E" in line and "near-tie" in line
     bug = divergence.explain(target, CachedModel, ids, spec, plain, 4, cfg=cfg)
-    assert bug.kind == MISMATCH and "a bug, not rounding" in render.divergence_line("Same-seed check", bug)
+    assert bug.kind == MISMATCH and "a bug, not rounding" in check.divergence_line("Same-seed check", bug)

@@ -8,7 +8,7 @@ from app.core import metrics
 from app.core.config import REJECTION, SHARED_NOISE
 from app.core.events import BONUS, CORRECTED, KIND_LABELS, TARGET, Decision, Step
 from app.drafts.model import ModelProposer
-from app.views import plots, render
+from app.views import check, plots, render
 
 PROMPT = ADD_PROMPT
 EMOJI = "✅⏳❌"
@@ -93,15 +93,15 @@ def test_residual_plot_draws_p_once_for_bonus_and_target_rounds():
 def test_check_line_while_running_after_stop_and_done(records):
     spec, ar = records
     n = sum(len(s.emitted) for s in ar[:-3])
-    running = render.identity_check(spec, ar[:-3], render.GREEDY, done=False)
+    running = check.identity_check(spec, ar[:-3], render.GREEDY, done=False)
     assert "identical so far" in running
-    stopped = render.identity_check(spec, ar[:-3], render.GREEDY, done=False, stopped=True)
+    stopped = check.identity_check(spec, ar[:-3], render.GREEDY, done=False, stopped=True)
     assert f"Stopped</span> after {n} tokens" in stopped and "so far" not in stopped
-    assert "Greedy check passed" in render.identity_check(spec, ar, render.GREEDY)
-    assert "Stopped" in render.identity_check(spec, ar, REJECTION, done=False, stopped=True)
-    for text in (running, stopped, render.identity_check(spec, ar, render.GREEDY), render.LEGEND):
+    assert "Greedy check passed" in check.identity_check(spec, ar, render.GREEDY)
+    assert "Stopped" in check.identity_check(spec, ar, REJECTION, done=False, stopped=True)
+    for text in (running, stopped, check.identity_check(spec, ar, render.GREEDY), render.LEGEND):
         assert not set(EMOJI) & set(text), "no emoji: Debian's Chromium draws them as empty boxes"
-    assert 'class="mark ok"' in render.identity_check(spec, ar, render.GREEDY)
+    assert 'class="mark ok"' in check.identity_check(spec, ar, render.GREEDY)
 
 
 def test_outputs_that_part_read_checking_until_the_verdict(records):
@@ -111,11 +111,11 @@ def test_outputs_that_part_read_checking_until_the_verdict(records):
     parted = [dataclasses.replace(s, emitted=[t + 1 for t in s.emitted]) if i == 1 else s for i, s in enumerate(ar)]
     first = len(ar[0].emitted)
     for rule in (render.GREEDY, SHARED_NOISE):
-        running = render.identity_check(spec, parted, rule, done=False)
+        running = check.identity_check(spec, parted, rule, done=False)
         assert f"checking</span>: identical up to token {first}" in running and "fail" not in running
-        stopped = render.identity_check(spec, parted, rule, done=False, stopped=True)
+        stopped = check.identity_check(spec, parted, rule, done=False, stopped=True)
         assert "Stopped" in stopped and "fail" not in stopped and "no verdict" in stopped
-        assert 'class="mark fail"' in render.identity_check(spec, parted, rule)
+        assert 'class="mark fail"' in check.identity_check(spec, parted, rule)
 
 
 def test_summary_waits_for_rounds_and_says_partial_after_stop(records):
@@ -131,9 +131,9 @@ def test_context_full_is_said_where_the_run_ends(target, tokenizer):
     # The tiny target's context is 256 positions: asking for more ends the run there.
     _, steps = run(target, tokenizer, PROMPT, max_new_tokens=400)
     assert steps[-1].stop_reason == "context_full"
-    assert "stopped: context full" in render.identity_check(steps, steps, render.GREEDY)
+    assert "stopped: context full" in check.identity_check(steps, steps, render.GREEDY)
     assert "stopped: context full" in render.summary_markdown(steps, steps)
-    assert "context full" not in render.identity_check(steps[:-1], steps[:-1], render.GREEDY)
+    assert "context full" not in check.identity_check(steps[:-1], steps[:-1], render.GREEDY)
 
 
 def test_capped_last_round_is_marked_in_the_k_plot(records):

@@ -21,7 +21,7 @@ from app.drafts.feature import FeatureProposer
 from app.drafts.lookup import PromptLookup
 from app.drafts.model import ModelProposer, early_exit
 from app.training import train
-from app.views import plots, render
+from app.views import check, plots, render
 
 SEEDS = range(20)
 # Top-k, top-p and a repetition control too: each must be applied before the race, on both sides.
@@ -239,10 +239,10 @@ def test_the_teaching_view_shows_both_races_and_who_won(target, tokenizer):
 def test_the_side_by_side_check_under_each_rule(target, near_draft, tokenizer):
     _, spec = run(target, tokenizer, ADD_PROMPT, ModelProposer(near_draft, "n"), seed=0, max_new_tokens=NEW, **SAMPLED)
     ar_ids, ar = run(target, tokenizer, ADD_PROMPT, seed=0, max_new_tokens=NEW, **SAMPLED)
-    assert "Same-seed check (shared noise) passed" in render.identity_check(spec, ar, SHARED_NOISE)
+    assert "Same-seed check (shared noise) passed" in check.identity_check(spec, ar, SHARED_NOISE)
     other_ids, other = run(target, tokenizer, ADD_PROMPT, seed=1, max_new_tokens=NEW, **SAMPLED)
-    assert other_ids != ar_ids and "failed" in render.identity_check(spec, other, SHARED_NOISE)
-    assert "distribution" in render.identity_check(spec, ar, REJECTION)
+    assert other_ids != ar_ids and "failed" in check.identity_check(spec, other, SHARED_NOISE)
+    assert "distribution" in check.identity_check(spec, ar, REJECTION)
 
 
 def test_a_cross_tokenizer_draft_races_at_the_targets_positions(monkeypatch):

@@ -14,7 +14,7 @@ from conftest import ADD_PROMPT
 from app import models
 from app.core.events import ACCEPTED, BONUS, CORRECTED, REJECTED, TARGET
 from app.serve.boundary import MAX_NEW_TOKENS_CAP
-from app.views import plots, render
+from app.views import check, plots, render
 
 ROOT = Path(__file__).resolve().parent.parent
 PROMPT = ADD_PROMPT
@@ -52,11 +52,11 @@ def test_summary_and_greedy_check(records):
     text = render.summary_markdown(spec, ar)
     assert "Speedup" in text and "Leviathan's idealised" in text and "α per token" in text
     assert "predicted for this machine" not in text, "without measured costs there is no prediction"
-    assert "Greedy check passed" in render.identity_check(spec, ar, render.GREEDY)
-    assert "identical so far" in render.identity_check(spec, ar[:-1], render.GREEDY, done=False)
-    assert "Greedy check failed" in render.identity_check(spec, ar[:-1], render.GREEDY)
+    assert "Greedy check passed" in check.identity_check(spec, ar, render.GREEDY)
+    assert "identical so far" in check.identity_check(spec, ar[:-1], render.GREEDY, done=False)
+    assert "Greedy check failed" in check.identity_check(spec, ar[:-1], render.GREEDY)
     other = [dataclasses.replace(s, emitted=[t + 1 for t in s.emitted]) for s in ar]
-    assert "differ at token 0" in render.identity_check(spec, other, render.GREEDY)
+    assert "differ at token 0" in check.identity_check(spec, other, render.GREEDY)
 
 
 def test_figures_hold_the_records_values(records):

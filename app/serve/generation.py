@@ -18,6 +18,7 @@ from app.serve.form import Form, fill_seed, takes_form
 from app.serve.handlers import LOADING, MEASURING, _user_error, guarded, measuring, new_click, prepared
 from app.serve.texts import EXAMPLES, example_row  # noqa: F401 - the API's examples
 from app.serve.zerogpu import gpu
+from app.views import check as check_line
 from app.views import plots, render
 
 log = logging.getLogger(__name__)
@@ -162,8 +163,9 @@ def _outputs(
     prompt, spec, ar, rule, figures, doc, done=True, stopped=False, costs=None, verdict=None, precision="", decode=None
 ):
     summary = render.summary_markdown(spec, ar, done and not stopped, stopped, costs)
-    below = render.branch_point(verdict, decode) if verdict is not None and decode is not None and not stopped else ""
-    check = render.identity_check(spec, ar, rule, done and not stopped, stopped, verdict, below)
+    shown = verdict is not None and decode is not None and not stopped
+    below = check_line.branch_point(verdict, decode) if shown else ""
+    check = check_line.identity_check(spec, ar, rule, done and not stopped, stopped, verdict, below)
     return (
         render.pane_html(prompt, spec),
         render.pane_html(prompt, ar, kind_classes=False),
