@@ -581,9 +581,18 @@ def _set_max_new_tokens(page, n: int) -> None:
     from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
     box = page.locator("#max-new input")
-    if not box.is_visible():
-        page.locator(".label-wrap", has_text="Decoding").first.click()
-    box.wait_for(state="visible", timeout=30_000)
+    # A click that lands before the page's scripts have started opens nothing: click until it opens.
+    accordion = page.locator(".label-wrap", has_text="Decoding").first
+    for _ in range(6):
+        if box.is_visible():
+            break
+        if "open" not in (accordion.get_attribute("class") or "").split():  # a second click would close it
+            accordion.click()
+        try:
+            box.wait_for(state="visible", timeout=10_000)
+        except PlaywrightTimeout:
+            continue
+    box.wait_for(state="visible", timeout=10_000)
     # A slow page may still be opening the accordion or settling the box when the first fill lands:
     # type again until the box holds the value.
     for _ in range(5):
@@ -613,8 +622,10 @@ def test_browser_shows_tokens_plots_and_speedup(page, tmp_path):
     before = []
     deadline = time.time() + 360
     while time.time() < deadline:
-        line = page.locator("#greedy-check")
-        text, marks = line.inner_text(), line.locator(".mark").evaluate_all("ms => ms.map(m => m.className)")
+        text, marks = page.evaluate(  # one read of the line, so its words and its mark are of one update
+            "() => { const e = document.querySelector('#greedy-check');"
+            " return [e.innerText, [...e.querySelectorAll('.mark')].map(m => m.className)]; }"
+        )
         if "token for token" in text:
             break
         before.append((text, marks))
