@@ -34,8 +34,6 @@ from app.args import add_generation_args, settings, with_chat
 from app.bench import progress, specbench
 from app.bench.contenders import CONSTANT, SWEEP, TREE, TREE_AUTO, Contender, adaptive_k, fixed_k, hf, llama_cpp, ours
 from app.bench.report import _f, _x, html_report, prompt_row, summarize_rows, summary_table  # noqa: F401
-from app.bench.sizes import html_report as sizes_report
-from app.bench.sizes import table as sizes_table
 from app.core import divergence, engine, metrics
 from app.core.config import settings_dict
 from app.data.prompts import suite
@@ -389,17 +387,22 @@ def main(argv: list[str]) -> int:
             "--compile: the benchmark times the default path; see python -m app gpucheck for the fast path",
             file=sys.stderr,
         )
+    from app.bench import sizes
     from app.bench.card import card  # the model card's figures, timed with this module's prompts
     from app.bench.passes import passes
     from app.bench.rules import rules
-    from app.bench.sizes import sizes
     from app.bench.threads_check import threads_check  # it times this module's contenders
 
     from_file = specbench.is_file_suite(args.suite)
     if not from_file and args.suite not in ("code", "prose", "all"):
         ap.error(f"--suite takes code, prose, all or a question file (.jsonl or .txt), got {args.suite!r}")
-    modes = [(args.card, card), (args.rules, rules), (args.passes, passes), (args.sizes, sizes)]
-    modes.append((args.threads_check, threads_check))
+    modes = [
+        (args.card, card),
+        (args.rules, rules),
+        (args.passes, passes),
+        (args.sizes, sizes.sizes),
+        (args.threads_check, threads_check),
+    ]
     mode = next((fn for chosen, fn in modes if chosen), specbench.specbench if from_file else bench)
     if from_file and mode is specbench.specbench:  # the file is read and checked before anything loads
         questions.select(questions.read_questions(Path(args.suite)), args.categories, args.per_category)
@@ -407,14 +410,14 @@ def main(argv: list[str]) -> int:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     written = [args.out.with_suffix(".json")]
     written[0].write_text(json.dumps(doc, indent=1) + "\n")
-    if mode in (bench, specbench.specbench, sizes):
+    reports = {bench: html_report, specbench.specbench: specbench.html_report, sizes.sizes: sizes.html_report}
+    if mode in reports:
         written.append(args.out.with_suffix(".html"))
-        reports = {bench: html_report, specbench.specbench: specbench.html_report, sizes: sizes_report}
         written[1].write_text(reports[mode](doc))
     if mode is specbench.specbench:
         print(specbench.table(doc), file=sys.stderr)
-    if mode is sizes:
-        print(sizes_table(doc), file=sys.stderr)
+    if mode is sizes.sizes:
+        print(sizes.table(doc), file=sys.stderr)
     if mode is bench and not args.json:
         print(summary_table(doc, args.target or models.DEFAULT_TARGET))
     else:

@@ -17,10 +17,10 @@ from pathlib import Path
 
 from app import models, questions, request
 from app.args import settings, with_chat
-from app.bench import progress
+from app.bench import progress, specbench
 from app.bench.card import cost_ratio
 from app.core.config import settings_dict
-from app.core.costs import expected_tokens_per_pass
+from app.core.costs import Costs
 from app.drafts.model import decode_seconds_per_token
 
 EXITS = 8  # early-exit depths spread over a deep target; a shallow one gets every layer
@@ -49,25 +49,28 @@ def drafts_for(target_id: str, layers: int, named: list[str] | None = None) -> l
 
 
 def predicted(alpha: float | None, c: float, k_max: int) -> tuple[float | None, int | None]:
-    """(speedup, k): Leviathan et al.'s (1 − α^(k+1)) / ((1 − α)(k·c + 1)) at its best k ≤ k_max."""
+    """(speedup, k): Leviathan et al.'s (1 − α^(k+1)) / ((1 − α)(k·c + 1)) at its best k ≤ k_max, as
+    the cost model computes it under Leviathan's assumptions."""
     if alpha is None:
         return None, None
-    best = max(range(1, k_max + 1), key=lambda k: expected_tokens_per_pass(alpha, k) / (k * c + 1))
-    return expected_tokens_per_pass(alpha, best) / (best * c + 1), best
+    ideal = Costs.idealised(c=c, k_max=k_max)
+    best = ideal.best_k(alpha, k_max)
+    return ideal.speedup(alpha, best), best
 
 
 def sizes(args) -> dict:
     """Every draft of the sweep on the sample's questions (PER_CATEGORY of each category unless
     --per-category says), plain decoding first, then each draft in rotating order on the same ids."""
-    suite = Path(args.suite) if str(args.suite).endswith((".jsonl", ".txt")) else questions.SAMPLE
+    suite = Path(args.suite) if specbench.is_file_suite(args.suite) else questions.SAMPLE
     picked = questions.select(questions.read_questions(suite), args.categories, args.per_category or PER_CATEGORY)
     target_id = models.presets.id_of(args.target or models.DEFAULT_TARGET)
     progress.say("sizes", f"loading {target_id}")
     target, tok = models.load(target_id, args.device, args.dtype)
-    named = [d.strip() for d in args.drafts.split(",") if d.strip()] if args.drafts else None
+    named = specbench.split_drafts(args.drafts) if args.drafts else None
     drafts = drafts_for(target_id, target.config.num_hidden_layers, named)
     st = with_chat(settings(args), args, tok)
-    probe = questions.conversation(tok, picked[0].turns[:1], [], st.run.chat, models.context_length(target))
+    context = models.context_length(target)
+    probe = questions.conversation(tok, picked[0].turns[:1], [], st.run.chat, context)
     pairs, cost = {}, {}
     for i, d in enumerate(drafts, start=1):
         progress.say("sizes", f"draft {i}/{len(drafts)}: {d}: loading it and timing its cost per token")
@@ -83,7 +86,6 @@ def sizes(args) -> dict:
         if planned:
             progress.say("sizes", f"draft {i}/{len(drafts)}: {d}: measuring this machine's round costs for adaptive k")
         field[d] = questions.timed(p, st, True, request.costs(p, st) if planned else None)
-    context = models.context_length(first.target)
     rows = [
         questions.answer(q, tok, plain, field, st.run, context, n)
         for n, q in progress.counted(enumerate(picked), "question", len(picked))

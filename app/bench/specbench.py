@@ -67,12 +67,15 @@ def _shapes(draft: str, st: Settings) -> list[tuple[str, Settings]]:
 
 
 def _drafts(args) -> list[str]:
-    """--drafts a,b,c, else --draft or the target's default draft. Preset labels hold commas
-    ("..., bundled"), so a piece that is no draft on its own joins the one before it."""
-    if not args.drafts:
-        return [args.draft or models.default_draft(args.target)]
+    """--drafts a,b,c, else --draft or the target's default draft."""
+    return split_drafts(args.drafts) if args.drafts else [args.draft or models.default_draft(args.target)]
+
+
+def split_drafts(text: str) -> list[str]:
+    """The drafts of a --drafts list. Preset labels hold commas ("..., bundled"), so a piece that is
+    no draft on its own joins the one before it."""
     out: list[str] = []
-    for piece in args.drafts.split(","):
+    for piece in text.split(","):
         if out and piece.startswith(" ") and not piece.strip().startswith(("early-exit", "prompt-lookup")):
             out[-1] += "," + piece
         else:

@@ -16,28 +16,20 @@ def figure(doc: dict) -> go.Figure:
     for i, (category, curve) in enumerate(doc["sizes"].items()):
         colour = PALETTE[i % len(PALETTE)]
         points = curve["points"]
-        names = [_label(p["draft"]) for p in points]
         fig.add_trace(
-            go.Scatter(
-                x=[p["c"] for p in points],
-                y=[p["speedup"] for p in points],
+            _series(
+                points,
+                "speedup",
+                f"{category}: measured",
+                colour,
                 mode="lines+markers",
-                name=f"{category}: measured",
-                text=names,
+                text=[_label(p["draft"]) for p in points],
                 hovertemplate="%{text}<br>c %{x:.3f}<br>speedup %{y:.2f}×<extra></extra>",
-                line=dict(color=colour),
             )
         )
         scored = [p for p in points if p["predicted"] is not None]
         fig.add_trace(
-            go.Scatter(
-                x=[p["c"] for p in scored],
-                y=[p["predicted"] for p in scored],
-                mode="lines",
-                name=f"{category}: predicted",
-                line=dict(color=colour, dash="dash"),
-                hoverinfo="skip",
-            )
+            _series(scored, "predicted", f"{category}: predicted", colour, "dash", mode="lines", hoverinfo="skip")
         )
         best = next((p for p in scored if p["draft"] == curve["fastest_predicted"]), None)
         if best is not None:
@@ -62,6 +54,12 @@ def figure(doc: dict) -> go.Figure:
         legend=dict(orientation="h", y=-0.2, x=0, xanchor="left", yanchor="top"),
     )
     return fig
+
+
+def _series(points: list[dict], key: str, name: str, colour: str, dash: str | None = None, **style) -> go.Scatter:
+    """One line of the figure: `key` of each point against its draft cost c."""
+    xs, ys = [p["c"] for p in points], [p[key] for p in points]
+    return go.Scatter(x=xs, y=ys, name=name, line=dict(color=colour, dash=dash), **style)
 
 
 def _label(draft: str) -> str:
