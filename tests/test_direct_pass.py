@@ -124,3 +124,40 @@ def test_a_model_whose_probe_differs_in_the_last_bit_is_not_admitted(monkeypatch
     monkeypatch.setattr(direct_pass, "forward", real)
     assert direct_pass.parts(model) is None  # decided once per model
     assert CachedModel(model).direct is None
+
+
+def test_fused_features_equal_the_models_hidden_states_entering_eagle3s_layers():
+    """EAGLE-3's fused features come out of the target's own pass (direct, wrapper, static cache and a
+    tree pass): the states entering layers 2, L/2 and L - 3, as `output_hidden_states` gives them."""
+    from app.core.passes import fused_layers
+    from app.kv.static_cache import StaticCachedModel
+
+    target, tokenizer = load(TINY_TARGET)
+    layers = fused_layers(target.config.num_hidden_layers)
+    assert layers == (2, 4, 5)  # the tiny target has 8 layers
+    context = tokenizer("def walk(root):\n    for path in os.listdir(root):\n")["input_ids"]
+    more = [(7 * i) % 250 + 5 for i in range(5)]
+    own = DynamicCache(config=target.config)
+    with torch.inference_mode():
+        states = [
+            target(input_ids=torch.tensor([ids]), cache=own, output_hidden_states=True).hidden_states
+            for ids in (context, more)
+        ]
+    want = [torch.cat([s[i][0] for i in layers], -1) for s in states]
+    direct, wrapped = CachedModel(target, layers), CachedModel(target, layers)
+    wrapped.direct, wrapped.cache = None, DynamicCache(config=target.config)
+    static = StaticCachedModel(target, 128, feature_layers=layers)
+    for lm in (direct, wrapped, static):
+        for ids, expected in zip((context, more), want, strict=True):
+            _, fused = lm.extend_with_features(ids, keep=1)
+            assert fused.shape == (len(ids), 3 * target.config.hidden_size)
+            # A static cache attends over its whole padded length, another sum order than a dynamic one's.
+            torch.testing.assert_close(fused, expected, rtol=0, atol=0 if lm is not static else 1e-4)
+    # A tree pass whose nodes form a chain is the same pass: its features are the chain's.
+    tree = CachedModel(target, layers)
+    tree.extend(context[:-1])
+    _, fused = tree.extend_tree(context[-1:], more, list(range(-1, len(more) - 1)), features=True)
+    chain = CachedModel(target, layers)
+    chain.extend(context[:-1])
+    assert torch.equal(fused, chain.extend_with_features(context[-1:] + more)[1])
+    assert direct.direct is not None  # the bundled target runs direct passes

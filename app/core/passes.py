@@ -20,10 +20,13 @@ def through_masked(
     cache: DynamicCache,
     mask: torch.Tensor | None = None,
     position: torch.Tensor | None = None,
+    taps: tuple[int, ...] = (),
+    tapped: list[torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """(1, T, H) hidden states of T new positions through decoder layers that append to `cache`,
     under the causal mask that transformers' own `create_causal_mask` builds for them, or under a
-    given (1, 1, T, cached + T) `mask` at given (1, T) positions (a tree: tree_pass)."""
+    given (1, 1, T, cached + T) `mask` at given (1, T) positions (a tree: tree_pass). The states
+    entering the layers numbered in `taps` are appended to `tapped`, in the order of `taps`."""
     if position is None:
         position = (torch.arange(h.shape[1], device=h.device) + cache.get_seq_length()).unsqueeze(0)
     if mask is None:
@@ -31,7 +34,10 @@ def through_masked(
             config=config, inputs_embeds=h, attention_mask=None, cache=cache, position_ids=position
         )
     position_embeddings = rotary(h, position_ids=position)
-    for layer in layers:
+    entering: dict[int, torch.Tensor] = {}
+    for i, layer in enumerate(layers):
+        if i in taps:
+            entering[i] = h
         h = layer(
             h,
             attention_mask=mask,
@@ -40,7 +46,23 @@ def through_masked(
             cache=cache,
             use_cache=True,
         )
+    if tapped is not None:
+        tapped.extend(entering[i] for i in taps)
     return h
+
+
+def fused_layers(num_layers: int) -> tuple[int, ...]:
+    """The decoder layers whose entering hidden states an EAGLE-3 head fuses: a low, a middle and a
+    high one (2, L/2 and L - 3, as EAGLE-3's code and vLLM choose them), distinct and in order."""
+    return tuple(sorted({min(2, num_layers - 1), num_layers // 2, max(num_layers - 3, 0)}))
+
+
+def entering(hidden_states: tuple[torch.Tensor, ...], layers: tuple[int, ...]) -> torch.Tensor:
+    """(B, T, len(layers) H): from a model's own `output_hidden_states` (entry i enters layer i, the
+    last is normed), the states entering `layers` concatenated; with no layers, the last, normed."""
+    if not layers:
+        return hidden_states[-1]
+    return torch.cat([hidden_states[i] for i in layers], dim=-1)
 
 
 def through_layers(layers, rotary: nn.Module, h: torch.Tensor, cache: DynamicCache) -> torch.Tensor:

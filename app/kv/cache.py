@@ -33,8 +33,11 @@ class ModelCache:
     fed through the model, so tests can prove that rollback never re-prefills.
     """
 
-    def __init__(self, model: PreTrainedModel):
+    def __init__(self, model: PreTrainedModel, feature_layers: tuple[int, ...] = ()):
         self.model = model
+        # The features a pass returns: () for the last layer's normed states (EAGLE-1), else the
+        # states entering these decoder layers, concatenated (EAGLE-3's fused features).
+        self.feature_layers = feature_layers
         self.length = 0
         self.tokens_processed = 0
         # (nn.Module's attribute lookup types a weight as Tensor | Module.)
@@ -46,6 +49,10 @@ class ModelCache:
 
     def _embeddable(self, ids: list[int]) -> list[int]:
         return ids if max(ids, default=0) < self.rows else [i if i < self.rows else self.stand_in for i in ids]
+
+    def _features(self, out, features: bool) -> torch.Tensor | None:
+        """The (T, H) or fused (T, len(layers) H) features of a wrapper pass's output, if asked for."""
+        return passes.entering(out.hidden_states, self.feature_layers)[0] if features else None
 
     def close(self) -> None:
         """Nothing is pooled here; a static cache goes back to its pool."""
@@ -95,8 +102,8 @@ class ModelCache:
 class CachedModel(ModelCache):
     """One request's view of a shared model on a dynamic cache: the cache is private, the weights are not."""
 
-    def __init__(self, model: PreTrainedModel):
-        super().__init__(model)
+    def __init__(self, model: PreTrainedModel, feature_layers: tuple[int, ...] = ()):
+        super().__init__(model, feature_layers)
         # Passes without the wrapper where they give the wrapper's own bits (direct_pass.py).
         self.direct = direct_pass.parts(model)
         # Direct passes append in place (growing_cache.py); the probe that admitted them ran on one too.
@@ -131,13 +138,16 @@ class CachedModel(ModelCache):
 
     def _forward(self, ids: list[int], keep: int, features: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
         if self.direct is not None:
-            logits, hidden = direct_pass.forward(self.direct, self.cache, self._embeddable(ids), keep, features)
+            fed = self._embeddable(ids)
+            logits, hidden = direct_pass.forward(
+                self.direct, self.cache, fed, keep, features, layers=self.feature_layers
+            )
         else:
             x = torch.tensor([self._embeddable(ids)], dtype=torch.long, device=self.device)
             out = self.model(
                 input_ids=x, cache=self.cache, use_cache=True, logits_to_keep=keep, output_hidden_states=features
             )
-            logits, hidden = out.logits[0], out.hidden_states[-1][0] if features else None
+            logits, hidden = out.logits[0], self._features(out, features)
         self.length += len(ids)
         self.tokens_processed += len(ids)
         return logits, hidden
@@ -158,7 +168,9 @@ class CachedModel(ModelCache):
         position, mask = self.tree_layout(m, parents, self.length + m + n)
         fed = self._embeddable(list(ids) + list(tokens))
         if self.direct is not None:
-            logits, hidden = direct_pass.forward(self.direct, self.cache, fed, n + 1, features, mask, position)
+            logits, hidden = direct_pass.forward(
+                self.direct, self.cache, fed, n + 1, features, mask, position, self.feature_layers
+            )
         else:
             x = torch.tensor([fed], dtype=torch.long, device=self.device)
             out = self.model(
@@ -170,7 +182,7 @@ class CachedModel(ModelCache):
                 logits_to_keep=n + 1,
                 output_hidden_states=features,
             )
-            logits, hidden = out.logits[0], out.hidden_states[-1][0] if features else None
+            logits, hidden = out.logits[0], self._features(out, features)
         self.length += m + n
         self.tokens_processed += m + n
         return logits, hidden

@@ -90,14 +90,16 @@ def forward(
     features: bool = False,
     mask: torch.Tensor | None = None,
     position: torch.Tensor | None = None,
+    layers: tuple[int, ...] = (),
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(keep, V) logits of the last `keep` of `ids` (0: all) fed after the cached positions, and
-    with features=True the (len(ids), H) normed last hidden states (the wrapper's hidden_states[-1]).
+    with features=True the (len(ids), H) normed last hidden states (the wrapper's hidden_states[-1]),
+    or with `layers` the (len(ids), len(layers) H) states entering those layers (passes.entering).
     The cache grows by len(ids). A tree pass gives its own mask and positions (passes.tree_pass)."""
     if not _clocks:
-        return _forward(p, cache, ids, keep, features, mask, position)
+        return _forward(p, cache, ids, keep, features, mask, position, layers)
     with _clocks[-1]():
-        return _forward(p, cache, ids, keep, features, mask, position)
+        return _forward(p, cache, ids, keep, features, mask, position, layers)
 
 
 def step(p: Parts, cache: DynamicCache, token: int) -> torch.Tensor:
@@ -109,12 +111,17 @@ def step(p: Parts, cache: DynamicCache, token: int) -> torch.Tensor:
 
 
 @torch.inference_mode()
-def _forward(p: Parts, cache: DynamicCache, ids: list[int], keep: int, features: bool, mask=None, position=None):
+def _forward(
+    p: Parts, cache: DynamicCache, ids: list[int], keep: int, features: bool, mask=None, position=None, layers=()
+):
     x = p.embed(torch.tensor([ids], device=p.embed.weight.device))
-    h = through_masked(p.config, p.layers, p.rotary, x, cache, mask, position)
+    tapped: list[torch.Tensor] = []
+    h = through_masked(p.config, p.layers, p.rotary, x, cache, mask, position, layers if features else (), tapped)
     h = p.norm(h)
     logits = p.lm_head(h[:, -keep:] if keep else h)[0]
-    return logits, h[0] if features else None
+    if not features:
+        return logits, None
+    return logits, torch.cat(tapped, dim=-1)[0] if layers else h[0]
 
 
 @torch.inference_mode()

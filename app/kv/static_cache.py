@@ -70,10 +70,12 @@ class StaticCachedModel(ModelCache):
 
     cache: StaticCache | None  # None once close() gave it back
 
-    def __init__(self, model: PreTrainedModel, max_len: int, compile: bool = False):
+    def __init__(
+        self, model: PreTrainedModel, max_len: int, compile: bool = False, feature_layers: tuple[int, ...] = ()
+    ):
         if any(getattr(t, "is_sliding", False) for t in StaticCache(config=model.config, max_cache_len=1).layers):
             raise UserError("the static cache path supports full-attention models only: run without --compile")
-        super().__init__(model)
+        super().__init__(model, feature_layers)
         self.max_len = max_len
         self.forward = compiled(model) if compile else model
         self.compile = compile
@@ -123,7 +125,8 @@ class StaticCachedModel(ModelCache):
             torch.compiler.cudagraph_mark_step_begin()
             out = self.forward(input_ids=x, cache=self.cache, use_cache=True, output_hidden_states=features)
             logits = out.logits[0, :n].clone()
-            hidden = out.hidden_states[-1][0, :n].clone() if features else None
+            fused = self._features(out, features)
+            hidden = fused[:n].clone() if fused is not None else None
             if width > n:
                 assert self.cache is not None, "the cache was given back (close)"
                 self.cache.crop(n - width)
@@ -132,7 +135,7 @@ class StaticCachedModel(ModelCache):
             out = self.model(
                 input_ids=x, cache=self.cache, use_cache=True, logits_to_keep=keep, output_hidden_states=features
             )
-            logits, hidden = out.logits[0], out.hidden_states[-1][0] if features else None
+            logits, hidden = out.logits[0], self._features(out, features)
         self.length += n
         self.tokens_processed += n
         return (logits[-keep:] if keep else logits), hidden
@@ -164,7 +167,8 @@ class StaticCachedModel(ModelCache):
         else:
             out = self.model(**common, logits_to_keep=n + 1, output_hidden_states=features)
             logits = out.logits[0]
-        hidden = out.hidden_states[-1][0, : m + n].clone() if features else None
+        fused = self._features(out, features)
+        hidden = fused[: m + n].clone() if fused is not None else None
         if pad:
             self.cache.crop(-pad)
         self.length += m + n

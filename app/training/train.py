@@ -218,7 +218,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         nargs="*",
         default=None,
         help="train only these members (distillation reads the saved target; with --target: draft-feature, "
-        "draft-small)",
+        "draft-small, teacher-data (the teacher-forced shards alone))",
     )
     ap.add_argument(
         "--target",

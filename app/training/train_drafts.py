@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 from tqdm import tqdm
-from transformers import DynamicCache, GenerationConfig, LlamaConfig, LlamaForCausalLM
+from transformers import AutoModelForCausalLM, DynamicCache, GenerationConfig, LlamaConfig, LlamaForCausalLM
 
 from app.core.passes import through_masked
 from app.training.steps import log_step, optimiser, update
@@ -34,6 +34,7 @@ HEAD_NOISE = 0.1  # uniform noise on input features, in units of their standard 
 # what drafting shows it (the target's features up to the round's start, its own ones after), so it
 # learns to draft deep and not only the first token. Depth j's loss weighs TTT_DECAY ** j.
 TTT_DEPTH, TTT_DECAY = 3, 0.8
+TEACHER_TOKENS = 4_000_000  # teacher-forced positions (teacher_forcing.py), beside the target's answers
 CHECKPOINT_EVERY = 100  # head steps between checkpoints in the work folder (a stopped run resumes there)
 SMALL = dict(hidden=192, layers=2, ffn=512, heads=3, kv_heads=1)
 SMALL_STEPS, SMALL_LR, SMALL_BATCH = 600, 2e-3, 8
@@ -291,9 +292,19 @@ def measured_acceptance(target_dir, head_dir: Path, scale: float, device: str | 
     return acceptance.suites(pair, new_tokens=16, limit=1)
 
 
+def teacher_data(source, tokenizer, work: Path, args, device: torch.device, log) -> dict:
+    """The teacher-forced shards (teacher_forcing.py) in work/teacher: TEACHER_TOKENS times --scale,
+    through the fp32 target, whose features the drafts train against."""
+    from app.training import teacher_forcing
+
+    target = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32, use_safetensors=True)
+    tokens = max(teacher_forcing.ROW, round(TEACHER_TOKENS * args.scale))
+    return teacher_forcing.build(target.to(device).eval(), tokenizer, work / "teacher", tokens, args.seed, log)
+
+
 def main(args, command: str) -> dict:
     """Build the rows once, then train the members asked for (`--only`: feature-head, small)."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoTokenizer
 
     from app.models import gguf_target
 
@@ -312,6 +323,11 @@ def main(args, command: str) -> dict:
     # speed there); the features it keeps then differ from fp32's by rounding, well below the noise the
     # head trains with. The drafts train against the fp32 target, as the app runs it.
     device = torch.device(args.device)
+    only = {ALIASES.get(name, name) for name in args.only or ("feature-head", "small")}
+    if "teacher-data" in only:
+        results["teacher-data"] = teacher_data(source, tokenizer, work, args, device, log)
+        if only == {"teacher-data"}:
+            return results
     writer = AutoModelForCausalLM.from_pretrained(source, dtype=writing_dtype(device), use_safetensors=True)
     writer = writer.to(device).eval()
     rows = build_rows(writer, tokenizer, work, args.seed, args.scale, log)
@@ -329,7 +345,6 @@ def main(args, command: str) -> dict:
         sampled_answers=sampled_passes(args.scale),
         sample_temperature=SAMPLE_TEMPERATURE,
     )
-    only = {ALIASES.get(name, name) for name in args.only or ("feature-head", "small")}
     if "feature-head" in only:
         special = [i for i in (tokenizer.eos_token_id, tokenizer.bos_token_id, tokenizer.pad_token_id) if i is not None]
         vocab = draft_vocabulary(rows, min(DRAFT_VOCAB, target.config.vocab_size), target.config.vocab_size, special)

@@ -1,0 +1,39 @@
+"""Teacher-forced shards hold what the target computes on the text: fused features and its top-k."""
+
+import json
+
+import torch
+
+from app.core.passes import fused_layers
+from app.models import TINY_TARGET, load
+from app.training import teacher_forcing
+from app.training.target_text import TOP_K
+
+
+def test_teacher_forced_shards_hold_the_targets_fused_features_and_top_k_and_resume(tmp_path, monkeypatch):
+    monkeypatch.setattr(teacher_forcing, "ROW", 32)
+    monkeypatch.setattr(teacher_forcing, "SHARD_ROWS", 3)
+    target, tokenizer = load(TINY_TARGET, dtype="fp32")
+    logged: list[dict] = []
+    manifest = teacher_forcing.build(target, tokenizer, tmp_path, tokens=5 * 32, seed=0, log=logged.append)
+    shards = teacher_forcing.shards(tmp_path)
+    assert len(shards) == 2 and manifest["rows"] == 5 and manifest["layers"] == list(fused_layers(8))
+    # Every source names its version and licence; the standard library is one of them.
+    assert all(s["licence"] and s["version"] and s["tokens"] > 0 for s in manifest["sources"].values())
+    assert json.loads((tmp_path / "manifest.json").read_text())["tokens"] == 5 * 32
+
+    shard = teacher_forcing.read(shards[0])
+    ids = shard["ids"].long()
+    with torch.inference_mode():
+        out = target(input_ids=ids, output_hidden_states=True)
+    want = torch.cat([out.hidden_states[i] for i in fused_layers(8)], -1)
+    torch.testing.assert_close(shard["fused"].float(), want, atol=1e-2, rtol=1e-3)  # kept in fp16
+    assert torch.equal(shard["top_ids"].long(), out.logits.topk(TOP_K, dim=-1).indices)
+    assert shard["top_logp"].float().exp().sum(-1).sub(1).abs().max() < 1e-2  # renormalised over the k
+
+    # A second run keeps the finished shards: a stopped build resumes at the next one.
+    before = [p.stat().st_mtime_ns for p in shards]
+    shards[1].unlink()
+    teacher_forcing.build(target, tokenizer, tmp_path, tokens=5 * 32, seed=0, log=logged.append)
+    assert shards[0].stat().st_mtime_ns == before[0] and shards[1].is_file()
+    assert [r["teacher_rows"] for r in logged] == [3, 5, 5]
