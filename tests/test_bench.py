@@ -352,12 +352,13 @@ def test_the_size_sweep_spreads_early_exits_and_reads_its_curve(tmp_path, capsys
     """bench --sizes on the tiny family: per category, each draft's α, cost c, tokens per pass and
     speedup in order of c, Leviathan's prediction from the same α and c at its best k, one sentence
     per category, and the figure in the HTML page."""
-    from app.bench import bench, sizes
+    from app import sweep
+    from app.bench import bench
     from app.core.costs import expected_tokens_per_pass
 
-    assert sizes.depths(8) == list(range(1, 8)) and sizes.depths(30) == [3, 7, 10, 13, 17, 20, 23, 27]
-    assert sizes.drafts_for(models.TINY_TARGET, 8)[-1] == models.PROMPT_LOOKUP
-    assert "draft-feature" in sizes.drafts_for("assets/models/target", 8)[-2]
+    assert sweep.depths(8) == list(range(1, 8)) and sweep.depths(30) == [3, 7, 10, 13, 17, 20, 23, 27]
+    assert sweep.drafts_for(models.TINY_TARGET, 8)[-1] == models.PROMPT_LOOKUP
+    assert "draft-feature" in sweep.drafts_for("assets/models/target", 8)[-2]
     out = tmp_path / "sizes"
     argv = ["--sizes", "--target", models.TINY_TARGET, "--drafts", "early-exit:1,early-exit:6,prompt-lookup"]
     argv += ["--categories", "coding,qa", "--max-new-tokens", "8", "--k", "3", "--out", str(out)]

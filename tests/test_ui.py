@@ -737,6 +737,25 @@ def test_browser_by_kind_of_text_draws_the_chart_and_stop_ends_it(page):
 
 @needs_browser
 @pytest.mark.slow
+def test_browser_the_draft_size_sweep_draws_its_curves_and_reads_them_and_stop_ends_it(page):
+    from app.models import TINY_TARGET
+
+    # The bundled family: on the default target the sweep's drafts take minutes to load and time.
+    page.get_by_label("…or a custom target (Hub id or local directory)").fill(TINY_TARGET)
+    _set_max_new_tokens(page, 8)
+    page.locator(".label-wrap", has_text="Which draft is worth it").first.click()
+    page.locator("#size-run").click()
+    page.wait_for_selector("#size-status :text('For coding, ')", timeout=300_000)  # the first kind's sentence
+    page.wait_for_selector("#size-plot .js-plotly-plot", timeout=60_000)
+    page.locator("#size-stop").click()
+    page.wait_for_selector("#size-status :text('Stopped after')", timeout=120_000)
+    status = page.locator("#size-status").inner_text()
+    assert "of 7 questions" in status and ("is fastest here" in status or "no draft beats" in status), status
+    assert page.locator("#size-plot .js-plotly-plot .scatterlayer .trace").count() >= 2, "measured and predicted"
+
+
+@needs_browser
+@pytest.mark.slow
 def test_browser_phone_width_stacks_plots(page):
     page.set_viewport_size({"width": 420, "height": 1700})
     _set_max_new_tokens(page, 40)  # the layout is what is checked, not the length

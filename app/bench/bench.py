@@ -334,6 +334,7 @@ def main(argv: list[str]) -> int:
     )
     ap.add_argument("--categories", help="with a question file: only these categories (comma-separated)")
     ap.add_argument("--per-category", type=int, default=0, help="with a question file: at most N questions of each")
+    ap.add_argument("--exits", type=int, default=8, help="with --sizes: early-exit depths, spread over the target")
     ap.add_argument("--drafts", help="with a question file: several drafts (comma-separated), one interleaved run")
     ap.add_argument("--limit", type=int, default=0, help="use only the first N prompts")
     ap.add_argument("--reps", type=int, default=3, help="timed repetitions per prompt and contender (>= 1)")

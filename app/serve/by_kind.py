@@ -35,6 +35,23 @@ def panel_settings(settings: Settings, tokenizer) -> Settings:
     return dataclasses.replace(settings, run=dataclasses.replace(settings.run, max_new_tokens=n, chat=chat))
 
 
+def layout(c) -> None:
+    """The panel's accordion, its components set on c."""
+    with gr.Accordion("By kind of text: where a draft saves most", open=False, elem_id="by-kind"):
+        gr.Markdown(
+            f"Two short questions of each kind (code, writing, translation, summaries, questions, arithmetic, "
+            f"answers from a passage), each answered by plain decoding and by speculation with the pair and "
+            f"settings above, at most {TOKENS} new tokens a turn. Code and structured answers usually "
+            "keep more drafts per target pass than open-ended writing."
+        )
+        with gr.Row():
+            c.kind_btn = gr.Button("Run by kind of text", variant="primary", elem_id="kind-run")
+            c.kind_stop = gr.Button("Stop", variant="stop", elem_id="kind-stop")
+        c.kind_status = gr.Markdown(elem_id="kind-status")
+        c.kind_plot = gr.Plot(label="speedup and tokens per target pass, by kind of text", elem_id="kind-plot")
+        c.kind_records = gr.JSON(label="per question and per category (JSON)", open=False)
+
+
 @functools.partial(gpu, longest=True)
 @guarded
 @takes_form(after=(("control", None), ("progress", gr.Progress())))

@@ -14,7 +14,7 @@ import gradio as gr
 
 from app import models
 from app.core.config import RULES, SamplingConfig, SpecConfig
-from app.serve import by_kind, form, queue_limits, sessions
+from app.serve import by_kind, form, queue_limits, sessions, which_draft
 from app.serve.generation import generate_both, request_stop, start_run  # noqa: F401
 from app.serve.handlers import (  # noqa: F401 - the handlers are the app's API, reached through ui too
     _cap_label,
@@ -226,7 +226,8 @@ def _teaching(c) -> None:
         )
         # A short label: a long one wraps to two lines on a phone, over the figure's own title.
         c.residual = gr.Plot(label="p, q and the target token's source", elem_id="residual")
-    _by_kind(c)
+    by_kind.layout(c)
+    which_draft.layout(c)
     with gr.Accordion("How speculative decoding works", open=False):
         gr.Markdown(EXPLANATION)
     with gr.Accordion("Records (JSON)", open=False):
@@ -235,22 +236,6 @@ def _teaching(c) -> None:
     # Plain data (sessions.Teaching); its live run is dropped when the visitor leaves or idles out.
     c.session = gr.State(None, time_to_live=sessions.STATE_TTL, delete_callback=sessions.forget)
     c.control = gr.State({"stop": False}, time_to_live=sessions.STATE_TTL)  # this session's Stop request
-
-
-def _by_kind(c) -> None:
-    with gr.Accordion("By kind of text: where a draft saves most", open=False, elem_id="by-kind"):
-        gr.Markdown(
-            f"Two short questions of each kind (code, writing, translation, summaries, questions, arithmetic, "
-            f"answers from a passage), each answered by plain decoding and by speculation with the pair and "
-            f"settings above, at most {by_kind.TOKENS} new tokens a turn. Code and structured answers usually "
-            "keep more drafts per target pass than open-ended writing."
-        )
-        with gr.Row():
-            c.kind_btn = gr.Button("Run by kind of text", variant="primary", elem_id="kind-run")
-            c.kind_stop = gr.Button("Stop", variant="stop", elem_id="kind-stop")
-        c.kind_status = gr.Markdown(elem_id="kind-status")
-        c.kind_plot = gr.Plot(label="speedup and tokens per target pass, by kind of text", elem_id="kind-plot")
-        c.kind_records = gr.JSON(label="per question and per category (JSON)", open=False)
 
 
 def _wire(c) -> None:
@@ -304,15 +289,16 @@ def _wire(c) -> None:
         api_name="step",
         **device,
     ).success(None, js=SHOW_TEACHING, **private)  # again with the round in it: the page has grown
-    c.kind_btn.click(start_run, [c.seed, c.decoding, c.control], c.seed, queue=False, **private).then(
-        by_kind.by_kind,
-        [*inputs, c.control],
-        [c.kind_status, c.kind_plot, c.kind_records],
-        api_name="by_kind",
-        **device,
+    panels = (
+        (by_kind.by_kind, c.kind_btn, c.kind_stop, [c.kind_status, c.kind_plot, c.kind_records]),
+        (which_draft.which_draft, c.size_btn, c.size_stop, [c.size_status, c.size_plot, c.size_records]),
     )
-    c.kind_stop.click(request_stop, c.control, None, queue=False, **private)
-    # One round of Step is short, so Stop only ends a generation or a By-kind run (cooperatively, after a round).
+    for handler, run, stop, outputs in panels:
+        run.click(start_run, [c.seed, c.decoding, c.control], c.seed, queue=False, **private).then(
+            handler, [*inputs, c.control], outputs, api_name=handler.__name__, **device
+        )
+        stop.click(request_stop, c.control, None, queue=False, **private)
+    # One round of Step is short, so Stop only ends a generation or a panel's run (cooperatively, after a round).
     c.stop_btn.click(request_stop, c.control, None, queue=False, **private)
     c.load_btn.click(load_pair, model_inputs, c.status, api_name="load_pair", **device).success(
         cap_for_loaded, [*model_inputs, c.max_new], c.max_new, **private, **device

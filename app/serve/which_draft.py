@@ -1,0 +1,128 @@
+"""The "Which draft is worth it" panel: the draft-size sweep (app/sweep.py) for the visitor's target, one
+short question of each kind of text answered by plain decoding and by every draft of the sweep, streamed
+question by question and drawn as speedup against draft cost, with a sentence that reads each curve."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import time
+
+import gradio as gr
+
+from app import models, questions, sweep
+from app.core.config import Settings, UserError
+from app.serve import heap, queue_limits
+from app.serve.form import Form, takes_form
+from app.serve.handlers import LOADING, _pair, _user_error, guarded
+from app.serve.zerogpu import gpu
+from app.views import draft_size
+
+# A few minutes on the default target on two cores: one question of each kind, few tokens, four
+# early-exit depths, and a fixed k, which needs no calibration of round costs for each draft.
+PER_CATEGORY = 1
+TOKENS = 16
+EXITS = 4
+COMMAND = (
+    "python -m app bench --sizes --target TARGET --exits {exits} --max-new-tokens {n} --k-policy fixed --k {k} "
+    "(and the same decoding settings)"
+)
+
+
+def panel_settings(settings: Settings, tokenizer) -> Settings:
+    """The visitor's settings at a fixed k (their k), at most TOKENS new tokens a turn, and chat
+    formatting wherever the target has a chat template (the questions are instructions)."""
+    chat = bool(getattr(tokenizer, "chat_template", None))
+    run = dataclasses.replace(settings.run, max_new_tokens=min(settings.run.max_new_tokens, TOKENS), chat=chat)
+    spec = dataclasses.replace(settings.spec, k_policy="fixed", tree=0, tree_auto=False)
+    return dataclasses.replace(settings, run=run, spec=spec)
+
+
+def layout(c) -> None:
+    """The panel's accordion, its components set on c."""
+    with gr.Accordion("Which draft is worth it: speedup against draft size", open=False, elem_id="which-draft"):
+        gr.Markdown(
+            f"Early exit at {EXITS} depths of the target, its bundled drafts and prompt lookup, each on one short "
+            f"question of every kind of text (at most {TOKENS} new tokens, your k, fixed), against plain "
+            "decoding. Too small a draft is rejected too often; too large a one costs as much as it saves. "
+            "Dashed: Leviathan's speedup predicted from the same α and cost c. A few minutes on the default target."
+        )
+        with gr.Row():
+            c.size_btn = gr.Button("Run the draft-size sweep", variant="primary", elem_id="size-run")
+            c.size_stop = gr.Button("Stop", variant="stop", elem_id="size-stop")
+        c.size_status = gr.Markdown(elem_id="size-status")
+        c.size_plot = gr.Plot(label="speedup against draft cost, by kind of text", elem_id="size-plot")
+        c.size_records = gr.JSON(label="per draft and kind of text (JSON)", open=False)
+
+
+@functools.partial(gpu, longest=True)
+@guarded
+@takes_form(after=(("control", None), ("progress", gr.Progress())))
+def which_draft(form: Form, control=None, progress=gr.Progress()):
+    """Stream (status, figure, document) question by question; Stop or the run limit ends the sweep
+    after the current measurement, with the figures measured so far."""
+    try:
+        yield from _stream(form, control, progress)
+    except UserError as e:
+        raise _user_error(e) from None
+    finally:
+        heap.release()
+
+
+def _stream(form: Form, control, progress):
+    picked = questions.select(questions.read_questions(questions.SAMPLE), None, PER_CATEGORY)
+    progress(0.0, desc=LOADING)
+    first = _pair(form.target, models.PROMPT_LOOKUP, form.dtype, progress)
+    settings = panel_settings(form.settings, first.tokenizer)
+    deadline = time.monotonic() + queue_limits.run_seconds()
+
+    def stop() -> bool:
+        return bool(control and control.get("stop")) or time.monotonic() > deadline
+
+    def load(draft: str) -> models.Pair:
+        return _pair(form.target, draft, form.dtype)
+
+    target_id = models.presets.id_of(form.target)
+    doc: dict = {}
+    for doc in sweep.measure(
+        load, target_id, picked, settings, exits=EXITS, stop=stop, say=lambda text: progress(0.0, desc=text)
+    ):
+        done = len(doc["questions"]) == len(picked) or doc["stopped"]
+        note = None if done else f"{len(doc['questions'])} of {len(picked)} kinds of text measured…"
+        yield status(doc, note, settings), _figure(doc), doc if done else gr.skip()
+
+
+def _figure(doc: dict):
+    return draft_size.figure(doc) if doc["sizes"] else gr.skip()
+
+
+def status(doc: dict, note: str | None, settings: Settings) -> str:
+    """The panel's text: progress or how it ended, a sentence per kind of text measured, and the
+    bench command that reproduces the figures."""
+    parts = [note] if note else []
+    if doc["stopped"]:
+        parts.append(f"Stopped after {len(doc['questions'])} of {doc['questions_asked']} questions.")
+    parts += [f"- {sentence}" for sentence in sweep.verdicts(doc).values()]
+    if "overall" in doc["sizes"]:
+        parts.append(_table(doc, "overall"))
+    if note is None:
+        command = COMMAND.format(exits=EXITS, n=settings.run.max_new_tokens, k=settings.spec.k)
+        parts.append(
+            f"α, c and tokens per pass are the bench's for the same settings: `{command}`. "
+            "Speedups are this run's wall clock, a single short question of each kind: read the shape, not the digits."
+        )
+    return "\n\n".join(parts)
+
+
+def _table(doc: dict, category: str) -> str:
+    """One kind of text's points, cheapest draft first (the others are in the figure and the JSON)."""
+    lines = [f"**{category}**", "", "| draft | c | α | tokens per pass | speedup | predicted |", "|---" * 6 + "|"]
+    for p in doc["sizes"][category]["points"]:
+        alpha = f"{p['alpha']:.2f}" if p["alpha"] is not None else "–"
+        tpp = f"{p['tokens_per_pass']:.2f}" if p["tokens_per_pass"] is not None else "–"
+        pred = f"{p['predicted']:.2f}×" if p["predicted"] is not None else "–"
+        lines.append(
+            f"| {sweep.name(p['draft'], doc['layers'])} | {p['c']:.3f} | {alpha} | {tpp} "
+            f"| {p['speedup']:.2f}× | {pred} |"
+        )
+    return "\n".join(lines)
