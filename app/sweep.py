@@ -45,19 +45,28 @@ def drafts_for(target_id: str, layers: int, named: list[str] | None = None, exit
     return [f"early-exit:{n}" for n in depths(layers, exits)] + bundled + [models.PROMPT_LOOKUP]
 
 
-COST_REPS = 3  # odd, so the median ratio is one real pair of timings; each times some 64 tokens a side
+COST_REPS = 3  # rounds of timing each draft beside the target (odd: the median is one real round)
 
 
-def cost_ratio(t_draft, t_target, reps: int = COST_REPS) -> tuple[float, float, float]:
-    """(draft seconds, target seconds, draft / target) per token, each a median over `reps`
-    alternations: the ratio of each draft timing to the target timing right beside it, so a host
-    that drifts between models (this one drifts by a tenth within minutes) moves both alike."""
-    pairs = [(t_draft(), t_target()) for _ in range(reps)]
-    return (
-        statistics.median(d for d, _ in pairs),
-        statistics.median(t for _, t in pairs),
-        statistics.median(d / t for d, t in pairs),
-    )
+def cost_ratios(
+    t_drafts: dict[str, Callable[[], float]],
+    t_target: Callable[[], float],
+    stop: Callable[[], bool],
+    say: Callable[[str], None],
+    reps: int = COST_REPS,
+) -> dict[str, list[float]]:
+    """Per draft, its seconds per token over the target's, one ratio a round: each round times the
+    target once and every draft beside it, so a drifting host moves both alike. `stop` ends the
+    timing after the current round."""
+    ratios: dict[str, list[float]] = {d: [] for d in t_drafts}
+    for r in range(reps):
+        say(f"timing each draft's cost per token beside the target's: round {r + 1} of {reps}")
+        target = t_target()
+        for d, timer in t_drafts.items():
+            ratios[d].append(timer() / target)
+        if stop():
+            break
+    return ratios
 
 
 def predicted(alpha: float | None, c: float, k_max: int, fixed: int | None = None) -> tuple[float | None, int | None]:
@@ -92,15 +101,16 @@ def measure(
     halt = stop or (lambda: False)
     doc = dict(target=target_id, layers=layers, drafts=drafts, draft_cost={}, device=str(target.device))
     doc |= dict(settings=settings_dict("bench", st.sampling, st.spec, st.run), dtype=models.precision_of(target))
-    pairs, cost = {}, doc["draft_cost"]
+    pairs = {}
     for i, d in enumerate(drafts, start=1):
-        say(f"draft {i}/{len(drafts)}: {d}: loading it and timing its cost per token")
+        say(f"loading draft {i}/{len(drafts)}: {d}")
         pairs[d] = load(d)
-        timed = functools.partial(pairs[d].draft.seconds_per_token, pairs[d].target, probe)
-        cost[d] = cost_ratio(timed, functools.partial(decode_seconds_per_token, pairs[d].target, probe))[2]
-        if halt():
-            yield _document(doc, [], picked, stopped=True)
-            return
+    timers = {d: functools.partial(p.draft.seconds_per_token, p.target, probe) for d, p in pairs.items()}
+    ratios = cost_ratios(timers, functools.partial(decode_seconds_per_token, target, probe), halt, say)
+    doc["draft_cost"] = {d: statistics.median(r) for d, r in ratios.items() if r}
+    if halt():
+        yield _document(doc, [], picked, stopped=True)
+        return
     plain = questions.timed(first, st, False, None, halt)
     # a fixed k plans nothing, so it needs no round costs: only adaptive and heuristic k measure them
     planned = st.spec.k_policy != "fixed"
@@ -154,7 +164,8 @@ def curves(summary: dict, drafts: list[str], cost: dict[str, float], k_max: int,
         scored = [p for p in points if p["predicted"] is not None]
         out[category] = dict(
             points=points,
-            fastest=max(points, key=lambda p: p["speedup"])["draft"],
+            # a draft none of whose tokens were kept ran as plain decoding: its speedup is the clock's noise
+            fastest=max(points, key=lambda p: (bool(p["alpha"]), p["speedup"]))["draft"],
             fastest_predicted=max(scored, key=lambda p: p["predicted"])["draft"] if scored else None,
             questions=entry["questions"],
         )
@@ -169,7 +180,7 @@ def verdicts(doc: dict) -> dict[str, str]:
         points = curve["points"]
         best = next(p for p in points if p["draft"] == curve["fastest"])
         label = name(best["draft"], doc["layers"])
-        if best["speedup"] < 1:
+        if best["speedup"] < 1 or not best["alpha"]:
             out[category] = f"For {category}, no draft beats plain decoding here (the best, {label}, ran at "
             out[category] += f"{best['speedup']:.2f}×)."
             continue

@@ -3,8 +3,7 @@
 import pytest
 
 from app.bench import bench
-from app.bench.card import aggregate, alpha_interval
-from app.sweep import cost_ratio
+from app.bench.card import aggregate, alpha_interval, cost_ratio
 
 
 def test_adaptive_is_compared_with_the_best_fixed_k_prompt_by_prompt():

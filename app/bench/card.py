@@ -21,7 +21,6 @@ from app.core import metrics, text
 from app.core.config import RunConfig, SamplingConfig, Settings, SpecConfig, UserError
 from app.data.prompts import held_out_prompts, suite
 from app.drafts.model import decode_seconds_per_token
-from app.sweep import cost_ratio
 
 
 def run_one(pair, prompt: str, s: SamplingConfig, sp: SpecConfig, r: RunConfig, mode: str, calibrated: bool = False):
@@ -74,7 +73,19 @@ def aggregate(rows: list[dict]) -> dict:
     )
 
 
-COST_REPS = 5  # the card times each draft beside the target this many times (the sweep, fewer)
+COST_REPS = 5  # odd, so the median ratio is one real pair of timings
+
+
+def cost_ratio(t_draft, t_target, reps: int = COST_REPS) -> tuple[float, float, float]:
+    """(draft seconds, target seconds, draft / target) per token, each a median over `reps`
+    alternations: the ratio of each draft timing to the target timing right beside it, so a host
+    that drifts between models (this one drifts by a tenth within minutes) moves both alike."""
+    pairs = [(t_draft(), t_target()) for _ in range(reps)]
+    return (
+        statistics.median(d for d, _ in pairs),
+        statistics.median(t for _, t in pairs),
+        statistics.median(d / t for d, t in pairs),
+    )
 
 
 CARD_TREE = 16  # the card's tree: nodes, k = 4 deep (--tree N picks another)
@@ -157,7 +168,7 @@ def card(args) -> dict:
         progress.say("card", f"draft {i}/{len(drafts)}: {name}")
         pair = models.load_pair(target_id, path, args.device, args.dtype)
         timed = functools.partial(pair.draft.seconds_per_token, pair.target, probe)
-        t_draft, t_beside, cost = cost_ratio(timed, t_target, COST_REPS)
+        t_draft, t_beside, cost = cost_ratio(timed, t_target)
         rows = [_prompt_row(pair, prompt, s, r, tree) for prompt in progress.counted(prompts, "prompt")]
         summary = aggregate(rows)
         summary["median_adaptive_speedup"] = statistics.median(r["adaptive_speedup"] for r in rows)

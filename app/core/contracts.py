@@ -27,6 +27,7 @@ class Proposal:
 class Proposer(Protocol):
     name: str
     wants_features: bool  # True: commit also receives the target's features of the kept positions
+    feature_layers: tuple[int, ...]  # which: () the last layer's, normed; else the states entering these layers
     context_limit: int | None  # tokens the draft can attend to (None: no limit of its own)
     # The KV cache the draft's model runs on, which a run may swap for the static one (the GPU fast
     # path); None for a draft that runs no model's cache or keeps its own.
@@ -46,8 +47,9 @@ class Proposer(Protocol):
     ) -> None:
         """The target kept the first `accepted` drafts, then chose `token`.
 
-        features (only when wants_features): (m, H) the target's last-layer hidden states of the
-        positions it processed this round and kept; the last one is where `token` was chosen.
+        features (only when wants_features): (m, H) the target's last-layer hidden states, or (m, 3H)
+        the states entering its feature_layers, of the positions it processed this round and kept;
+        the last one is where `token` was chosen.
         path: after a tree, the kept nodes (their tokens, in order, are the accepted drafts).
         """
 
@@ -61,6 +63,7 @@ class KVCache(Protocol):
     length: int  # tokens the cache holds
     tokens_processed: int  # every token ever fed, so tests can prove rollback never re-prefills
     device: torch.device
+    feature_layers: tuple[int, ...]  # the features a pass returns: () the last layer's, else these layers' inputs
 
     def extend(self, ids: list[int], keep: int = 0) -> torch.Tensor:
         """Feed ids after the cached ones; (keep, V) logits of the last `keep` (0: all)."""

@@ -43,6 +43,8 @@ class FeatureProposer:
         self.vocab: torch.Tensor | None
         self.w_sub: torch.Tensor | None
         self.vocab, self.w_sub = head.draft_rows(self.lm_head) or (None, None)
+        # The target's features the head reads: its last layer (EAGLE-1), or three layers fused (EAGLE-3).
+        self.feature_layers: tuple[int, ...] = head.feature_layers
 
     def begin(self, prompt_ids: list[int], vocab_size: int) -> None:
         self.ids = list(prompt_ids)
@@ -139,7 +141,7 @@ class FeatureProposer:
         without a full-vocabulary row per node."""
         assert self.w_sub is not None and self.vocab is not None  # gathered with the draft vocabulary
         features = torch.stack([feature for _, _, feature in frontier])
-        probs = torch.nn.functional.linear(features, self.w_sub).float().softmax(-1)  # (parents, draft vocab)
+        probs = torch.nn.functional.linear(self.head.readout(features), self.w_sub).float().softmax(-1)
         top = probs.topk(min(width, probs.shape[-1]), dim=-1)
         values, tokens = top.values.tolist(), self.vocab[top.indices].tolist()
         counts = _children(frontier, values, width)
@@ -167,6 +169,7 @@ class FeatureProposer:
 
     def _logits(self, feature: torch.Tensor) -> torch.Tensor:
         """(V,) logits from a predicted feature: the LM head, or its draft-vocabulary rows (-inf elsewhere)."""
+        feature = self.head.readout(feature)
         if self.vocab is None:
             return self.lm_head(feature)[: self.vocab_size]
         assert self.w_sub is not None  # gathered with the draft vocabulary
@@ -179,7 +182,7 @@ class FeatureProposer:
         """A draft token from a predicted feature, through the LM head (or its draft-vocabulary rows)."""
         if self.vocab is not None and cfg.greedy and not cfg.penalised:  # the subset's argmax: no full row
             assert self.w_sub is not None
-            return int(self.vocab[torch.nn.functional.linear(feature, self.w_sub).argmax()]), None
+            return int(self.vocab[torch.nn.functional.linear(self.head.readout(feature), self.w_sub).argmax()]), None
         return draw(self._logits(feature), history, cfg, gen)
 
     def commit(

@@ -89,6 +89,16 @@ class FeatureHead(nn.Module):
     def new_cache(self) -> DynamicCache:
         return growing_cache.new_cache(self.config)  # drafted pairs are rolled back every round
 
+    feature_layers: tuple[int, ...] = ()  # the target's last layer, normed: what its LM head reads
+
+    def readout(self, feature: torch.Tensor) -> torch.Tensor:
+        """What the LM head reads: the predicted feature itself (it lives in the target's post-norm space)."""
+        return feature
+
+    def fuse(self, token_embeds: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
+        """The decoder layer's (B, T, H) input: fc of the embeddings beside the features."""
+        return self.fc(torch.cat([token_embeds, features.to(token_embeds.dtype)], dim=-1))
+
     def forward(
         self,
         token_embeds: torch.Tensor,
@@ -99,7 +109,7 @@ class FeatureHead(nn.Module):
     ) -> torch.Tensor:
         """token_embeds, features: (B, T, H) for pairs (x_{t+1}, f_t); returns (B, T, H) f_{t+1}.
         A tree's pairs come with their own mask and positions (passes.tree_pass)."""
-        fused = self.fc(torch.cat([token_embeds, features.to(token_embeds.dtype)], dim=-1))
+        fused = self.fuse(token_embeds, features)
         if cache is None:  # training: whole windows, no cache
             return self.body(inputs_embeds=fused, use_cache=False).last_hidden_state
         if mask is not None:

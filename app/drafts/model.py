@@ -30,6 +30,7 @@ class ModelProposer:
     """
 
     wants_features = False
+    feature_layers: tuple[int, ...] = ()
 
     def __init__(
         self,

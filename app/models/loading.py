@@ -17,7 +17,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 from app.core import text
 from app.core.config import SpecConfig, UserError
 from app.core.contracts import Proposer
-from app.drafts import feature_head, kinds
+from app.drafts import eagle3_head, feature_head, kinds
 from app.drafts.draft_spec import Draft, DraftSpec
 from app.kv import direct_pass
 from app.kv.cache import refuse_uncroppable
@@ -306,6 +306,8 @@ def _read_head(path: Path, target: PreTrainedModel, shown: str):
     try:
         if (path / "model.safetensors").is_file() and not feature_head.is_head_dir(path):
             raise UserError(f"{shown!r} holds a full model, not a feature head: give it as the draft without eagle:")
+        if eagle3_head.is_eagle3_dir(path):
+            return eagle3_head.load_eagle3(path, target)
         return feature_head.load_head(path, target)
     except UserError:
         raise

@@ -275,7 +275,11 @@ def writing_dtype(device: torch.device) -> torch.dtype:
     return torch.bfloat16 if torch.ops.mkldnn._is_mkldnn_bf16_supported() else torch.float32
 
 
-ALIASES = {"draft-feature": "feature-head", "draft-small": "small"}  # --only takes the folders' names too
+ALIASES = {
+    "draft-feature": "feature-head",
+    "draft-small": "small",
+    "draft-eagle3": "eagle3",
+}  # --only takes the folders' names too
 
 
 def measured_acceptance(target_dir, head_dir: Path, scale: float, device: str | None = None) -> dict:
@@ -326,8 +330,13 @@ def main(args, command: str) -> dict:
     only = {ALIASES.get(name, name) for name in args.only or ("feature-head", "small")}
     if "teacher-data" in only:
         results["teacher-data"] = teacher_data(source, tokenizer, work, args, device, log)
-        if only == {"teacher-data"}:
-            return results
+    if "eagle3" in only:
+        from app.training import eagle3_training
+
+        results["draft-eagle3"] = eagle3_training.build(source, tokenizer, work, out, args, command, log)
+    if not only & {"feature-head", "small"}:
+        log_file.close()
+        return results
     writer = AutoModelForCausalLM.from_pretrained(source, dtype=writing_dtype(device), use_safetensors=True)
     writer = writer.to(device).eval()
     rows = build_rows(writer, tokenizer, work, args.seed, args.scale, log)

@@ -1,0 +1,184 @@
+"""Training an EAGLE-3 head (drafts/eagle3_head.py) on teacher-forced shards (teacher_forcing.py).
+
+Each batch is rows of text with the target's fused features and its top-k next tokens at every
+position. The loss is EAGLE-3's: soft cross-entropy of q against the target's top-k, at each depth of
+the training-time test (depth j reads depth j-1's own h, one position on, as drafting does), with no
+feature regression. A checkpoint every CHECKPOINT_EVERY steps lets a stopped run resume.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+from transformers import DynamicCache
+
+from app.core.passes import through_masked
+from app.training import teacher_forcing
+from app.training.steps import log_step, optimiser, update
+from app.training.train_drafts import TTT_DECAY, TTT_DEPTH, soft_ce, ttt_mask
+
+LR = 1e-3
+BATCH = 8  # rows a step
+CROP = 128  # tokens a row a step: a random window of each shard row
+CHECKPOINT_EVERY = 100
+STEPS = 4000  # about one pass over 4M teacher-forced positions; --scale multiplies it
+DRAFT_VOCAB = 8192
+
+
+def vocabulary(folder: Path, size: int, vocab: int, always: list[int]) -> torch.Tensor:
+    """The `size` ids the target most often puts first in the shards (ties by id), plus `always`, sorted."""
+    counts = torch.zeros(vocab, dtype=torch.long)
+    for path in teacher_forcing.shards(folder):
+        counts += torch.bincount(teacher_forcing.read(path)["top_ids"][..., 0].reshape(-1).long(), minlength=vocab)
+    counts[always] = counts.max() + 1
+    order = sorted(range(vocab), key=lambda i: (-int(counts[i]), i))[:size]
+    return torch.tensor(sorted(order))
+
+
+def batches(folder: Path, batch: int, crop: int, gen: torch.Generator) -> Iterator[dict[str, torch.Tensor]]:
+    """Endless batches of `crop`-token windows of shard rows, a shard at a time in a seeded order."""
+    paths = teacher_forcing.shards(folder)
+    if not paths:
+        raise SystemExit(f"no teacher-forced shards in {folder}: build them first (--only teacher-data)")
+    while True:
+        for i in torch.randperm(len(paths), generator=gen).tolist():
+            shard = teacher_forcing.read(paths[i])
+            rows = len(shard["ids"])
+            for first in range(0, rows - batch + 1, batch):
+                pick = torch.randperm(rows, generator=gen)[first : first + batch]
+                t = shard["ids"].shape[1]
+                start = int(torch.randint(0, max(1, t - crop + 1), (), generator=gen))
+                window = slice(start, start + crop)
+                yield {k: v[pick][:, window] for k, v in shard.items()}
+
+
+def unrolled(head, token_embeds: torch.Tensor, fused: torch.Tensor, depth: int) -> list[torch.Tensor]:
+    """The head's (B, T, H) h at depths 0..depth-1: depth 0 reads the target's fused features, each
+    later depth the depth before's h, one position on, under the training-time test's mask."""
+    position = torch.arange(fused.shape[1], device=fused.device)[None]
+    cache, f, out = DynamicCache(), fused, []
+    for j in range(depth):
+        h = through_masked(
+            head.config,
+            head.body.layers,
+            head.body.rotary_emb,
+            head.fuse(token_embeds, f),
+            cache,
+            ttt_mask(fused.shape[1], j, fused.device),
+            position,
+        )
+        out.append(h)
+        f = torch.nn.functional.pad(h[:, :-1], (0, 0, 1, 0))  # the pair at u reads the h made at u - 1
+    return out
+
+
+def loss(head, embed, to_draft: torch.Tensor, b: dict, depth: int = TTT_DEPTH) -> tuple[torch.Tensor, dict]:
+    """EAGLE-3's loss on one batch: soft CE of q to the target's top-k at each depth, weighted
+    TTT_DECAY ** j; top1 is depth 0's agreement with the target's argmax, top1_deep the last depth's."""
+    ids, fused = b["ids"].long(), b["fused"].float()
+    top = to_draft[b["top_ids"][:, 1:].long()]  # target ids -> draft-vocabulary rows, -1 where absent
+    top_logp = b["top_logp"][:, 1:].float()
+    total, weights, parts = 0.0, 0.0, {}
+    for j, h in enumerate(unrolled(head, embed(ids[:, 1:]).detach(), fused[:, :-1], depth)):
+        valid = torch.ones(h.shape[:2], device=h.device)
+        valid[:, :j] = 0  # depth j drafts from position j on
+        q_logits = head.lm_head(head.readout(h))
+        ce = soft_ce(q_logits, top, top_logp, valid)
+        hit = ((q_logits.argmax(-1) == top[..., 0]).float() * valid).sum() / valid.sum()
+        total = total + TTT_DECAY**j * ce
+        weights += TTT_DECAY**j
+        parts |= dict(ce=ce.item(), top1=hit.item()) if j == 0 else dict(top1_deep=hit.item())
+    return total / weights, parts
+
+
+def train(target, folder: Path, vocab: torch.Tensor, steps: int, seed: int, log, work: Path | None = None):
+    """An Eagle3Head for the target from the shards in `folder`; returns (head, info). With `work`, a
+    checkpoint is kept there and a run with the same settings resumes from it."""
+    from app.drafts.eagle3_head import Eagle3Head
+
+    torch.manual_seed(seed)
+    target.requires_grad_(False)
+    head = Eagle3Head(target.config, vocab)
+    with torch.no_grad():  # q starts as the target's own LM head over the draft vocabulary
+        head.lm_head.weight.copy_(target.get_output_embeddings().weight[vocab])
+        head.body.norm.weight.copy_(target.model.norm.weight)
+    embed = target.get_input_embeddings()
+    to_draft = torch.full((target.config.vocab_size,), -1, dtype=torch.long)
+    to_draft[vocab] = torch.arange(len(vocab))
+    opt, sched = optimiser(head, LR, steps, weight_decay=0.0)
+    gen = torch.Generator().manual_seed(seed)
+    settings = dict(
+        steps=steps, depth=TTT_DEPTH, vocab=len(vocab), seed=seed, shards=len(teacher_forcing.shards(folder))
+    )
+    checkpoint = work / "eagle3-checkpoint.pt" if work is not None else None
+    first, spent = 0, 0.0
+    if checkpoint is not None and checkpoint.is_file():
+        saved = torch.load(checkpoint, weights_only=False)
+        if saved["settings"] == settings:
+            head.load_state_dict(saved["head"])
+            opt.load_state_dict(saved["opt"])
+            sched.load_state_dict(saved["sched"])
+            first, spent = saved["step"], saved["seconds"]
+            log(dict(model="eagle-3 head", resumed_at=first))
+    data, start = batches(folder, BATCH, CROP, gen), time.time()
+    for _ in range(first):  # a resumed run replays the seeded order past the batches it has seen
+        next(data)
+    head.train()
+    for step in tqdm(range(first, steps), desc="eagle-3 head", mininterval=10, initial=first, total=steps):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            value, parts = loss(head, embed, to_draft, next(data))
+        update(head, opt, sched, value)
+        if step % 50 == 0 or step == steps - 1:
+            log_step(log, "eagle-3 head", step, value, parts, start)
+        if checkpoint is not None and (step + 1) % CHECKPOINT_EVERY == 0 and step + 1 < steps:
+            state = dict(settings=settings, step=step + 1, head=head.state_dict(), opt=opt.state_dict())
+            state |= dict(sched=sched.state_dict(), seconds=spent + time.time() - start)
+            torch.save(state, checkpoint.with_suffix(".tmp"))
+            checkpoint.with_suffix(".tmp").replace(checkpoint)
+    head.eval()
+    if checkpoint is not None:
+        checkpoint.unlink(missing_ok=True)
+    info = dict(
+        steps=steps,
+        lr=LR,
+        batch=BATCH,
+        crop=CROP,
+        ttt_depth=TTT_DEPTH,
+        ttt_decay=TTT_DECAY,
+        draft_vocab=len(vocab),
+        feature_layers=list(head.feature_layers),
+        train_seconds=round(spent + time.time() - start, 1),
+        params=sum(p.numel() for p in head.parameters()),
+        last=parts,
+    )
+    return head, info
+
+
+def build(source, tokenizer, work: Path, out: Path, args, command: str, log) -> dict:
+    """`train --target T --only eagle3`: the head from the shards in work/teacher, written to
+    out/draft-eagle3 in vLLM's EAGLE-3 layout with its training record and measured acceptance."""
+    from transformers import AutoModelForCausalLM
+
+    from app.training.train_drafts import measured_acceptance
+
+    target = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32, use_safetensors=True).eval()
+    folder = work / "teacher"
+    special = [i for i in (tokenizer.eos_token_id, tokenizer.bos_token_id, tokenizer.pad_token_id) if i is not None]
+    size = min(DRAFT_VOCAB, target.config.vocab_size)
+    vocab = vocabulary(folder, size, target.config.vocab_size, special)
+    steps = max(1, round(STEPS * args.scale))
+    head, info = train(target, folder, vocab, steps, args.seed, log, work)
+    manifest = folder / "manifest.json"
+    info |= dict(reads=args.target, command=command, scale=args.scale)
+    info["data"] = json.loads(manifest.read_text()) if manifest.is_file() else None
+    dest = out / "draft-eagle3"
+    head.save(dest, info)
+    info["acceptance"] = measured_acceptance(source, dest, args.scale)
+    head.save(dest, info)
+    log(dict(model="eagle-3 head", acceptance=info["acceptance"]))
+    return info

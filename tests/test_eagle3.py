@@ -1,0 +1,77 @@
+"""EAGLE-3 heads: fused features from three target layers, trained on teacher-forced shards, drafting
+losslessly, written and read in vLLM's EAGLE-3 layout."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from conftest import run
+from safetensors import safe_open
+
+from app import models
+from app.drafts import eagle3_head
+from app.drafts.feature import FeatureProposer
+from app.training import eagle3_training, teacher_forcing
+
+PROMPTS = ["def add(a, b):\n  return a", "import os\nfor name in os.listdir(path):\n    "]
+
+
+@pytest.fixture(scope="module")
+def bundled():
+    """The bundled tiny target (8 layers: the fused layers are 2, 4 and 5) and its tokenizer."""
+    return models.load(models.TINY_TARGET, dtype="fp32")
+
+
+@pytest.fixture(scope="module")
+def trained(bundled, tmp_path_factory):
+    """A head trained for a few seconds on the tiny target's teacher-forced shards, and its folder."""
+    target, tokenizer = bundled
+    folder = tmp_path_factory.mktemp("eagle3")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(teacher_forcing, "ROW", 64)
+        mp.setattr(teacher_forcing, "SHARD_ROWS", 16)
+        mp.setattr(eagle3_training, "CROP", 64)
+        teacher_forcing.build(target, tokenizer, folder / "teacher", tokens=32 * 64, seed=0, log=lambda r: None)
+        vocab = eagle3_training.vocabulary(folder / "teacher", 512, target.config.vocab_size, [0, 1, 2])
+        head, info = eagle3_training.train(target, folder / "teacher", vocab, 80, 0, lambda r: None)
+    head.save(folder / "head", info)
+    return head, folder
+
+
+@pytest.mark.parametrize("tree", [0, 8])
+def test_an_eagle3_head_drafts_from_fused_features_and_the_output_is_the_targets(bundled, trained, tree):
+    (target, tokenizer), (head, _) = bundled, trained
+    fused = []
+    hook = head.fc.register_forward_hook(lambda m, i, o: fused.append(i[0].shape[-1]))
+    try:
+        accepted = 0
+        for prompt in PROMPTS:
+            proposer = FeatureProposer(target, head, tree=tree)
+            spec, steps = run(target, tokenizer, prompt, proposer, k=4, k_policy="fixed", tree=tree, max_new_tokens=32)
+            assert spec == run(target, tokenizer, prompt, None, max_new_tokens=32)[0]
+            accepted += sum(s.accepted for s in steps)
+    finally:
+        hook.remove()
+    assert accepted > 0, "a trained head is right sometimes"
+    # fc reads the target's states entering layers 2, 4 and 5 side by side: three widths of its own.
+    assert fused and set(fused) == {3 * target.config.hidden_size} and head.feature_layers == (2, 4, 5)
+
+
+def test_an_eagle3_head_is_written_in_vllms_layout_and_loads_back_as_a_draft(bundled, trained):
+    (target, _), (head, folder) = bundled, trained
+    config = json.loads((folder / "head" / "config.json").read_text())
+    assert config["architectures"] == ["LlamaForCausalLMEagle3"]
+    assert config["eagle_aux_hidden_state_layer_ids"] == [2, 4, 5] and config["draft_vocab_size"] == 512
+    h = target.config.hidden_size
+    with safe_open(str(folder / "head" / "model.safetensors"), framework="pt") as f:
+        assert f.get_slice("fc.weight").get_shape() == [h, 3 * h]
+        assert f.get_slice("midlayer.self_attn.q_proj.weight").get_shape()[1] == 2 * h
+        assert {"midlayer.hidden_norm.weight", "norm.weight", "lm_head.weight", "d2t", "t2d"} <= set(f.keys())
+    pair = models.load_pair(models.TINY_TARGET, "eagle:" + str(folder / "head"), dtype="fp32")
+    loaded = pair.draft.head
+    assert isinstance(loaded, eagle3_head.Eagle3Head) and torch.equal(loaded.draft_vocab, head.draft_vocab)
+    for (name, a), b in zip(head.state_dict().items(), loaded.state_dict().values(), strict=True):
+        assert torch.equal(a.half().float(), b), name  # kept in fp16 on disk
+    assert pair.proposer(models.SpecConfig()).feature_layers == (2, 4, 5)
