@@ -18,6 +18,7 @@ from tqdm import tqdm
 from transformers import DynamicCache
 
 from app.core.passes import through_masked
+from app.models.precision import native_bf16
 from app.training import teacher_forcing
 from app.training.steps import log_step, optimiser, update
 from app.training.train_drafts import TTT_DECAY, TTT_DEPTH, soft_ce, ttt_mask
@@ -103,6 +104,9 @@ def train(target, folder: Path, vocab: torch.Tensor, steps: int, seed: int, log,
 
     torch.manual_seed(seed)
     target.requires_grad_(False)
+    device = target.device
+    # bf16 only where the CPU computes it natively or on a GPU: emulated on AVX-512, it is slower than fp32
+    autocast = device.type == "cuda" or native_bf16()
     head = Eagle3Head(target.config, vocab)
     with torch.no_grad():  # q starts as the target's own LM head over the draft vocabulary
         head.lm_head.weight.copy_(target.get_output_embeddings().weight[vocab])
@@ -130,7 +134,7 @@ def train(target, folder: Path, vocab: torch.Tensor, steps: int, seed: int, log,
         next(data)
     head.train()
     for step in tqdm(range(first, steps), desc="eagle-3 head", mininterval=10, initial=first, total=steps):
-        with torch.autocast("cpu", dtype=torch.bfloat16):
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=autocast):
             value, parts = loss(head, embed, to_draft, next(data))
         update(head, opt, sched, value)
         if step % 50 == 0 or step == steps - 1:

@@ -23,6 +23,7 @@ from tqdm import tqdm
 from transformers import AutoModelForCausalLM, DynamicCache, GenerationConfig, LlamaConfig, LlamaForCausalLM
 
 from app.core.passes import through_masked
+from app.models.precision import native_bf16
 from app.training.steps import log_step, optimiser, update
 from app.training.target_text import ANSWER_TOKENS, SAMPLE_TEMPERATURE, TOP_K, Row, build_rows, sampled_passes
 
@@ -174,7 +175,7 @@ def train_head(target, rows: list[Row], vocab: torch.Tensor, steps: int, seed: i
     head.train()
     for step in tqdm(range(first, steps), desc="feature head", mininterval=10, initial=first, total=steps):
         b = next(data)
-        with torch.autocast(device.type, dtype=torch.bfloat16):  # AMX and AVX-512 CPUs step several times faster
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda" or native_bf16()):
             loss, parts = head_loss(head, embed, w_sub, to_draft, b, noise, TTT_DEPTH)
         update(head, opt, sched, loss)
         if step % 50 == 0 or step == steps - 1:
@@ -272,7 +273,7 @@ def writing_dtype(device: torch.device) -> torch.dtype:
     """bf16 on a GPU that has it, or where this CPU has native bf16 (AVX512-BF16 or AMX), else fp32."""
     if device.type == "cuda":
         return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float32
-    return torch.bfloat16 if torch.ops.mkldnn._is_mkldnn_bf16_supported() else torch.float32
+    return torch.bfloat16 if native_bf16() else torch.float32
 
 
 ALIASES = {
