@@ -75,3 +75,14 @@ def test_an_eagle3_head_is_written_in_vllms_layout_and_loads_back_as_a_draft(bun
     for (name, a), b in zip(head.state_dict().items(), loaded.state_dict().values(), strict=True):
         assert torch.equal(a.half().float(), b), name  # kept in fp16 on disk
     assert pair.proposer(models.SpecConfig()).feature_layers == (2, 4, 5)
+
+
+def test_the_export_names_vllms_eagle3_method_for_an_eagle3_head(trained):
+    from test_export import FIXED, GREEDY, info, spec_config
+
+    from app.export import vllm
+
+    _, folder = trained
+    exported = vllm(models.TINY_TARGET, info("eagle:" + str(folder / "head")), FIXED, GREEDY)
+    want = {"method": "eagle3", "model": str(folder / "head"), "num_speculative_tokens": 5}
+    assert spec_config(exported.argv) == want

@@ -1,7 +1,7 @@
 """The package layout's rules, read from the source: imports flow one way, with no cycles.
 
-core <- kv <- drafts <- models <- runs <- calibrate <- request <- (args, export, questions) <- (serve, bench,
-training) <- cli. views (render, plots) reads only core.
+core <- kv <- drafts <- models <- runs <- calibrate <- request <- (args, export, questions) <- sweep <- (serve,
+bench, training) <- cli. views (render, plots) reads only core.
 data (the training and held-out text) imports nothing of the app. Only serve/ imports gradio, and
 nothing but the CLI imports bench/ or training/. Lazy imports inside functions count too.
 """
@@ -25,6 +25,7 @@ RANK = {
     "questions": 7,
     "args": 7,
     "export": 8,
+    "sweep": 8,
     "serve": 9,
     "bench": 9,
     "training": 9,

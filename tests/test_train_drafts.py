@@ -98,3 +98,16 @@ def test_the_target_command_trains_a_larger_head_on_a_gpu(monkeypatch, cuda):
     if not cuda:
         with pytest.raises(SystemExit, match="no CUDA device"):
             train.main(["--target", "smollm2", "--device", "cuda"])
+
+
+def test_the_larger_held_out_code_suite_is_never_trained_on():
+    """40 chat-form code requests, none of them among the instructions the drafts train on, nor any of
+    their tasks; the card and bench read it as --suite code-40."""
+    from app.data import instructions
+    from app.data.prompts import suite
+
+    held = suite("code-40", chat=True)
+    assert len(held) == len(set(held)) == 40 and held == instructions.held_out_code_suite()
+    trained = {text for _, text in instructions.training_instructions(0)}
+    assert not trained & set(held)
+    assert not any(task in request for task in instructions.CODE_TASKS for request in held)

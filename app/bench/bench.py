@@ -329,7 +329,8 @@ def main(argv: list[str]) -> int:
     ap.add_argument(
         "--suite",
         default="code",
-        help="code, prose or all (held-out built-in suites), or a file: Spec-Bench's question.jsonl format "
+        help="code, code-40 (40 held-out code requests, for chat targets), prose or all (held-out built-in "
+        "suites), or a file: Spec-Bench's question.jsonl format "
         "(one {question_id, category, turns} a line; multi-turn through the chat template) or one prompt a line",
     )
     ap.add_argument("--categories", help="with a question file: only these categories (comma-separated)")
@@ -395,8 +396,8 @@ def main(argv: list[str]) -> int:
     from app.bench.threads_check import threads_check  # it times this module's contenders
 
     from_file = specbench.is_file_suite(args.suite)
-    if not from_file and args.suite not in ("code", "prose", "all"):
-        ap.error(f"--suite takes code, prose, all or a question file (.jsonl or .txt), got {args.suite!r}")
+    if not from_file and args.suite not in ("code", "code-40", "prose", "all"):
+        ap.error(f"--suite takes code, code-40, prose, all or a question file (.jsonl or .txt), got {args.suite!r}")
     modes = [
         (args.card, card),
         (args.rules, rules),

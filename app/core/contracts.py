@@ -26,8 +26,9 @@ class Proposal:
 
 class Proposer(Protocol):
     name: str
-    wants_features: bool  # True: commit also receives the target's features of the kept positions
-    feature_layers: tuple[int, ...]  # which: () the last layer's, normed; else the states entering these layers
+    # True: commit also receives the target's features of the kept positions; such a proposer may name
+    # `feature_layers`, the target layers whose entering states it reads fused (absent: the last layer's, normed)
+    wants_features: bool
     context_limit: int | None  # tokens the draft can attend to (None: no limit of its own)
     # The KV cache the draft's model runs on, which a run may swap for the static one (the GPU fast
     # path); None for a draft that runs no model's cache or keeps its own.

@@ -103,8 +103,9 @@ def generate(
     loop.display = display
     loop.start(prompt_ids)
     loop.lm = target_cache(target)
+    if proposer is not None and proposer.wants_features:  # which of the target's states the draft reads
+        loop.lm.feature_layers = getattr(proposer, "feature_layers", ())
     if proposer is not None:
-        loop.lm.feature_layers = proposer.feature_layers  # which of the target's states the draft reads
         proposer.begin(loop.ids, target.get_output_embeddings().weight.shape[0])
     busy = 0.0  # this run's own clock: it stops while the consumer holds a yielded Step
     try:

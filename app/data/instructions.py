@@ -91,6 +91,52 @@ CODE_HELD_OUT = (
     "replaces every vowel in a string with an asterisk",
 )
 
+# A larger held-out code suite, in the words a user types, never trained on: enough requests that a
+# difference of 0.03 in α stands out of the interval (bench --card prints it).
+CODE_SUITE = (
+    "Write a Python function that returns the k most frequent characters of a string.",
+    "Write a Python function is_power_of_two(n) without using loops.",
+    "Write a function that converts snake_case names to camelCase.",
+    "Write a Python function that returns every index at which a substring occurs in a string.",
+    "Write a Python generator that yields the rows of Pascal's triangle.",
+    "Write a function that checks whether a 9x9 Sudoku board given as a list of lists is valid.",
+    "Write a Python function that pads a list of strings to the same length with spaces.",
+    "Write a Python function that turns a list of (key, value) pairs into a dictionary of lists.",
+    "Write a function that returns the run-length encoding of a string, such as 'aaab' -> 'a3b1'.",
+    "Write a Python function that decodes a run-length encoded string back into the original.",
+    "Write a Python function that returns the number of islands in a grid of 0s and 1s.",
+    "Write a dataclass Point with x and y, and a method that returns its distance to another point.",
+    "Write a Python function that merges overlapping intervals given as a list of (start, end) pairs.",
+    "Write a context manager that changes the working directory and changes it back on exit.",
+    "Write a Python decorator that logs each call's arguments and return value.",
+    "Write a function that returns the day of the week for a date string such as '2024-03-15'.",
+    "Write a Python function that truncates a text to n characters and adds '...' if it was cut.",
+    "Write a Python class Counter that counts events and can report the top three.",
+    "Write a function that reads a JSON file and returns the value at a dotted path such as 'a.b.c'.",
+    "Write a Python function that computes the moving maximum over a window of size k.",
+    "Write a function that checks whether a string is a valid IPv4 address.",
+    "Write a Python function that returns the Collatz sequence starting from n.",
+    "Write a function that zips two dictionaries into a dictionary of pairs for their common keys.",
+    "Write a Python function that renames every .txt file in a folder to .md.",
+    "Write a function that returns the nth triangular number and a test for it with assert.",
+    "Write a Python function that splits a list into two lists: even and odd numbers.",
+    "Write a Python function that finds the first non-repeating character in a string.",
+    "Write a Python class Matrix with addition and multiplication of two matrices.",
+    "Write a function that formats a number of seconds as hours, minutes and seconds.",
+    "Write a Python function that checks whether a linked list has a cycle.",
+    "Write a Python function that returns all pairs in a list whose sum equals a target.",
+    "Write a unittest test case for a function add(a, b) that covers negatives and zero.",
+    "Add type hints and a docstring to this function:\n\ndef scale(xs, f):\n    return [x * f for x in xs]",
+    "Rewrite this loop as a list comprehension:\n\nout = []\nfor x in xs:\n    if x > 0:\n        out.append(x * x)",
+    "This function should return the largest value but returns the smallest. Fix it:\n\n"
+    "def largest(xs):\n    best = xs[0]\n    for x in xs:\n        if x < best:\n            best = x\n    return best",
+    "Write a Python function that removes comments starting with # from every line of a text.",
+    "Write a function that returns the longest increasing subsequence of a list of numbers.",
+    "Write a Python function that counts the words in a file, ignoring case.",
+    "Write an LRU cache class with get and put methods in Python.",
+    "Write a Python function that returns a histogram of a list of integers as a string of stars.",
+)
+
 STRUCTURED = (
     "List five {things}.",
     "Give a numbered list of steps to {activity}.",
@@ -315,6 +361,11 @@ def chat_follow_ups(first_turns: list[tuple[str, str]], seed: int = 0) -> list[t
 
 def held_out_code() -> list[str]:
     return [CODE_TEMPLATES[0].format(task=task) for task in CODE_HELD_OUT]
+
+
+def held_out_code_suite() -> list[str]:
+    """The larger held-out code suite: chat-form requests, never trained on."""
+    return list(CODE_SUITE)
 
 
 def held_out_prose() -> list[str]:

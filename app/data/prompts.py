@@ -29,10 +29,11 @@ def held_out_prompts(n_chars: int = 700) -> list[str]:
 
 
 def suite(name: str, chat: bool = False) -> list[str]:
-    """Prompts of a suite: held-out code, prose, or both; instructions when the target chats."""
+    """Prompts of a suite: held-out code, prose, or both; instructions when the target chats, where
+    code-40 is the larger held-out code suite."""
     if chat:
         code, prose = instructions.held_out_code(), instructions.held_out_prose()
-        return {"code": code, "prose": prose}.get(name, code + prose)
+        return {"code": code, "prose": prose, "code-40": instructions.held_out_code_suite()}.get(name, code + prose)
     examples = json.loads(TINY_PROMPTS_FILE.read_text())
     if name == "code":
         return held_out_prompts()

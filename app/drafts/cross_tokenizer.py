@@ -71,7 +71,6 @@ class CrossTokenizerProposer:
     """Drafts from a model whose tokenizer differs from the target's; see the module docstring."""
 
     wants_features = False
-    feature_layers: tuple[int, ...] = ()
     cache_factory: Callable[[Any], KVCache] | None = None  # its cache is rebuilt from text each round: the dynamic one
     tree = 0  # its drafts are re-tokenised text, one chain: it never branches
 

@@ -219,7 +219,9 @@ def proposer_seconds_per_token(proposer: Proposer, target, prompt_ids: list[int]
     proposer.begin(prompt_ids, target.get_output_embeddings().weight.shape[0])
     features = None
     if proposer.wants_features:
-        _, features = CachedModel(target, proposer.feature_layers).extend_with_features(prompt_ids, keep=1)
+        _, features = CachedModel(target, getattr(proposer, "feature_layers", ())).extend_with_features(
+            prompt_ids, keep=1
+        )
         proposer.commit(0, int(prompt_ids[-1]), features)
     greedy, gen = SamplingConfig(), torch.Generator()
     times = []

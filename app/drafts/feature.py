@@ -234,13 +234,16 @@ class FeatureKind(BaseKind):
         return HeadDraft(self, spec, loading.name, head=loading.head(spec.source))
 
     def vllm(self, info: DraftInfo, k: int, spec: SpecConfig) -> tuple[dict | None, list[str]]:
+        from app.drafts.eagle3_head import is_eagle3_dir
+
         notes = []
-        if trained_here(info.spec.source):
+        method = "eagle3" if Path(info.spec.source).is_dir() and is_eagle3_dir(info.spec.source) else "eagle"
+        if method == "eagle" and trained_here(info.spec.source):
             notes.append(
                 "this head has a fusion bias and a draft vocabulary vLLM's EAGLE-1 model has no place for: "
                 "--head-out DIR writes the copy vLLM reads"
             )
-        config: dict = {"method": "eagle", "model": info.spec.source, "num_speculative_tokens": k}
+        config: dict = {"method": method, "model": info.spec.source, "num_speculative_tokens": k}
         if spec.tree:
             paths = tree_paths(k, spec.tree)
             config |= dict(num_speculative_tokens=len(paths), speculative_token_tree=str(paths))

@@ -21,7 +21,6 @@ class PromptLookup:
 
     name = "prompt-lookup"
     wants_features = False
-    feature_layers: tuple[int, ...] = ()
     context_limit: int | None = None
     cache_factory: Callable[[Any], KVCache] | None = None  # no model, no cache
 

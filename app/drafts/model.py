@@ -30,7 +30,6 @@ class ModelProposer:
     """
 
     wants_features = False
-    feature_layers: tuple[int, ...] = ()
 
     def __init__(
         self,

@@ -34,9 +34,12 @@ def _pooled(rows: list[dict]) -> dict:
 def suites(pair: Pair, new_tokens: int = NEW_TOKENS, limit: int = 0) -> dict:
     """{suite: pooled α} over the held-out requests; a chat's second turn follows the target's own
     (greedy, so speculative and plain alike) answer to its first, and only the second turn counts."""
-    singles = dict(
-        code=instructions.held_out_code(), prose=instructions.held_out_prose(), rewrite=instructions.held_out_rewrite()
-    )
+    singles = {
+        "code": instructions.held_out_code(),
+        "code-40": instructions.held_out_code_suite(),
+        "prose": instructions.held_out_prose(),
+        "rewrite": instructions.held_out_rewrite(),
+    }
     out = {}
     for name, prompts in singles.items():
         rows = [_run(pair, pair.encode(p, chat=True), new_tokens)[0] for p in prompts[: limit or None]]

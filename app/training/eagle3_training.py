@@ -20,8 +20,7 @@ from transformers import DynamicCache
 from app.core.passes import through_masked
 from app.models.precision import native_bf16
 from app.training import teacher_forcing
-from app.training.steps import log_step, optimiser, update
-from app.training.train_drafts import TTT_DECAY, TTT_DEPTH, soft_ce, ttt_mask
+from app.training.steps import TTT_DECAY, TTT_DEPTH, log_step, optimiser, soft_ce, ttt_mask, update
 
 LR = 1e-3
 BATCH = 8  # rows a step
@@ -163,12 +162,10 @@ def train(target, folder: Path, vocab: torch.Tensor, steps: int, seed: int, log,
     return head, info
 
 
-def build(source, tokenizer, work: Path, out: Path, args, command: str, log) -> dict:
+def build(source, tokenizer, work: Path, out: Path, args, command: str, log, measure) -> dict:
     """`train --target T --only eagle3`: the head from the shards in work/teacher, written to
-    out/draft-eagle3 in vLLM's EAGLE-3 layout with its training record and measured acceptance."""
+    out/draft-eagle3 in vLLM's EAGLE-3 layout with its training record and acceptance (`measure`)."""
     from transformers import AutoModelForCausalLM
-
-    from app.training.train_drafts import measured_acceptance
 
     target = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32, use_safetensors=True).eval()
     folder = work / "teacher"
@@ -182,7 +179,7 @@ def build(source, tokenizer, work: Path, out: Path, args, command: str, log) -> 
     info["data"] = json.loads(manifest.read_text()) if manifest.is_file() else None
     dest = out / "draft-eagle3"
     head.save(dest, info)
-    info["acceptance"] = measured_acceptance(source, dest, args.scale)
+    info["acceptance"] = measure(source, dest, args.scale)
     head.save(dest, info)
     log(dict(model="eagle-3 head", acceptance=info["acceptance"]))
     return info

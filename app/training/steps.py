@@ -64,3 +64,29 @@ def log_step(log, model: str, step: int, loss: torch.Tensor, parts: dict[str, fl
     """One training-log record: the loss, its parts, and seconds since `start`."""
     parts = {k: round(v, 4) for k, v in parts.items()}
     log(dict(model=model, step=step, loss=round(loss.item(), 4), **parts, elapsed_s=round(time.time() - start, 1)))
+
+
+# EAGLE-3's training-time test: the head is unrolled on its own predicted features, each depth seeing
+# what drafting shows it (the target's features up to the round's start, its own ones after), so it
+# learns to draft deep and not only the first token. Depth j's loss weighs TTT_DECAY ** j.
+TTT_DEPTH, TTT_DECAY = 3, 0.8
+
+
+def soft_ce(q_logits: torch.Tensor, top_ids: torch.Tensor, top_logp: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """Cross-entropy of q against the target's top-k distribution, at valid positions; (N, V), (N, K)."""
+    lq = q_logits.log_softmax(-1).gather(-1, top_ids.clamp(min=0))
+    p = top_logp.exp() * (top_ids >= 0)
+    p = p / p.sum(-1, keepdim=True).clamp(min=1e-9)
+    return (-(p * lq).sum(-1) * valid).sum() / valid.sum().clamp(min=1)
+
+
+def ttt_mask(t: int, depth: int, device=None) -> torch.Tensor:
+    """(1, 1, t, (depth + 1) t) additive mask of depth `depth`'s queries over the keys of depths 0..depth.
+
+    A pair drafted at depth j and position u sees the pairs of the target's features at positions up to
+    u - j, and at each depth i in 1..j the one pair at u - j + i: exactly what a drafting round's cache
+    holds. Depth 0 is the causal mask."""
+    u = torch.arange(t, device=device)[:, None]
+    s = torch.arange(t, device=device)[None]
+    allowed = torch.cat([s <= u - depth] + [s == u - depth + i for i in range(1, depth + 1)], dim=-1)
+    return torch.zeros(allowed.shape, device=device).masked_fill(~allowed, torch.finfo(torch.float32).min)[None, None]

@@ -24,17 +24,13 @@ from transformers import AutoModelForCausalLM, DynamicCache, GenerationConfig, L
 
 from app.core.passes import through_masked
 from app.models.precision import native_bf16
-from app.training.steps import log_step, optimiser, update
+from app.training.steps import TTT_DECAY, TTT_DEPTH, log_step, optimiser, soft_ce, ttt_mask, update
 from app.training.target_text import ANSWER_TOKENS, SAMPLE_TEMPERATURE, TOP_K, Row, build_rows, sampled_passes
 
 DRAFT_VOCAB = 8192  # the feature head drafts among the target's most frequent tokens only
 HEAD_STEPS, HEAD_LR, HEAD_BATCH = 2000, 1e-3, 8
 HEAD_WEIGHTS = (1.0, 0.1)  # (feature regression, token cross-entropy), EAGLE-1's weights
 HEAD_NOISE = 0.1  # uniform noise on input features, in units of their standard deviation
-# EAGLE-3's training-time test: the head is unrolled on its own predicted features, each depth seeing
-# what drafting shows it (the target's features up to the round's start, its own ones after), so it
-# learns to draft deep and not only the first token. Depth j's loss weighs TTT_DECAY ** j.
-TTT_DEPTH, TTT_DECAY = 3, 0.8
 TEACHER_TOKENS = 4_000_000  # teacher-forced positions (teacher_forcing.py), beside the target's answers
 CHECKPOINT_EVERY = 100  # head steps between checkpoints in the work folder (a stopped run resumes there)
 SMALL = dict(hidden=192, layers=2, ffn=512, heads=3, kv_heads=1)
@@ -81,26 +77,6 @@ def batches(rows: list[Row], batch: int, gen: torch.Generator, crop: int = 0, de
             mask=pad([torch.ones(len(r.ids)) for r in pick]),
         )
         yield {name: t.to(device) for name, t in b.items()}
-
-
-def soft_ce(q_logits: torch.Tensor, top_ids: torch.Tensor, top_logp: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
-    """Cross-entropy of q against the target's top-k distribution, at valid positions; (N, V), (N, K)."""
-    lq = q_logits.log_softmax(-1).gather(-1, top_ids.clamp(min=0))
-    p = top_logp.exp() * (top_ids >= 0)
-    p = p / p.sum(-1, keepdim=True).clamp(min=1e-9)
-    return (-(p * lq).sum(-1) * valid).sum() / valid.sum().clamp(min=1)
-
-
-def ttt_mask(t: int, depth: int, device=None) -> torch.Tensor:
-    """(1, 1, t, (depth + 1) t) additive mask of depth `depth`'s queries over the keys of depths 0..depth.
-
-    A pair drafted at depth j and position u sees the pairs of the target's features at positions up to
-    u - j, and at each depth i in 1..j the one pair at u - j + i: exactly what a drafting round's cache
-    holds. Depth 0 is the causal mask."""
-    u = torch.arange(t, device=device)[:, None]
-    s = torch.arange(t, device=device)[None]
-    allowed = torch.cat([s <= u - depth] + [s == u - depth + i for i in range(1, depth + 1)], dim=-1)
-    return torch.zeros(allowed.shape, device=device).masked_fill(~allowed, torch.finfo(torch.float32).min)[None, None]
 
 
 def unrolled(head, token_embeds: torch.Tensor, features: torch.Tensor, depth: int) -> list[torch.Tensor]:
@@ -334,7 +310,9 @@ def main(args, command: str) -> dict:
     if "eagle3" in only:
         from app.training import eagle3_training
 
-        results["draft-eagle3"] = eagle3_training.build(source, tokenizer, work, out, args, command, log)
+        results["draft-eagle3"] = eagle3_training.build(
+            source, tokenizer, work, out, args, command, log, measured_acceptance
+        )
     if not only & {"feature-head", "small"}:
         log_file.close()
         return results
