@@ -6,16 +6,15 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import time
 
 import gradio as gr
 
 from app import models, questions, request
-from app.core.config import Settings, UserError
+from app.core.config import Settings
 from app.models import hosting
-from app.serve import heap, queue_limits
+from app.serve import queue_limits
 from app.serve.form import Form, takes_form
-from app.serve.handlers import LOADING, MEASURING, _pair, _user_error, guarded, measuring
+from app.serve.handlers import LOADING, MEASURING, _pair, guarded, measuring, panel_stream
 from app.serve.zerogpu import gpu
 from app.views import plots, render
 
@@ -58,12 +57,7 @@ def layout(c) -> None:
 def by_kind(form: Form, control=None, progress=gr.Progress()):
     """Stream (status, chart, records) question by question; Stop or the run limit ends it after the
     current round, with the figures of the questions answered so far."""
-    try:
-        yield from _stream(form, control, progress)
-    except UserError as e:
-        raise _user_error(e) from None
-    finally:
-        heap.release()
+    yield from panel_stream(_stream, form, control, progress)
 
 
 def _stream(form: Form, control, progress):
@@ -71,10 +65,7 @@ def _stream(form: Form, control, progress):
     progress(0.0, desc=LOADING)
     pair = _pair(form.target, form.draft, form.dtype, progress)
     settings = panel_settings(form.settings, pair.tokenizer)
-    deadline = time.monotonic() + queue_limits.run_seconds()
-
-    def stop() -> bool:
-        return bool(control and control.get("stop")) or time.monotonic() > deadline
+    stop = queue_limits.stopper(control)
 
     progress(0.0, desc=MEASURING)
     costs = request.costs(pair, settings, report=measuring(progress))

@@ -91,10 +91,10 @@ def _stream(form: Form, control, progress=None) -> Iterator[tuple]:
     last_text = last_plot = 0.0
     figures = _figures(spec, ar)
     stopped = False
-    deadline = time.monotonic() + queue_limits.run_seconds()  # a run past it ends as if stopped
+    stop = queue_limits.stopper(control)  # a run past the run limit ends as if stopped
     for side, step in streams:
         (spec if side == "spec" else ar).append(step)
-        if control and control.get("stop") or time.monotonic() > deadline:
+        if stop():
             stopped = True
             break
         now = time.monotonic()

@@ -100,6 +100,12 @@ def run_seconds() -> float:
     return float(_env_int("SPECDEC_RUN_SECONDS", 180, 5, 3600))
 
 
+def stopper(control: dict | None) -> Callable[[], bool]:
+    """Whether a run starting now should end: its visitor pressed Stop, or it has passed run_seconds()."""
+    deadline = time.monotonic() + run_seconds()
+    return lambda: bool(control and control.get("stop")) or time.monotonic() > deadline
+
+
 def load_seconds() -> float:
     """How long a request waits for a model load before the load goes on without it."""
     return float(_env_int("SPECDEC_LOAD_SECONDS", 60, 1, 3600))

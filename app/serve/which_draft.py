@@ -6,15 +6,14 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import time
 
 import gradio as gr
 
 from app import models, questions, sweep
-from app.core.config import Settings, UserError
-from app.serve import heap, queue_limits
+from app.core.config import Settings
+from app.serve import queue_limits
 from app.serve.form import Form, takes_form
-from app.serve.handlers import LOADING, _pair, _user_error, guarded
+from app.serve.handlers import LOADING, _pair, guarded, panel_stream
 from app.serve.zerogpu import gpu
 from app.views import draft_size
 
@@ -61,12 +60,7 @@ def layout(c) -> None:
 def which_draft(form: Form, control=None, progress=gr.Progress()):
     """Stream (status, figure, document) question by question; Stop or the run limit ends the sweep
     after the current measurement, with the figures measured so far."""
-    try:
-        yield from _stream(form, control, progress)
-    except UserError as e:
-        raise _user_error(e) from None
-    finally:
-        heap.release()
+    yield from panel_stream(_stream, form, control, progress)
 
 
 def _stream(form: Form, control, progress):
@@ -74,10 +68,7 @@ def _stream(form: Form, control, progress):
     progress(0.0, desc=LOADING)
     first = _pair(form.target, models.PROMPT_LOOKUP, form.dtype, progress)
     settings = panel_settings(form.settings, first.tokenizer)
-    deadline = time.monotonic() + queue_limits.run_seconds()
-
-    def stop() -> bool:
-        return bool(control and control.get("stop")) or time.monotonic() > deadline
+    stop = queue_limits.stopper(control)
 
     def load(draft: str) -> models.Pair:
         return _pair(form.target, draft, form.dtype)
