@@ -24,8 +24,8 @@ from torch import nn
 from transformers import AutoModel, DynamicCache, PreTrainedModel
 
 from app.core.config import UserError
-from app.core.passes import fused_layers, through_layers, through_masked
-from app.drafts.feature_head import HEAD_FIELDS, SUPPORTED
+from app.core.passes import fused_layers
+from app.drafts.feature_head import HEAD_FIELDS, SUPPORTED, through_head
 from app.kv import growing_cache
 
 ARCHITECTURE = "LlamaForCausalLMEagle3"  # vLLM's name for this layout
@@ -121,13 +121,11 @@ class Eagle3Head(nn.Module):
     ) -> torch.Tensor:
         """token_embeds: (B, T, H); features: (B, T, 3H) fused, or (B, T, H) the head's own h."""
         fused = self.fuse(token_embeds, features)
-        if cache is None:
-            return self.body(inputs_embeds=fused, use_cache=False).last_hidden_state  # norm: readout's
-        if mask is not None:
-            return through_masked(self.config, self.body.layers, self.body.rotary_emb, fused, cache, mask, position)
-        if fused.shape[1] == 1:
-            return through_layers(self.body.layers, self.body.rotary_emb, fused, cache)
-        return through_masked(self.config, self.body.layers, self.body.rotary_emb, fused, cache)
+        # Whole windows (no cache) run on a fresh one: the model wrapper would apply the final norm,
+        # which is readout's here.
+        return through_head(
+            self.config, self.body, fused, cache if cache is not None else DynamicCache(), mask, position
+        )
 
     def save(self, out: Path, info: dict | None = None, dtype: torch.dtype = torch.float16) -> None:
         """vLLM's EAGLE-3 layout."""

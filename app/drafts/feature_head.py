@@ -112,19 +112,7 @@ class FeatureHead(nn.Module):
         fused = self.fuse(token_embeds, features)
         if cache is None:  # training: whole windows, no cache
             return self.body(inputs_embeds=fused, use_cache=False).last_hidden_state
-        if mask is not None:
-            return through_masked(self.config, self.body.layers, self.body.rotary_emb, fused, cache, mask, position)
-        return self.read(fused, cache)
-
-    def read(self, fused: torch.Tensor, cache: DynamicCache) -> torch.Tensor:
-        """Fused pairs through the decoder layer itself, appending to `cache`. Skipping the model
-        wrapper (its argument merging and output capture) is a large share of a head's drafting
-        step on CPU. A single new position
-        attends to every cached one, so it needs no mask; several get transformers' own causal
-        mask, as the wrapper builds it. The final norm is the identity (see __init__)."""
-        if fused.shape[1] == 1:
-            return through_layers(self.body.layers, self.body.rotary_emb, fused, cache)
-        return through_masked(self.config, self.body.layers, self.body.rotary_emb, fused, cache)
+        return through_head(self.config, self.body, fused, cache, mask, position)
 
     # ---- the EAGLE-1 file layout -------------------------------------------------------------
     def state_for_disk(self) -> dict[str, torch.Tensor]:
@@ -155,6 +143,21 @@ class FeatureHead(nn.Module):
         save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
         if info is not None:
             (out / "training.json").write_text(json.dumps(info, indent=1) + "\n")
+
+
+def through_head(
+    config, body, fused: torch.Tensor, cache: DynamicCache, mask: torch.Tensor | None, position: torch.Tensor | None
+) -> torch.Tensor:
+    """A head's fused pairs through its decoder layer itself, appending to `cache`, without its final
+    norm. Skipping the model wrapper (its argument merging and output capture) is a large share of a
+    head's drafting step on CPU. A tree's pairs come with their own mask and positions; a single new
+    position attends to every cached one, so it needs no mask; several get transformers' own causal
+    mask, as the wrapper builds it."""
+    if mask is not None:
+        return through_masked(config, body.layers, body.rotary_emb, fused, cache, mask, position)
+    if fused.shape[1] == 1:
+        return through_layers(body.layers, body.rotary_emb, fused, cache)
+    return through_masked(config, body.layers, body.rotary_emb, fused, cache)
 
 
 def is_head_dir(path: str | Path) -> bool:
