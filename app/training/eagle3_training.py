@@ -15,12 +15,10 @@ from pathlib import Path
 
 import torch
 from tqdm import tqdm
-from transformers import DynamicCache
 
-from app.core.passes import through_masked
 from app.models.precision import native_bf16
 from app.training import teacher_forcing
-from app.training.steps import TTT_DECAY, TTT_DEPTH, log_step, optimiser, soft_ce, ttt_mask, update
+from app.training.steps import TTT_DECAY, TTT_DEPTH, log_step, optimiser, soft_ce, unrolled, update
 
 LR = 1e-3
 BATCH = 8  # rows a step
@@ -55,26 +53,6 @@ def batches(folder: Path, batch: int, crop: int, gen: torch.Generator) -> Iterat
                 start = int(torch.randint(0, max(1, t - crop + 1), (), generator=gen))
                 window = slice(start, start + crop)
                 yield {k: v[pick][:, window] for k, v in shard.items()}
-
-
-def unrolled(head, token_embeds: torch.Tensor, fused: torch.Tensor, depth: int) -> list[torch.Tensor]:
-    """The head's (B, T, H) h at depths 0..depth-1: depth 0 reads the target's fused features, each
-    later depth the depth before's h, one position on, under the training-time test's mask."""
-    position = torch.arange(fused.shape[1], device=fused.device)[None]
-    cache, f, out = DynamicCache(), fused, []
-    for j in range(depth):
-        h = through_masked(
-            head.config,
-            head.body.layers,
-            head.body.rotary_emb,
-            head.fuse(token_embeds, f),
-            cache,
-            ttt_mask(fused.shape[1], j, fused.device),
-            position,
-        )
-        out.append(h)
-        f = torch.nn.functional.pad(h[:, :-1], (0, 0, 1, 0))  # the pair at u reads the h made at u - 1
-    return out
 
 
 def loss(head, embed, to_draft: torch.Tensor, b: dict, depth: int = TTT_DEPTH) -> tuple[torch.Tensor, dict]:

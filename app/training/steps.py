@@ -8,7 +8,9 @@ import time
 
 import torch
 import torch.nn.functional as F
-from transformers import LlamaForCausalLM
+from transformers import DynamicCache, LlamaForCausalLM
+
+from app.core.passes import through_masked
 
 
 def next_logits(model, x: torch.Tensor) -> torch.Tensor:
@@ -90,3 +92,18 @@ def ttt_mask(t: int, depth: int, device=None) -> torch.Tensor:
     s = torch.arange(t, device=device)[None]
     allowed = torch.cat([s <= u - depth] + [s == u - depth + i for i in range(1, depth + 1)], dim=-1)
     return torch.zeros(allowed.shape, device=device).masked_fill(~allowed, torch.finfo(torch.float32).min)[None, None]
+
+
+def unrolled(head, token_embeds: torch.Tensor, features: torch.Tensor, depth: int) -> list[torch.Tensor]:
+    """The head's (B, T, H) outputs at depths 0..depth-1 under the training-time test: depth 0 reads
+    `features` (the target's), each later depth the depth before's outputs, one position on, through
+    the same decoder layer (head.fuse puts a token's embedding beside what it reads)."""
+    position = torch.arange(features.shape[1], device=features.device)[None]
+    cache, f, out = DynamicCache(), features, []
+    for j in range(depth):
+        mask = ttt_mask(features.shape[1], j, features.device)
+        fused = head.fuse(token_embeds, f)
+        h = through_masked(head.config, head.body.layers, head.body.rotary_emb, fused, cache, mask, position)
+        out.append(h)
+        f = F.pad(h[:, :-1], (0, 0, 1, 0))  # the pair at u reads the output made at u - 1
+    return out

@@ -20,11 +20,10 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 from tqdm import tqdm
-from transformers import AutoModelForCausalLM, DynamicCache, GenerationConfig, LlamaConfig, LlamaForCausalLM
+from transformers import AutoModelForCausalLM, GenerationConfig, LlamaConfig, LlamaForCausalLM
 
-from app.core.passes import through_masked
 from app.models.precision import native_bf16
-from app.training.steps import TTT_DECAY, TTT_DEPTH, log_step, optimiser, soft_ce, ttt_mask, update
+from app.training.steps import TTT_DECAY, TTT_DEPTH, log_step, optimiser, soft_ce, unrolled, update
 from app.training.target_text import ANSWER_TOKENS, SAMPLE_TEMPERATURE, TOP_K, Row, build_rows, sampled_passes
 
 DRAFT_VOCAB = 8192  # the feature head drafts among the target's most frequent tokens only
@@ -77,20 +76,6 @@ def batches(rows: list[Row], batch: int, gen: torch.Generator, crop: int = 0, de
             mask=pad([torch.ones(len(r.ids)) for r in pick]),
         )
         yield {name: t.to(device) for name, t in b.items()}
-
-
-def unrolled(head, token_embeds: torch.Tensor, features: torch.Tensor, depth: int) -> list[torch.Tensor]:
-    """The head's (B, T, H) predicted features at depths 0..depth-1: depth 0 reads `features`, each
-    later depth the depth before's predictions, one position on, through the same decoder layer."""
-    position = torch.arange(features.shape[1], device=features.device)[None]
-    cache, f, out = DynamicCache(), features, []
-    for j in range(depth):
-        fused = head.fc(torch.cat([token_embeds, f.to(token_embeds.dtype)], dim=-1))
-        mask = ttt_mask(features.shape[1], j, features.device)
-        h = through_masked(head.config, head.body.layers, head.body.rotary_emb, fused, cache, mask, position)
-        out.append(h)
-        f = F.pad(h[:, :-1], (0, 0, 1, 0))  # the feature a pair at u reads is the prediction made at u - 1
-    return out
 
 
 def head_loss(head, embed, w_sub, to_draft, b, noise_scale: float, depth: int = 1) -> tuple[torch.Tensor, dict]:
