@@ -1,5 +1,6 @@
 """Teacher-forced shards hold what the target computes on the text: fused features and its top-k."""
 
+import itertools
 import json
 
 import torch
@@ -15,9 +16,17 @@ def test_teacher_forced_shards_hold_the_targets_fused_features_and_top_k_and_res
     monkeypatch.setattr(teacher_forcing, "SHARD_ROWS", 3)
     target, tokenizer = load(TINY_TARGET, dtype="fp32")
     logged: list[dict] = []
-    manifest = teacher_forcing.build(target, tokenizer, tmp_path, tokens=5 * 32, seed=0, log=logged.append)
-    shards = teacher_forcing.shards(tmp_path)
+    chats = [torch.arange(3, 3 + n) for n in (20, 30, 25)]  # the target's answers, as build_rows gives them
+    build = dict(tokens=5 * 32, seed=0, log=logged.append, chats=chats)
+    manifest = teacher_forcing.build(target, tokenizer, tmp_path, **build)
+    shards = teacher_forcing.shards(tmp_path, "text")
     assert len(shards) == 2 and manifest["rows"] == 5 and manifest["layers"] == list(fused_layers(8))
+    # The chats, packed end to end into rows, are shards of their own, labelled first.
+    assert manifest["chat"] == dict(chats=3, rows=2, tokens=64) and len(teacher_forcing.shards(tmp_path, "chat")) == 1
+    assert teacher_forcing.shards(tmp_path) == teacher_forcing.shards(tmp_path, "chat") + shards
+    talk = teacher_forcing.read(teacher_forcing.shards(tmp_path, "chat")[0])["ids"].long()
+    orders = [torch.cat(o)[:64].tolist() for o in itertools.permutations(chats)]
+    assert talk.reshape(-1).tolist() in orders  # each chat whole, one after another
     # Every source names its version and licence; the standard library is one of them.
     assert all(s["licence"] and s["version"] and s["tokens"] > 0 for s in manifest["sources"].values())
     assert json.loads((tmp_path / "manifest.json").read_text())["tokens"] == 5 * 32
@@ -34,6 +43,6 @@ def test_teacher_forced_shards_hold_the_targets_fused_features_and_top_k_and_res
     # A second run keeps the finished shards: a stopped build resumes at the next one.
     before = [p.stat().st_mtime_ns for p in shards]
     shards[1].unlink()
-    teacher_forcing.build(target, tokenizer, tmp_path, tokens=5 * 32, seed=0, log=logged.append)
+    teacher_forcing.build(target, tokenizer, tmp_path, **build)
     assert shards[0].stat().st_mtime_ns == before[0] and shards[1].is_file()
-    assert [r["teacher_rows"] for r in logged] == [3, 5, 5]
+    assert [r.get("text_rows", r.get("chat_rows")) for r in logged] == [2, 3, 5, 5]  # only the lost one again

@@ -26,6 +26,7 @@ CROP = 128  # tokens a row a step: a random window of each shard row
 CHECKPOINT_EVERY = 100
 STEPS = 4000  # about one pass over 4M teacher-forced positions; --scale multiplies it
 DRAFT_VOCAB = 8192
+CHAT_REPEATS = 3
 
 
 def vocabulary(folder: Path, size: int, vocab: int, always: list[int]) -> torch.Tensor:
@@ -39,8 +40,11 @@ def vocabulary(folder: Path, size: int, vocab: int, always: list[int]) -> torch.
 
 
 def batches(folder: Path, batch: int, crop: int, gen: torch.Generator) -> Iterator[dict[str, torch.Tensor]]:
-    """Endless batches of `crop`-token windows of shard rows, a shard at a time in a seeded order."""
-    paths = teacher_forcing.shards(folder)
+    """Endless batches of `crop`-token windows of shard rows, a shard at a time in a seeded order; each
+    chat shard comes CHAT_REPEATS times a pass over the text shards."""
+    chats, texts = teacher_forcing.shards(folder, "chat"), teacher_forcing.shards(folder, "text")
+    # The chats are the text a head drafts in the app, and a small part of the positions.
+    paths = chats * CHAT_REPEATS + texts
     if not paths:
         raise SystemExit(f"no teacher-forced shards in {folder}: build them first (--only teacher-data)")
     while True:
@@ -94,7 +98,12 @@ def train(target, folder: Path, vocab: torch.Tensor, steps: int, seed: int, log,
     opt, sched = optimiser(head, LR, steps, weight_decay=0.0)
     gen = torch.Generator().manual_seed(seed)
     settings = dict(
-        steps=steps, depth=TTT_DEPTH, vocab=len(vocab), seed=seed, shards=len(teacher_forcing.shards(folder))
+        steps=steps,
+        depth=TTT_DEPTH,
+        vocab=len(vocab),
+        seed=seed,
+        shards=len(teacher_forcing.shards(folder)),
+        chat_repeats=CHAT_REPEATS,
     )
     checkpoint = work / "eagle3-checkpoint.pt" if work is not None else None
     first, spent = 0, 0.0
@@ -129,6 +138,7 @@ def train(target, folder: Path, vocab: torch.Tensor, steps: int, seed: int, log,
         lr=LR,
         batch=BATCH,
         crop=CROP,
+        chat_repeats=CHAT_REPEATS,
         ttt_depth=TTT_DEPTH,
         ttt_decay=TTT_DECAY,
         draft_vocab=len(vocab),

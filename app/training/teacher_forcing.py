@@ -1,11 +1,13 @@
 """Teacher-forced training data for a feature head: text already on the machine, run through the target.
 
-No generation: rows of text (the standard library's source, the installed packages' source and their
-descriptions) pass through the frozen target in batched forward passes, and every position yields the
-fused features a head reads (the states entering EAGLE-3's layers, passes.fused_layers) and the
-target's top-k next-token distribution, the head's soft label. Shards are written one at a time, so a
-stopped build resumes at the next shard. The manifest records each source, its version and licence;
-no text is kept, only ids of rows, and none of it is committed.
+Rows of text (the standard library's source, the installed packages' source and their descriptions)
+pass through the frozen target in batched forward passes, and every position yields the fused features
+a head reads (the states entering EAGLE-3's layers, passes.fused_layers) and the target's top-k
+next-token distribution, the head's soft label. Beside them, the target's own chat answers
+(target_text.build_rows, the rows the EAGLE-1 head trains on) are run through it once more for their
+fused features: the text a head drafts in the app. Shards are written one at a time, so a stopped build
+resumes at the next shard. The manifest records each source, its version and licence; no text is kept,
+only ids of rows, and none of it is committed.
 """
 
 from __future__ import annotations
@@ -122,17 +124,22 @@ def label(target, ids: torch.Tensor, layers: tuple[int, ...], head: torch.Tensor
     )
 
 
-def build(target, tokenizer, out: Path, tokens: int, seed: int, log=print) -> dict:
-    """Shards of teacher-forced rows in out/, `tokens` in all; existing shards are kept (a resume).
-    Returns the manifest, also written to out/manifest.json."""
-    out.mkdir(parents=True, exist_ok=True)
-    packed, manifest = rows(tokenizer, tokens, seed)
+def packed_chats(chats: list[torch.Tensor], seed: int) -> torch.Tensor:
+    """(n, ROW) ids of the chats (prompt and answer each) in a seeded order, packed end to end."""
+    order = list(range(len(chats)))
+    random.Random(seed).shuffle(order)
+    stream = [t for i in order for t in chats[i].tolist()]
+    n = max(1, len(stream) // ROW)
+    stream += [stream[-1]] * (n * ROW - len(stream))  # a stream shorter than a row fills one
+    return torch.tensor(stream[: n * ROW], dtype=torch.int32).view(n, ROW)
+
+
+def _write(target, packed: torch.Tensor, out: Path, prefix: str, log) -> None:
+    """Label `packed` a shard at a time into out/PREFIX-NNNN.safetensors, skipping finished shards."""
     layers = fused_layers(target.config.num_hidden_layers)
-    manifest |= dict(layers=list(layers), top_k=TOP_K, rows=len(packed), tokens=packed.numel(), seed=seed)
-    (out / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
     head, start = lm_head_fp32(target), time.time()
     for s, first in enumerate(range(0, len(packed), SHARD_ROWS)):
-        path = out / f"shard-{s:04d}.safetensors"
+        path = out / f"{prefix}-{s:04d}.safetensors"
         if path.is_file():
             continue
         block = packed[first : first + SHARD_ROWS]
@@ -141,13 +148,29 @@ def build(target, tokenizer, out: Path, tokens: int, seed: int, log=print) -> di
         save_file(tensors, str(path.with_suffix(".tmp")))
         path.with_suffix(".tmp").replace(path)
         done = first + len(block)
-        log(dict(teacher_rows=done, of=len(packed), seconds=round(time.time() - start, 1)))
+        log({f"{prefix}_rows": done, "of": len(packed), "seconds": round(time.time() - start, 1)})
+
+
+def build(target, tokenizer, out: Path, tokens: int, seed: int, log=print, chats=()) -> dict:
+    """Shards of teacher-forced rows in out/: `tokens` of text, and the target's own `chats` (ids of
+    prompt and answer each) as chat shards. Existing shards are kept (a resume). Returns the manifest,
+    also written to out/manifest.json."""
+    out.mkdir(parents=True, exist_ok=True)
+    packed, manifest = rows(tokenizer, tokens, seed)
+    talk = packed_chats(list(chats), seed) if chats else None
+    layers = fused_layers(target.config.num_hidden_layers)
+    manifest |= dict(layers=list(layers), top_k=TOP_K, rows=len(packed), tokens=packed.numel(), seed=seed)
+    manifest["chat"] = dict(chats=len(chats), rows=len(talk), tokens=talk.numel()) if talk is not None else None
+    (out / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
+    if talk is not None:  # first: the smaller part, and the one nearest the app's text
+        _write(target, talk, out, "chat", log)
+    _write(target, packed, out, "text", log)
     return manifest
 
 
-def shards(folder: Path) -> list[Path]:
-    """The finished shard files of a build, in order."""
-    return sorted(folder.glob("shard-*.safetensors"))
+def shards(folder: Path, prefix: str = "*") -> list[Path]:
+    """The finished shard files of a build (chat shards, then text), or those of one `prefix`, in order."""
+    return sorted(folder.glob(f"{prefix}-[0-9]*.safetensors"))
 
 
 def read(path: Path) -> dict[str, torch.Tensor]:

@@ -259,13 +259,17 @@ def measured_acceptance(target_dir, head_dir: Path, scale: float, device: str | 
 
 
 def teacher_data(source, tokenizer, work: Path, args, device: torch.device, log) -> dict:
-    """The teacher-forced shards (teacher_forcing.py) in work/teacher: TEACHER_TOKENS times --scale,
+    """The teacher-forced shards (teacher_forcing.py) in work/teacher: TEACHER_TOKENS times --scale of
+    text, and the target's own answers (build_rows, shared with the EAGLE-1 head and kept in work/),
     through the fp32 target, whose features the drafts train against."""
     from app.training import teacher_forcing
 
+    writer = AutoModelForCausalLM.from_pretrained(source, dtype=writing_dtype(device), use_safetensors=True)
+    chats = [r.ids for r in build_rows(writer.to(device).eval(), tokenizer, work, args.seed, args.scale, log)]
+    del writer
     target = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32, use_safetensors=True)
     tokens = max(teacher_forcing.ROW, round(TEACHER_TOKENS * args.scale))
-    return teacher_forcing.build(target.to(device).eval(), tokenizer, work / "teacher", tokens, args.seed, log)
+    return teacher_forcing.build(target.to(device).eval(), tokenizer, work / "teacher", tokens, args.seed, log, chats)
 
 
 def main(args, command: str) -> dict:
