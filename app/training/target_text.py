@@ -201,15 +201,16 @@ def sampled_passes(scale: float) -> int:
     return SAMPLED_ANSWERS * max(1, int(scale)) if scale >= 1 else 1
 
 
-def build_rows(target, tokenizer, out: Path, seed: int, scale: float, log) -> list[Row]:
-    """Every training row, computed once and kept in out/ one phase a file (reused when present)."""
+def build_rows(target, tokenizer, out: Path, seed: int, scale: float, log, sampled: int | None = None) -> list[Row]:
+    """Every training row, computed once and kept in out/ one phase a file (reused when present);
+    `sampled` sampled answer passes (None: sampled_passes(scale))."""
     todo = instructions.training_instructions(seed)
     todo = todo[: max(GEN_BATCH // 4, round(len(todo) * min(scale, 1.0)))]
     # A tiny slice (the tests' --scale) also writes short answers and windows, so it runs in seconds.
     new, ctx = (ANSWER_TOKENS, CODE_CTX) if scale >= 0.05 else (24, 64)
     greedy = _phase(out, "answers-greedy", lambda: answer_rows(target, tokenizer, todo, False, seed, log, new))
     rows = list(greedy)
-    for i in range(sampled_passes(scale)):
+    for i in range(sampled_passes(scale) if sampled is None else sampled):
         rows += _phase(
             out, f"answers-sampled-{i}", lambda i=i: answer_rows(target, tokenizer, todo, True, seed + 1 + i, log, new)
         )

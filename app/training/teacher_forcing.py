@@ -151,16 +151,18 @@ def _write(target, packed: torch.Tensor, out: Path, prefix: str, log) -> None:
         log({f"{prefix}_rows": done, "of": len(packed), "seconds": round(time.time() - start, 1)})
 
 
-def build(target, tokenizer, out: Path, tokens: int, seed: int, log=print, chats=()) -> dict:
+def build(target, tokenizer, out: Path, tokens: int, seed: int, log=print, chats=(), about: dict | None = None) -> dict:
     """Shards of teacher-forced rows in out/: `tokens` of text, and the target's own `chats` (ids of
-    prompt and answer each) as chat shards. Existing shards are kept (a resume). Returns the manifest,
-    also written to out/manifest.json."""
+    prompt and answer each) as chat shards, `about` them in the manifest. Existing shards are kept (a
+    resume). Returns the manifest, also written to out/manifest.json."""
     out.mkdir(parents=True, exist_ok=True)
     packed, manifest = rows(tokenizer, tokens, seed)
     talk = packed_chats(list(chats), seed) if chats else None
     layers = fused_layers(target.config.num_hidden_layers)
     manifest |= dict(layers=list(layers), top_k=TOP_K, rows=len(packed), tokens=packed.numel(), seed=seed)
-    manifest["chat"] = dict(chats=len(chats), rows=len(talk), tokens=talk.numel()) if talk is not None else None
+    manifest["chat"] = (
+        dict(chats=len(chats), rows=len(talk), tokens=talk.numel()) | (about or {}) if talk is not None else None
+    )
     (out / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
     if talk is not None:  # first: the smaller part, and the one nearest the app's text
         _write(target, talk, out, "chat", log)

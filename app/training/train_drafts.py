@@ -31,6 +31,9 @@ HEAD_STEPS, HEAD_LR, HEAD_BATCH = 2000, 1e-3, 8
 HEAD_WEIGHTS = (1.0, 0.1)  # (feature regression, token cross-entropy), EAGLE-1's weights
 HEAD_NOISE = 0.1  # uniform noise on input features, in units of their standard deviation
 TEACHER_TOKENS = 4_000_000  # teacher-forced positions (teacher_forcing.py), beside the target's answers
+# Sampled answer passes the teacher data takes (its chats): generation is the slow part of the build,
+# and the chats are a small part of its positions beside the text.
+TEACHER_SAMPLED = 1
 CHECKPOINT_EVERY = 100  # head steps between checkpoints in the work folder (a stopped run resumes there)
 SMALL = dict(hidden=192, layers=2, ffn=512, heads=3, kv_heads=1)
 SMALL_STEPS, SMALL_LR, SMALL_BATCH = 600, 2e-3, 8
@@ -265,11 +268,15 @@ def teacher_data(source, tokenizer, work: Path, args, device: torch.device, log)
     from app.training import teacher_forcing
 
     writer = AutoModelForCausalLM.from_pretrained(source, dtype=writing_dtype(device), use_safetensors=True)
-    chats = [r.ids for r in build_rows(writer.to(device).eval(), tokenizer, work, args.seed, args.scale, log)]
+    rows = build_rows(writer.to(device).eval(), tokenizer, work, args.seed, args.scale, log, TEACHER_SAMPLED)
+    chats = [r.ids for r in rows]
     del writer
     target = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32, use_safetensors=True)
     tokens = max(teacher_forcing.ROW, round(TEACHER_TOKENS * args.scale))
-    return teacher_forcing.build(target.to(device).eval(), tokenizer, work / "teacher", tokens, args.seed, log, chats)
+    kinds = {k: sum(len(r.ids) for r in rows if r.kind == k) for k in sorted({r.kind for r in rows})}
+    about = dict(sampled_passes=TEACHER_SAMPLED, tokens_by_kind=kinds, instructions="app/data/instructions.py")
+    target = target.to(device).eval()
+    return teacher_forcing.build(target, tokenizer, work / "teacher", tokens, args.seed, log, chats, about)
 
 
 def main(args, command: str) -> dict:
