@@ -1,5 +1,5 @@
 """The settings form: the UI's inputs as one ordered list of named fields, parsed once per click into
-one typed `Form` that every handler takes.
+one typed `Form` that every handler of the click takes (handed down in the session's control state).
 
 The names are the API's named parameters (`client.predict(prompt=..., rule=...)`): Gradio reads
 them from a handler's signature, so `takes_form` gives each handler the one signature built here
@@ -78,6 +78,34 @@ class Form:
         return dataclasses.replace(self, settings=dataclasses.replace(self.settings, sampling=sampling))
 
 
+@dataclass
+class Click:
+    """One click's request, parsed by the first handler the click chains and handed down to the rest in
+    the session's control state (control["click"]): the raw fields it was parsed from, its Form, and,
+    once prepared, the prompt's ids and the pair. The click's last handler drops it (and the next click
+    replaces it); a Click pickled across ZeroGPU's worker leaves the pair behind."""
+
+    values: dict
+    form: Form
+    ids: list[int] | None = None
+    pair: object | None = None
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "pair": None}
+
+
+def handed_down(values: dict, control) -> Form:
+    """The click's Form where `control` carries one parsed from these very values, else a fresh parse
+    handed down from here. A blank seed is parsed afresh: each such call draws its own seed."""
+    click = control.get("click") if isinstance(control, dict) else None
+    if isinstance(click, Click) and click.values == values and click.form.seed_given:
+        return click.form
+    form = parse(values)
+    if isinstance(control, dict):
+        control["click"] = Click(dict(values), form)
+    return form
+
+
 def fill_seed(seed, decoding) -> int:
     """A blank Seed box: 0 under greedy (nothing is random), else a fresh random seed, shown back."""
     import random
@@ -119,7 +147,9 @@ def takes_form(before: tuple[str, ...] = (), after: tuple[tuple[str, object], ..
             bound = signature.bind(*args, **kwargs)
             bound.apply_defaults()
             values = bound.arguments
-            return [values[n] for n in before], parse(values), {n: values[n] for n, _ in after}
+            typed = {n: values[n] for n, _ in fields() if n in values}
+            form = handed_down(typed, values.get("control"))
+            return [values[n] for n in before], form, {n: values[n] for n, _ in after}
 
         if inspect.isgeneratorfunction(fn):
 
