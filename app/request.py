@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from app import calibrate, models, runs
-from app.core.config import Settings, UserError
+from app.core.config import Settings, UserError, chat_default
 from app.core.costs import Costs
 from app.kv.cache import CachedModel
 from app.models.loading import Pair
@@ -94,8 +94,6 @@ def open_request(
     phase = phase or (lambda text: None)
     phase(loading_note(req.target or models.DEFAULT_TARGET))
     pair = models.load_pair(req.target, req.draft, req.device, req.dtype, draft=req.speculative)
-    settings = req.settings
-    if req.auto_chat and getattr(pair.tokenizer, "chat_template", None):
-        settings = settings.with_chat()
+    settings = chat_default(req.settings, pair.tokenizer) if req.auto_chat else req.settings
     ids = pair.encode(req.prompt, settings.run.chat)
     return start(pair, ids, settings, speculative=req.speculative, compile=req.compile, report=report)

@@ -68,6 +68,28 @@ def test_help_does_not_import_torch():
     print(f"generate --help took {time.monotonic() - t:.2f}s")
 
 
+def test_generate_help_lists_every_registered_draft_kind(capsys):
+    from types import SimpleNamespace
+
+    from app.drafts import kinds
+
+    def draft_help() -> str:
+        with pytest.raises(SystemExit):
+            cli.main(["generate", "--help"])
+        return " ".join(capsys.readouterr().out.split())  # argparse wraps lines
+
+    shown = draft_help()
+    assert "eagle:DIR" in shown and len(kinds.typed()) == len(kinds.KINDS)
+    assert all(typed in shown for typed in kinds.typed()), shown
+    toy = SimpleNamespace(name="toy")
+    kinds.register(toy, "toy:")
+    try:
+        assert "eagle:DIR, toy: or a Hub id" in draft_help(), "a kind registered at run time is listed too"
+    finally:
+        kinds.unregister(toy)
+    assert "toy:" not in draft_help()
+
+
 def test_a_bug_is_one_line_by_default_and_a_traceback_with_debug(capsys, monkeypatch):
     def broken(*args, **kwargs):
         raise ZeroDivisionError("planted bug")

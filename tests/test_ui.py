@@ -904,11 +904,11 @@ def test_a_click_resolves_its_pair_and_encodes_its_prompt_once(monkeypatch):
     list(ui.generate_both(*args, control=control))
     assert "vllm serve" in ui.export_for(*args, control=control)
     assert calls == {"load_pair": 1, "encode": 1}
-    assert not handlers._clicks, "the click's last handler drops what it shared"
+    assert control["click"] is None, "the click's last handler drops what it shared"
     ui.start_run(0, "greedy", control)
     ui.check_request(*args, control=control)
     ui.step_round(None, *args, control=control)
-    assert calls == {"load_pair": 2, "encode": 2} and not handlers._clicks
+    assert calls == {"load_pair": 2, "encode": 2} and control["click"] is None
     # A changed prompt within the same click (an API caller) is prepared afresh, never served stale ids.
     ui.start_run(0, "greedy", control)
     ui.check_request(*args, control=control)
@@ -916,6 +916,26 @@ def test_a_click_resolves_its_pair_and_encodes_its_prompt_once(monkeypatch):
     other[0] = PROMPT + "\n# another"
     first = next(ui.generate_both(*other, control=control))
     assert "another" in first[0] and calls["encode"] == 4
+
+
+def test_a_click_parses_its_form_once(monkeypatch):
+    """Generate's chain (check, generate, export) parses the form once and hands the request down."""
+    from app.serve import form, ui
+
+    parses = []
+    parse = form.parse
+    monkeypatch.setattr(form, "parse", lambda values: parses.append(1) or parse(values))
+    args = [PROMPT, "stdlib-code target (bundled)", "", "prompt lookup (n-grams)", "", False, "greedy", 0.8, 0, 1.0]
+    args += [0, 6, "fixed", 3]
+    control = {"stop": False}
+    ui.start_run(0, "greedy", control)
+    ui.check_request(*args, control=control)
+    list(ui.generate_both(*args, control=control))
+    ui.export_for(*args, control=control)
+    assert len(parses) == 1, "one parse per click"
+    ui.start_run(0, "greedy", control)
+    ui.check_request(*args, control=control)
+    assert len(parses) == 2, "a new click parses its own form"
 
 
 def test_the_first_requests_wait_is_named_for_what_it_waits_on(monkeypatch):

@@ -145,6 +145,12 @@ class Settings:
         return settings_dict(mode, self.sampling, self.spec, self.run)
 
 
+def chat_default(settings: Settings, tokenizer) -> Settings:
+    """The default where a caller left chat formatting open: on when the target's tokenizer has a chat
+    template (the CLI without --chat or --no-chat, an API request with auto_chat)."""
+    return settings.with_chat() if getattr(tokenizer, "chat_template", None) else settings
+
+
 def settings_dict(mode: str, s: SamplingConfig, sp: SpecConfig, r: RunConfig) -> dict:
     """The settings of a run as they appear in every JSON document."""
     return dict(mode=mode, sampling=asdict(s), speculation=asdict(sp), run=asdict(r))

@@ -20,15 +20,15 @@ import os
 import time
 from collections.abc import Callable
 
-from app.core.config import K_MAX, RULES, TREE_MAX, UserError
-from app.serve.form import DTYPES
+from app.core import knobs
+from app.core.config import UserError
+from app.core.knobs import Knob
 
 log = logging.getLogger(__name__)
 INTERNAL = "internal error (logged): please try again, or report it with the time it happened"
 MAX_PROMPT_CHARS = 200_000  # far beyond any bundled context; refuses megabytes before tokenising
-# The longest run a visitor may ask for: a shared server's policy, not the engine's (the CLI has none).
-MAX_NEW_TOKENS_CAP = 2048
-MAX_SEED = 2**63 - 1  # torch.Generator.manual_seed takes a 64-bit seed
+# The longest run a visitor may ask for: a shared server's policy, not the engine's (the knob's range).
+MAX_NEW_TOKENS_CAP = knobs.MAX_NEW_TOKENS
 
 
 def _what(value) -> str:
@@ -77,11 +77,15 @@ def whole(name: str, lo: int, hi: int) -> Callable:
     return check
 
 
-def seed(value) -> None:
-    """A blank seed is fine (the app fills it); anything else is a whole number torch can take."""
-    if value is None or (isinstance(value, str) and not value.strip()):
-        return
-    whole("seed", 0, MAX_SEED)(value)
+def blank_or(check: Callable) -> Callable:
+    """A blank value is fine (the app fills it, as it does a seed); anything else passes `check`."""
+
+    def either(value) -> None:
+        if value is None or (isinstance(value, str) and not value.strip()):
+            return
+        check(value)
+
+    return either
 
 
 def text(name: str, limit: int, blank: bool = True) -> Callable:
@@ -126,29 +130,35 @@ def boolean(name: str) -> Callable:
     return check
 
 
+def for_knob(knob: Knob) -> Callable:
+    """The check on what a client may send for a declared setting (core/knobs.py)."""
+    if knob.choices:
+        return choice(knob.what, knob.choices)
+    if knob.kind is bool:
+        return flag(knob.what)
+    lo = -math.inf if knob.lo is None else knob.lo
+    hi = math.inf if knob.hi is None else knob.hi
+    check = (whole if knob.kind is int else real)(knob.what, lo, hi)
+    return blank_or(check) if knob.blank else check
+
+
 MODEL_ID_CHARS = 500  # hosting.check gives the precise limit; this only keeps megabytes out
-# The app's input fields by handler parameter name. Ranges are what a client could send at all;
-# the configs' own validate() then checks what makes sense (top-p in (0, 1], k <= k max, ...).
-FIELDS: dict[str, Callable] = {
-    "prompt": text("prompt", MAX_PROMPT_CHARS, blank=False),
-    "target": text("target", MODEL_ID_CHARS, blank=False),
-    "draft": text("draft", MODEL_ID_CHARS, blank=False),
-    **{n: text(n.replace("_", " "), MODEL_ID_CHARS) for n in ("custom_target", "custom_draft")},
-    "chat": flag("chat"),
-    "decoding": choice("decoding", ("greedy", "sampling")),
-    "temperature": real("temperature", 0, 1000),
-    "top_k": whole("top-k", 0, 10**9),
-    "top_p": real("top-p", 0, 1),
-    "seed": seed,
-    "max_new_tokens": whole("max new tokens", 1, MAX_NEW_TOKENS_CAP),
-    "k_policy": choice("k policy", ("adaptive", "heuristic", "fixed")),
-    "k": whole("k", 1, K_MAX),
-    "repetition_penalty": real("repetition penalty", 0, 100),
-    "no_repeat_ngram_size": whole("no-repeat n-gram size", 0, 64),
-    "rule": choice("sampling rule", RULES),
-    "tree": whole("tree nodes", 0, TREE_MAX),
-    "dtype": choice("precision", DTYPES),
-}
+
+
+def fields() -> dict[str, Callable]:
+    """The app's input fields by handler parameter name: the prompt and pair, then every declared setting
+    the page shows. Ranges are what a client could send at all; the configs' own validate() then
+    checks what makes sense (top-p in (0, 1], k <= k max, ...)."""
+    return {
+        "prompt": text("prompt", MAX_PROMPT_CHARS, blank=False),
+        "target": text("target", MODEL_ID_CHARS, blank=False),
+        "draft": text("draft", MODEL_ID_CHARS, blank=False),
+        **{n: text(n.replace("_", " "), MODEL_ID_CHARS) for n in ("custom_target", "custom_draft")},
+        **{knob.name: for_knob(knob) for knob in knobs.shown()},
+    }
+
+
+FIELDS = fields()  # as declared at import; the checks read fields() at the time
 
 
 def _by_component(block, label: str) -> Callable | None:
@@ -187,12 +197,13 @@ def check_payload(fn: Callable, blocks: list, values: list) -> None:
     if len(values) < len(blocks):
         raise UserError(f"this endpoint takes {len(blocks)} values, got {len(values)}")
     names = list(inspect.signature(fn).parameters) if fn is not None else []
+    by_name = fields()
     for i, (block, value) in enumerate(zip(blocks, values, strict=False)):
         if getattr(block, "stateful", False):
             continue
         name = names[i] if i < len(names) else ""
         label = str(getattr(block, "label", None) or name or f"input {i + 1}").split(" (")[0].split(":")[0][:40]
-        check = FIELDS.get(name) or _by_component(block, label)
+        check = by_name.get(name) or _by_component(block, label)
         if check is not None:
             check(value)
         if isinstance(value, str) and type(block).__name__ in ("Number", "Slider"):
@@ -324,10 +335,10 @@ def limit_logging() -> None:
 
 def check_fields(fn: Callable, args: tuple, kwargs: dict) -> None:
     """Check every argument of `fn` that FIELDS knows, by parameter name."""
-    bound = inspect.signature(fn).bind_partial(*args, **kwargs)
+    bound, by_name = inspect.signature(fn).bind_partial(*args, **kwargs), fields()
     for name, value in bound.arguments.items():
-        if name in FIELDS:
-            FIELDS[name](value)
+        if name in by_name:
+            by_name[name](value)
 
 
 def guarded(user_error: Callable[[UserError], BaseException], passthrough: tuple[type[BaseException], ...] = ()):

@@ -1,5 +1,5 @@
 """The settings form: the UI's inputs as one ordered list of named fields, parsed once per click into
-one typed `Form` that every handler takes.
+one typed `Form` that every handler of the click takes (handed down in the session's control state).
 
 The names are the API's named parameters (`client.predict(prompt=..., rule=...)`): Gradio reads
 them from a handler's signature, so `takes_form` gives each handler the one signature built here
@@ -14,11 +14,11 @@ import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from app.args import make_settings
-from app.core.config import REJECTION, Settings, SpecConfig
+from app.core import knobs
+from app.core.config import Settings
+from app.core.knobs import DTYPES
 
 _REQUIRED = inspect.Parameter.empty
-DTYPES = ("auto", "fp32", "bf16", "int8")  # the precisions a visitor may pick for the target
 
 
 def server_dtype() -> str:
@@ -29,30 +29,28 @@ def server_dtype() -> str:
     return chosen if chosen in DTYPES else "auto"
 
 
-# (name, default) in the order the UI wires its inputs; the last four came later, so API callers
-# that omit them get the old behaviour.
-FIELDS: tuple[tuple[str, object], ...] = (
-    ("prompt", _REQUIRED),
-    ("target", _REQUIRED),
-    ("custom_target", _REQUIRED),
-    ("draft", _REQUIRED),
-    ("custom_draft", _REQUIRED),
-    ("chat", _REQUIRED),
-    ("decoding", _REQUIRED),
-    ("temperature", _REQUIRED),
-    ("top_k", _REQUIRED),
-    ("top_p", _REQUIRED),
-    ("seed", _REQUIRED),
-    ("max_new_tokens", _REQUIRED),
-    ("k_policy", _REQUIRED),
-    ("k", _REQUIRED),
-    ("repetition_penalty", 1.0),
-    ("no_repeat_ngram_size", 0),
-    ("rule", REJECTION),
-    ("tree", 0),
-    ("dtype", server_dtype()),
-)
-NAMES = tuple(name for name, _ in FIELDS)
+# What a caller names before the settings: the prompt and the pair as picked or typed.
+PAIR_FIELDS = ("prompt", "target", "custom_target", "draft", "custom_draft")
+SERVER_DEFAULTS = {"dtype": server_dtype}  # defaults only the server knows
+
+
+def _api_default(knob: knobs.Knob) -> object:
+    if knob.required:
+        return _REQUIRED
+    return SERVER_DEFAULTS[knob.name]() if knob.name in SERVER_DEFAULTS else knob.value
+
+
+def fields() -> tuple[tuple[str, object], ...]:
+    """(name, default) of every field, in the order the UI wires its inputs: the pair, then each
+    declared setting the page shows (knobs.KNOBS), so API callers that omit a later one get its default."""
+    return tuple((name, _REQUIRED) for name in PAIR_FIELDS) + tuple((k.name, _api_default(k)) for k in knobs.shown())
+
+
+def names() -> tuple[str, ...]:
+    return tuple(name for name, _ in fields())
+
+
+FIELDS, NAMES = fields(), names()  # as declared at import; fields() and names() read the knobs at the time
 
 
 def blank(seed) -> bool:
@@ -80,6 +78,34 @@ class Form:
         return dataclasses.replace(self, settings=dataclasses.replace(self.settings, sampling=sampling))
 
 
+@dataclass
+class Click:
+    """One click's request, parsed by the first handler the click chains and handed down to the rest in
+    the session's control state (control["click"]): the raw fields it was parsed from, its Form, and,
+    once prepared, the prompt's ids and the pair. The click's last handler drops it (and the next click
+    replaces it); a Click pickled across ZeroGPU's worker leaves the pair behind."""
+
+    values: dict
+    form: Form
+    ids: list[int] | None = None
+    pair: object | None = None
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "pair": None}
+
+
+def handed_down(values: dict, control) -> Form:
+    """The click's Form where `control` carries one parsed from these very values, else a fresh parse
+    handed down from here. A blank seed is parsed afresh: each such call draws its own seed."""
+    click = control.get("click") if isinstance(control, dict) else None
+    if isinstance(click, Click) and click.values == values and click.form.seed_given:
+        return click.form
+    form = parse(values)
+    if isinstance(control, dict):
+        control["click"] = Click(dict(values), form)
+    return form
+
+
 def fill_seed(seed, decoding) -> int:
     """A blank Seed box: 0 under greedy (nothing is random), else a fresh random seed, shown back."""
     import random
@@ -91,25 +117,19 @@ def fill_seed(seed, decoding) -> int:
 
 def parse(values: dict) -> Form:
     """The fields (by name) as one Form; bad settings raise UserError with what to change."""
-    v = {name: values.get(name, default) for name, default in FIELDS}
+    v = {name: values.get(name, default) for name, default in fields()}
     target, draft = model_ids(v["target"], v["custom_target"], v["draft"], v["custom_draft"])
-    settings = make_settings(
-        0.0 if v["decoding"] == "greedy" else float(v["temperature"]),
-        int(v["top_k"]),
-        float(v["top_p"]),
-        fill_seed(v["seed"], v["decoding"]),
-        float(v["repetition_penalty"]),
-        int(v["no_repeat_ngram_size"]),
-        v["rule"],
-        k=int(v["k"]),
-        k_policy=v["k_policy"],
-        k_max=SpecConfig.k_max,  # the UI's k slider never moves adaptive k's cap (make_settings)
-        max_new_tokens=int(v["max_new_tokens"]),
-        chat=bool(v["chat"]),
-        tree=int(v["tree"]),
-        tree_auto=v["k_policy"] == "adaptive" and int(v["tree"]) > 0,  # adaptive k's trees: shaped each round
-    )
+    greedy = v["decoding"] == "greedy"
+    given = {k.name: _typed(k, v[k.name]) for k in knobs.shown() if k.config and k.name not in ("temperature", "seed")}
+    given |= dict(temperature=0.0 if greedy else float(v["temperature"]), seed=fill_seed(v["seed"], v["decoding"]))
+    # The UI's k slider never moves adaptive k's cap (knobs.settings); adaptive k's trees are shaped each round.
+    settings = knobs.settings(given, tree_auto=v["k_policy"] == "adaptive" and int(v["tree"]) > 0)
     return Form(v["prompt"], target, draft, settings, not blank(v["seed"]), str(v["dtype"]))
+
+
+def _typed(knob: knobs.Knob, value):
+    """A field's value as its knob's type (the page sends 4.0 for a whole-number slider)."""
+    return value if knob.kind is str else knob.kind(value)
 
 
 def takes_form(before: tuple[str, ...] = (), after: tuple[tuple[str, object], ...] = ()):
@@ -119,7 +139,7 @@ def takes_form(before: tuple[str, ...] = (), after: tuple[tuple[str, object], ..
     def wrap(fn: Callable) -> Callable:
         P = inspect.Parameter
         params = [P(n, P.POSITIONAL_OR_KEYWORD) for n in before]
-        params += [P(n, P.POSITIONAL_OR_KEYWORD, default=d) for n, d in FIELDS]
+        params += [P(n, P.POSITIONAL_OR_KEYWORD, default=d) for n, d in fields()]
         params += [P(n, P.POSITIONAL_OR_KEYWORD, default=d) for n, d in after]
         signature = inspect.Signature(params)
 
@@ -127,7 +147,9 @@ def takes_form(before: tuple[str, ...] = (), after: tuple[tuple[str, object], ..
             bound = signature.bind(*args, **kwargs)
             bound.apply_defaults()
             values = bound.arguments
-            return [values[n] for n in before], parse(values), {n: values[n] for n, _ in after}
+            typed = {n: values[n] for n, _ in fields() if n in values}
+            form = handed_down(typed, values.get("control"))
+            return [values[n] for n in before], form, {n: values[n] for n, _ in after}
 
         if inspect.isgeneratorfunction(fn):
 

@@ -6,9 +6,6 @@ from __future__ import annotations
 import html
 import json
 import logging
-import secrets
-import threading
-from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,7 +18,7 @@ from app.models import hosting
 from app.request import CONVERTING, LOADING, MEASURING, loading_note  # noqa: F401 - the views' phase names
 from app.serve import boundary, heap, queue_limits
 from app.serve.boundary import MAX_NEW_TOKENS_CAP
-from app.serve.form import Form, fill_seed, model_ids, takes_form  # noqa: F401 - fill_seed: the UI's start_run
+from app.serve.form import Click, Form, fill_seed, model_ids, takes_form  # noqa: F401 - fill_seed: the UI's start_run
 from app.serve.texts import EXAMPLES, example_row  # noqa: F401 - the API's examples
 
 log = logging.getLogger(__name__)
@@ -57,13 +54,6 @@ class Prepared:
     ids: list[int]
 
 
-# Click token -> (what was prepared for, Prepared). A click's handlers run one after another, so an
-# entry lives from its check to its last handler; the bound only matters for clicks that never finish.
-_clicks: OrderedDict[str, tuple[tuple, Prepared]] = OrderedDict()
-_clicks_lock = threading.Lock()
-MAX_CLICKS = 16
-
-
 def panel_stream(stream: Callable, form: Form, control, progress):
     """A panel's updates from stream(form, control, progress): a user's mistake reaches the page as
     its error, and the memory the run freed goes back to the OS however it ends."""
@@ -76,9 +66,10 @@ def panel_stream(stream: Callable, form: Form, control, progress):
 
 
 def new_click(control: dict | None) -> None:
-    """A click starts: the handlers it chains share what its first one prepares (start_run calls this)."""
+    """A click starts: its first handler parses the form and hands it down (form.Click); start_run calls
+    this, so nothing of an earlier click is reused."""
     if control is not None:
-        control["click"] = secrets.token_hex(8)
+        control["click"] = None
 
 
 def _converting(progress) -> None:
@@ -90,26 +81,20 @@ def _converting(progress) -> None:
 
 
 def prepared(form: Form, control: dict | None = None, last: bool = False, progress=None) -> Prepared:
-    """The form's pair and prompt ids, reused within one click (`control` carries its token), else
-    resolved and encoded now. `last`: the click's final handler, which drops the entry. `progress`:
-    the page's tracker, told how far a first load's GGUF conversion is."""
-    token = control.get("click") if isinstance(control, dict) else None
-    key = (form.target, form.draft, form.dtype, form.prompt, form.settings.run.chat)
-    with _clicks_lock:
-        held = (_clicks.pop if last else _clicks.get)(token, None)
-    if held is not None and held[0] == key:
-        return held[1]
+    """The form's pair and prompt ids, prepared once per click (handed down in `control`, form.Click),
+    else resolved and encoded now. `last`: the click's final handler, which drops what it shared.
+    `progress`: the page's tracker, told how far a first load's GGUF conversion is."""
+    click = control.get("click") if isinstance(control, dict) else None
+    click = click if isinstance(click, Click) and click.form is form else None
+    if last and isinstance(control, dict):
+        control["click"] = None
+    if click is not None and click.ids is not None and click.pair is not None:
+        return Prepared(click.pair, click.ids)  # type: ignore[arg-type]
     pair = _pair(form.target, form.draft, form.dtype, progress)
     ready = Prepared(pair, pair.encode(form.prompt, form.settings.run.chat))
-    if token and not last:
-        with _clicks_lock:
-            _clicks[token] = (key, ready)
-            # A click that never reached its last handler (a failed or cancelled run) leaves its entry:
-            # entries whose target the model cache has let go are dropped, so none keeps a model alive.
-            for stale in [t for t, (_, p) in _clicks.items() if not models.loading.is_cached(p.pair.target)]:
-                del _clicks[stale]
-            while len(_clicks) > MAX_CLICKS:
-                _clicks.popitem(last=False)
+    if click is not None and not last:
+        # A click that never reaches its last handler holds its pair until the session's next click.
+        click.ids, click.pair = ready.ids, pair
     return ready
 
 

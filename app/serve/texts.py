@@ -58,7 +58,3 @@ def example_row(example: dict) -> list:
         s.get("seed", 0),
         bool(s.get("chat", False)),
     ]
-
-
-# The sampling rules as the app names them (core/config.py, RULES).
-RULE_LABELS = {"rejection": "rejection (min(1, p/q))", "shared-noise": "shared noise (same text as plain)"}

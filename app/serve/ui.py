@@ -13,8 +13,7 @@ from types import SimpleNamespace
 import gradio as gr
 
 from app import models
-from app.core.config import RULES, SamplingConfig, SpecConfig
-from app.serve import by_kind, form, queue_limits, sessions, which_draft
+from app.serve import by_kind, controls, form, queue_limits, sessions, which_draft
 from app.serve.generation import generate_both, request_stop, start_run  # noqa: F401
 from app.serve.handlers import (  # noqa: F401 - the handlers are the app's API, reached through ui too
     _cap_label,
@@ -30,7 +29,7 @@ from app.serve.handlers import (  # noqa: F401 - the handlers are the app's API,
     load_pair,
 )
 from app.serve.teaching import step_round  # noqa: F401
-from app.serve.texts import CSS, EXAMPLES, EXPLANATION, KNOWS, RULE_LABELS, TIMING_NOTE, example_row
+from app.serve.texts import CSS, EXAMPLES, EXPLANATION, KNOWS, TIMING_NOTE, example_row
 from app.views import render
 
 log = logging.getLogger(__name__)
@@ -43,7 +42,7 @@ def build_ui() -> gr.Blocks:
             "in one pass and keeps what it agrees with. Same output, fewer target passes."
         )
         gr.Markdown(KNOWS, elem_id="knows")
-        c = SimpleNamespace()  # every component the wiring reads, by name
+        c = SimpleNamespace(fields={})  # every component the wiring reads, by name; fields: the settings
         with gr.Row():
             with gr.Column(scale=3):
                 _prompt_column(c)
@@ -64,18 +63,7 @@ def build_ui() -> gr.Blocks:
             # Clicking an example also sets its own decoding settings (greedy for code, sampling for English).
             gr.Examples(
                 [example_row(e) for e in EXAMPLES],
-                [
-                    c.prompt,
-                    c.decoding,
-                    c.temperature,
-                    c.top_k,
-                    c.top_p,
-                    c.rep_penalty,
-                    c.no_repeat,
-                    c.max_new,
-                    c.seed,
-                    c.chat,
-                ],
+                [c.prompt, *(c.fields[name] for name in EXAMPLE_SETTINGS)],
                 example_labels=[e["label"] for e in EXAMPLES],
                 cache_examples=False,
                 label="Examples, each with its own settings: code and structured answers (greedy), open-ended "
@@ -108,72 +96,34 @@ def _model_controls(c) -> None:
             allow_custom_value=True,
         )
         c.custom_draft = gr.Textbox("", label="…or a custom draft (Hub id, local dir, prompt-lookup, early-exit:N)")
-        c.dtype = gr.Radio(
-            [
-                ("auto: the fastest exact one here", "auto"),
-                ("int8: exact at every width", "int8"),
-                ("fp32", "fp32"),
-                ("bf16", "bf16"),
-            ],
-            value=form.server_dtype(),
-            label="Precision",
-            info="int8 weights with integer sums give a row the same logits in a one-token pass and a verify "
-            "pass, so greedy output is plain decoding's exactly; auto picks it where it runs. In fp32 and "
-            "bf16 a verify pass can round a near-tie the other way, and the check then says so",
-            elem_id="dtype",
-        )
+        controls.group("models", c, dict(dtype=form.server_dtype()))
         c.load_btn = gr.Button("Load pair", size="sm")
         c.status = gr.Markdown()
 
 
+# The settings an example sets, in the order of example_row after its prompt.
+EXAMPLE_SETTINGS = (
+    "decoding",
+    "temperature",
+    "top_k",
+    "top_p",
+    "repetition_penalty",
+    "no_repeat_ngram_size",
+    "max_new_tokens",
+    "seed",
+    "chat",
+)
+
+
 def _decoding_controls(c) -> None:
-    _, decoding, t, top_k, top_p, rep, no_repeat, max_new, seed, chat = c.first
+    values = dict(zip(EXAMPLE_SETTINGS, c.first[1:], strict=True))
+    cap = _context_cap(next(iter(models.TARGET_PRESETS)))
+    values["max_new_tokens"] = min(values["max_new_tokens"], cap)
     with gr.Accordion("Decoding", open=False):
-        c.decoding = gr.Radio(["greedy", "sampling"], value=decoding, label="Decoding")
-        # Greedy ignores these and the rule, so they are greyed out under it (sampling_controls).
-        sampled = decoding != "greedy"
-        c.temperature = gr.Slider(0.05, 2.0, t, step=0.05, label="Temperature (sampling only)", interactive=sampled)
-        c.top_k = gr.Slider(0, 200, top_k, step=1, label="Top-k (sampling only; 0 = off)", interactive=sampled)
-        c.top_p = gr.Slider(0.05, 1.0, top_p, step=0.05, label="Top-p (sampling only; 1 = off)", interactive=sampled)
-        c.seed = gr.Number(seed, precision=0, label="Seed (blank: a fresh random seed)")
-        c.rule = gr.Radio(
-            [(RULE_LABELS[r], r) for r in RULES],
-            value=SamplingConfig.rule,
-            label="Sampling rule (sampling only)",
-            info="shared noise: for a seed, plain sampling's text, whatever the draft or k. Rejection: more "
-            "drafts kept; a seed repeats its text under fixed or heuristic k, not adaptive k",
-            interactive=sampled,
-        )
-        # Applied to p and q alike at every position, so speculation stays lossless.
-        c.rep_penalty = gr.Slider(1.0, 2.0, rep, step=0.05, label="Repetition penalty (1 = off)")
-        c.no_repeat = gr.Slider(0, 8, no_repeat, step=1, label="No-repeat n-gram size (0 = off)")
-        cap = _context_cap(next(iter(models.TARGET_PRESETS)))
-        # A number box, not a slider: a slider clamps a typed 0 or 100000 without a word, while a
-        # value outside the range the label states is refused with a message when a run starts.
-        c.max_new = gr.Number(min(max_new, cap), precision=0, elem_id="max-new", label=_cap_label(cap))
-        c.chat = gr.Checkbox(chat, label="Chat formatting: the prompt is an instruction (models with a chat template)")
+        # Greedy ignores the sampling-only controls, so they are greyed out under it (sampling_controls).
+        controls.group("decoding", c, values, overrides=dict(max_new_tokens=dict(label=_cap_label(cap))))
     with gr.Accordion("Speculation", open=False):
-        c.k_policy = gr.Radio(
-            ["adaptive", "heuristic", "fixed"], value="adaptive", label="k policy", elem_id="k-policy"
-        )
-        c.k = gr.Slider(
-            1,
-            16,
-            4,
-            step=1,
-            elem_id="k",
-            label=f"k: fixed k, or heuristic's start (adaptive ignores it and picks k ≤ {SpecConfig.k_max})",
-        )
-        c.tree = gr.Slider(
-            0,
-            32,
-            0,
-            step=1,
-            elem_id="tree-nodes",
-            label="Tree nodes: 0 drafts a chain. With fixed k, a tree of N nodes, k deep; with adaptive k, "
-            "this machine's cost model shapes each round (a plain step, a chain or a tree of up to N nodes). "
-            "One target pass verifies the whole tree",
-        )
+        controls.group("speculation", c)
 
 
 def _results(c) -> None:
@@ -240,29 +190,9 @@ def _teaching(c) -> None:
 
 def _wire(c) -> None:
     model_inputs = [c.target, c.custom_target, c.draft, c.custom_draft, c.dtype]
-    # The settings form's fields (form.FIELDS), each the component its API parameter reads, in order.
-    by_name = dict(
-        prompt=c.prompt,
-        target=c.target,
-        custom_target=c.custom_target,
-        draft=c.draft,
-        custom_draft=c.custom_draft,
-        chat=c.chat,
-        decoding=c.decoding,
-        temperature=c.temperature,
-        top_k=c.top_k,
-        top_p=c.top_p,
-        seed=c.seed,
-        max_new_tokens=c.max_new,
-        k_policy=c.k_policy,
-        k=c.k,
-        repetition_penalty=c.rep_penalty,
-        no_repeat_ngram_size=c.no_repeat,
-        rule=c.rule,
-        tree=c.tree,
-        dtype=c.dtype,
-    )
-    inputs = [by_name[name] for name in form.NAMES]
+    # The settings form's fields (form.fields()), each the component its API parameter reads, in order.
+    by_name = {name: getattr(c, name) for name in form.PAIR_FIELDS} | c.fields
+    inputs = [by_name[name] for name in form.names()]
     # One queue for the device; SPECDEC_CONCURRENCY runs share it at once (queue_limits.py).
     device = dict(concurrency_limit=queue_limits.concurrency(), concurrency_id="device")
     private = dict(api_visibility="private")
@@ -301,17 +231,18 @@ def _wire(c) -> None:
     # One round of Step is short, so Stop only ends a generation or a panel's run (cooperatively, after a round).
     c.stop_btn.click(request_stop, c.control, None, queue=False, **private)
     c.load_btn.click(load_pair, model_inputs, c.status, api_name="load_pair", **device).success(
-        cap_for_loaded, [*model_inputs, c.max_new], c.max_new, **private, **device
+        cap_for_loaded, [*model_inputs, c.max_new_tokens], c.max_new_tokens, **private, **device
     )
     gr.on(
         [c.target.change, c.custom_target.blur],
         cap_for_target,
-        [c.target, c.custom_target, c.max_new],
-        c.max_new,
+        [c.target, c.custom_target, c.max_new_tokens],
+        c.max_new_tokens,
         queue=False,
         **private,
     )
-    c.decoding.change(sampling_controls, c.decoding, [c.temperature, c.top_k, c.top_p, c.rule], queue=False, **private)
+    greyed = [c.fields[name] for name in controls.sampling_only()]
+    c.decoding.change(sampling_controls, c.decoding, greyed, queue=False, **private)
     c.rejected_view.change(None, c.rejected_view, None, js=REJECTED_VIEW, **private)
     gr.Button(visible=False).click(list_presets, None, c.presets_json, api_name="presets")
 
@@ -342,9 +273,9 @@ def _prepare(model_id: str) -> None:
 
 @guarded
 def sampling_controls(decoding: str) -> list[dict]:
-    """Temperature, top-k, top-p and the sampling rule: usable under sampling, greyed out under greedy,
-    which ignores them."""
-    return [gr.update(interactive=decoding != "greedy") for _ in range(4)]
+    """Temperature, top-k, top-p and the sampling rule (controls.sampling_only): usable under sampling,
+    greyed out under greedy, which ignores them."""
+    return [gr.update(interactive=decoding != "greedy") for _ in controls.sampling_only()]
 
 
 def launch(host: str | None = None, port: int | None = None, share: bool = False) -> None:

@@ -1,0 +1,323 @@
+"""Every setting a front end shows, declared once: its type, default, range, CLI flag, UI label and help.
+
+The CLI's options (args.py), the settings form and its API parameters (serve/form.py), the checks on
+what a client sends (serve/boundary.py) and the page's controls (serve/ui.py) are all generated from
+KNOBS. Adding a setting is one Knob here plus its use in the engine (a field of its config).
+
+Plain data: the core imports no gradio, so a `Widget` only says what the serve layer should build.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Mapping
+from dataclasses import MISSING, dataclass, field, fields
+from typing import Any
+
+from app.core.config import (
+    K_MAX,
+    REJECTION,
+    RULES,
+    SHARED_NOISE,
+    TREE_MAX,
+    RunConfig,
+    SamplingConfig,
+    Settings,
+    SpecConfig,
+)
+
+CONFIGS = {"sampling": SamplingConfig, "spec": SpecConfig, "run": RunConfig}
+FROM_CONFIG: Any = object()  # a knob's default: its config field's own
+MAX_NEW_TOKENS = 2048  # the longest run a front end asks for: a typo such as 99999 would run to the context's end
+DTYPES = ("auto", "fp32", "bf16", "int8")  # the precisions a visitor may pick for the target
+K_POLICIES = ("adaptive", "heuristic", "fixed")
+
+
+@dataclass(frozen=True)
+class Widget:
+    """How the page shows a knob; the serve layer builds the component."""
+
+    kind: str  # slider | number | radio | checkbox
+    label: str
+    group: str = "decoding"  # the accordion it sits in: models | decoding | speculation
+    lo: float | None = None  # a slider's range and step
+    hi: float | None = None
+    step: float | None = None
+    value: Any = FROM_CONFIG  # what the page starts with, when not the knob's default
+    options: tuple[tuple[str, Any], ...] = ()  # a radio's (shown label, value) pairs, in the order shown
+    info: str | None = None
+    elem_id: str | None = None
+    sampling_only: bool = False  # greyed out under greedy decoding, which ignores it
+
+
+@dataclass(frozen=True)
+class Knob:
+    """One setting. `name` is the API's parameter, the CLI flag (--name-with-dashes) and, where `config`
+    says which, the field of SamplingConfig, SpecConfig or RunConfig it sets."""
+
+    name: str
+    kind: type  # int, float, str or bool
+    what: str  # its name in a message: "top-k must be ..."
+    config: str | None = None  # sampling | spec | run; None: the front end reads it itself
+    default: Any = FROM_CONFIG  # the CLI's and an API caller's default (None: the front end decides)
+    lo: float | None = None  # the range a client may send at all; the config's validate() then checks sense
+    hi: float | None = None
+    choices: tuple = ()  # the values it takes (CLI, form and boundary)
+    blank: bool = False  # a blank value is fine: the front end fills it (the seed)
+    required: bool = False  # an API caller sends it (the first fields the API took)
+    help: str | None = None  # the CLI's help; None: none
+    cli: Mapping[str, Any] | None = field(default_factory=dict)  # argparse extras; None: no CLI option
+    ui: Widget | None = None  # None: not on the page
+
+    @property
+    def value(self) -> Any:
+        """The default, read from the config field when the knob does not give its own."""
+        if self.default is not FROM_CONFIG:
+            return self.default
+        (f,) = [f for f in fields(CONFIGS[self.config or ""]) if f.name == self.name]
+        return f.default_factory() if f.default is MISSING and f.default_factory is not MISSING else f.default
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+
+def tree_nodes(text: str) -> int | str:
+    """--tree's value: a node count, auto or off."""
+    word = text.strip().lower()
+    if word in ("off", "auto"):
+        return 0 if word == "off" else "auto"
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--tree takes a node count, auto or off, got {text!r}") from None
+
+
+SAMPLING = "(sampling only"
+KNOBS: list[Knob] = [
+    # The form's fields in the order the API takes them; a knob added later goes last, so API callers
+    # that omit it get its default.
+    Knob(
+        "chat",
+        bool,
+        "chat",
+        "run",
+        default=None,
+        required=True,
+        help="format the prompt with the chat template (default: when the target has one)",
+        cli=dict(action=argparse.BooleanOptionalAction),
+        ui=Widget("checkbox", "Chat formatting: the prompt is an instruction (models with a chat template)"),
+    ),
+    Knob(
+        "decoding",
+        str,
+        "decoding",
+        default="greedy",
+        choices=("greedy", "sampling"),
+        required=True,
+        cli=None,  # the CLI's greedy is --temperature 0
+        ui=Widget("radio", "Decoding"),
+    ),
+    Knob(
+        "temperature",
+        float,
+        "temperature",
+        "sampling",
+        lo=0,
+        hi=1000,
+        required=True,
+        help="0 means greedy",
+        ui=Widget("slider", f"Temperature {SAMPLING})", lo=0.05, hi=2.0, step=0.05, sampling_only=True),
+    ),
+    Knob(
+        "top_k",
+        int,
+        "top-k",
+        "sampling",
+        lo=0,
+        hi=10**9,
+        required=True,
+        ui=Widget("slider", f"Top-k {SAMPLING}; 0 = off)", lo=0, hi=200, step=1, sampling_only=True),
+    ),
+    Knob(
+        "top_p",
+        float,
+        "top-p",
+        "sampling",
+        lo=0,
+        hi=1,
+        required=True,
+        ui=Widget("slider", f"Top-p {SAMPLING}; 1 = off)", lo=0.05, hi=1.0, step=0.05, sampling_only=True),
+    ),
+    Knob(
+        "seed",
+        int,
+        "seed",
+        "sampling",
+        lo=0,
+        hi=2**63 - 1,  # torch.Generator.manual_seed takes a 64-bit seed
+        blank=True,
+        required=True,
+        ui=Widget("number", "Seed (blank: a fresh random seed)"),
+    ),
+    Knob(
+        "max_new_tokens",
+        int,
+        "max new tokens",
+        "run",
+        lo=1,
+        hi=MAX_NEW_TOKENS,
+        required=True,
+        # A number box, not a slider: a slider clamps a typed 0 or 100000 without a word, while a
+        # value outside the range the label states is refused with a message when a run starts.
+        ui=Widget("number", f"Max new tokens, 1 to {MAX_NEW_TOKENS}", elem_id="max-new"),
+    ),
+    Knob(
+        "k_policy",
+        str,
+        "k policy",
+        "spec",
+        default=None,  # the CLI's: fixed when --k or a tree is given, else adaptive
+        choices=K_POLICIES,
+        required=True,
+        cli=dict(choices=("fixed", "heuristic", "adaptive")),
+        ui=Widget("radio", "k policy", group="speculation", value="adaptive", elem_id="k-policy"),
+    ),
+    Knob(
+        "k",
+        int,
+        "k",
+        "spec",
+        default=None,  # the CLI's: no --k is adaptive k
+        lo=1,
+        hi=K_MAX,
+        required=True,
+        help="draft length; alone it means a fixed k (default: adaptive)",
+        ui=Widget(
+            "slider",
+            f"k: fixed k, or heuristic's start (adaptive ignores it and picks k ≤ {SpecConfig.k_max})",
+            group="speculation",
+            lo=1,
+            hi=K_MAX,
+            step=1,
+            value=SpecConfig.k,
+            elem_id="k",
+        ),
+    ),
+    Knob(
+        "repetition_penalty",
+        float,
+        "repetition penalty",
+        "sampling",
+        lo=0,
+        hi=100,
+        help="> 1 discourages repeating context tokens, as in transformers' generate (1: off)",
+        # Applied to p and q alike at every position, so speculation stays lossless.
+        ui=Widget("slider", "Repetition penalty (1 = off)", lo=1.0, hi=2.0, step=0.05),
+    ),
+    Knob(
+        "no_repeat_ngram_size",
+        int,
+        "no-repeat n-gram size",
+        "sampling",
+        lo=0,
+        hi=64,
+        help="forbid repeating any n-gram of this size, as in generate (0: off)",
+        ui=Widget("slider", "No-repeat n-gram size (0 = off)", lo=0, hi=8, step=1),
+    ),
+    Knob(
+        "rule",
+        str,
+        "sampling rule",
+        "sampling",
+        choices=RULES,
+        help="how sampled drafts are judged: rejection (min(1, p/q), the most drafts kept; a seed repeats "
+        "its text under fixed or heuristic k, not adaptive k, which follows this machine's timings) or "
+        "shared-noise (target and draft race the same seeded noise: for a seed, the text of plain sampling, "
+        "whatever the draft or k)",
+        ui=Widget(
+            "radio",
+            f"Sampling rule {SAMPLING})",
+            options=(("rejection (min(1, p/q))", REJECTION), ("shared noise (same text as plain)", SHARED_NOISE)),
+            info="shared noise: for a seed, plain sampling's text, whatever the draft or k. Rejection: more "
+            "drafts kept; a seed repeats its text under fixed or heuristic k, not adaptive k",
+            sampling_only=True,
+        ),
+    ),
+    Knob(
+        "tree",
+        int,
+        "tree nodes",
+        "spec",
+        lo=0,
+        hi=TREE_MAX,
+        help="draft a tree of N nodes, k deep (fixed k, 4 unless --k), verified in one target pass; "
+        f"auto: this machine's cost model picks each round's depth and nodes (up to {TREE_MAX}), or a chain "
+        "or a plain step where those win; off or 0: a chain (default)",
+        cli=dict(type=tree_nodes),
+        ui=Widget(
+            "slider",
+            "Tree nodes: 0 drafts a chain. With fixed k, a tree of N nodes, k deep; with adaptive k, "
+            "this machine's cost model shapes each round (a plain step, a chain or a tree of up to N nodes). "
+            "One target pass verifies the whole tree",
+            group="speculation",
+            lo=0,
+            hi=32,
+            step=1,
+            elem_id="tree-nodes",
+        ),
+    ),
+    Knob(
+        "dtype",
+        str,
+        "precision",
+        default=None,  # the CLI's: auto, or SPECDEC_DTYPE; a visitor's: the server's (serve/form.py)
+        choices=DTYPES,
+        help="int8, fp32, fp16, bf16 or auto: the fastest precision whose passes are exact at every width "
+        "here, probed once per model (default: auto, or SPECDEC_DTYPE; int8: int8 weights with integer "
+        "sums, a Llama-shaped target on a CPU)",
+        cli=dict(choices=None),  # the CLI also takes fp16, and the loader says what it cannot use
+        ui=Widget(
+            "radio",
+            "Precision",
+            group="models",
+            options=(
+                ("auto: the fastest exact one here", "auto"),
+                ("int8: exact at every width", "int8"),
+                ("fp32", "fp32"),
+                ("bf16", "bf16"),
+            ),
+            info="int8 weights with integer sums give a row the same logits in a one-token pass and a verify "
+            "pass, so greedy output is plain decoding's exactly; auto picks it where it runs. In fp32 and "
+            "bf16 a verify pass can round a near-tie the other way, and the check then says so",
+            elem_id="dtype",
+        ),
+    ),
+    # The CLI's own: the page keeps their defaults.
+    Knob("k_max", int, "k max", "spec", help="upper bound for heuristic and adaptive k"),
+    Knob("stop", str, "stop string", "run", help="stop string (repeatable)", cli=dict(action="append", default=[])),
+]
+
+
+def shown() -> list[Knob]:
+    """The knobs on the page and in the form, in the API's order."""
+    return [k for k in KNOBS if k.ui is not None]
+
+
+def settings(values: Mapping[str, Any], tree_auto: bool = False) -> Settings:
+    """The one mapping from knob values (by name; a missing one keeps its config's default) to validated
+    Settings. k is fixed k, or heuristic's start: it raises their cap when above k max. Adaptive k picks
+    its own, up to k max, so k never moves adaptive's cap. tree_auto lets the cost model shape each
+    round, with up to `tree` nodes."""
+    parts: dict[str, dict[str, Any]] = {name: {} for name in CONFIGS}
+    for knob in KNOBS:
+        if knob.config and knob.name in values:
+            parts[knob.config][knob.name] = values[knob.name]
+    spec, run = parts["spec"], parts["run"]
+    k, k_max = spec.get("k", SpecConfig.k), spec.get("k_max", SpecConfig.k_max)
+    if spec.get("k_policy", SpecConfig.k_policy) != "adaptive":
+        spec["k_max"] = max(k_max, k)
+    run["stop"] = tuple(run.get("stop", ()))
+    spec["tree_auto"] = tree_auto
+    built: dict[str, Any] = {name: cls(**parts[name]) for name, cls in CONFIGS.items()}
+    return Settings(**built)

@@ -1,0 +1,71 @@
+"""Every setting is declared once (core/knobs.py): the CLI, the form, the boundary and the page follow."""
+
+import argparse
+
+import pytest
+
+from app import args
+from app.core import knobs
+from app.core.config import UserError
+from app.core.knobs import Knob, Widget
+
+TOY = Knob(
+    "toy_level",
+    int,
+    "toy level",
+    default=3,
+    lo=0,
+    hi=9,
+    help="how loud the toy is (0: silent)",
+    ui=Widget("slider", "Toy level (0 = silent)", lo=0, hi=9, step=1, elem_id="toy-level"),
+)
+
+
+@pytest.fixture
+def toy(monkeypatch):
+    monkeypatch.setattr(knobs, "KNOBS", [*knobs.KNOBS, TOY])
+    return TOY
+
+
+def test_a_toy_setting_is_one_declaration_in_the_cli_the_form_and_the_boundary(toy):
+    from app.serve import boundary, controls, form
+
+    ap = argparse.ArgumentParser()
+    args.add_generation_args(ap)
+    assert "--toy-level" in ap.format_help() and "how loud the toy is" in ap.format_help()
+    assert ap.parse_args([]).toy_level == 3 and ap.parse_args(["--toy-level", "5"]).toy_level == 5
+
+    assert form.names()[-1] == "toy_level" and dict(form.fields())["toy_level"] == 3, "after the fields before it"
+    assert form.names()[: len(form.NAMES)] == form.NAMES, "the API's order for earlier fields stays"
+
+    check = boundary.fields()["toy_level"]
+    check(7)
+    with pytest.raises(UserError, match="toy level must be a whole number from 0 to 9, got 12"):
+        check(12)
+    with pytest.raises(UserError, match="toy level must be a whole number from 0 to 9"):
+        boundary.check_fields(lambda toy_level: None, (12,), {})
+
+    slider = controls.component(toy)
+    assert slider.label == "Toy level (0 = silent)" and slider.value == 3 and slider.maximum == 9
+
+
+def test_the_page_builds_a_control_for_a_new_setting_and_wires_it(toy):
+    from app.serve import ui
+
+    demo = ui.build_ui()
+    ours = [c for c in demo.config["components"] if c["props"].get("elem_id") == "toy-level"]
+    assert len(ours) == 1 and ours[0]["props"]["label"] == "Toy level (0 = silent)"
+    generate = next(d for d in demo.config["dependencies"] if d["api_name"] == "generate")
+    assert ours[0]["id"] in generate["inputs"], "the new control is one of Generate's inputs"
+
+
+def test_the_cli_and_the_form_map_to_the_same_settings():
+    from app.serve import form
+
+    ap = argparse.ArgumentParser()
+    args.add_generation_args(ap)
+    cli = args.settings(ap.parse_args(["--temperature", "0.7", "--top-k", "5", "--k", "3", "--k-policy", "heuristic"]))
+    fields = dict(prompt="x", target="t", custom_target="", draft="d", custom_draft="", chat=False)
+    fields |= dict(decoding="sampling", temperature=0.7, top_k=5, top_p=1.0, seed=0, max_new_tokens=128)
+    page = form.parse(fields | dict(k_policy="heuristic", k=3)).settings
+    assert cli == page
