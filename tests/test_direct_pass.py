@@ -156,7 +156,8 @@ def test_fused_features_equal_the_models_hidden_states_entering_eagle3s_layers()
     # A tree pass whose nodes form a chain is the same pass: its features are the chain's.
     tree = CachedModel(target, layers)
     tree.extend(context[:-1])
-    _, fused = tree.extend_tree(context[-1:], more, list(range(-1, len(more) - 1)), features=True)
+    with torch.inference_mode():  # the masked tree pass itself, which extend keeps for branching trees
+        _, fused = tree._tree_forward(context[-1:], more, list(range(-1, len(more) - 1)), True)
     chain = CachedModel(target, layers)
     chain.extend(context[:-1])
     assert torch.equal(fused, chain.extend_with_features(context[-1:] + more)[1])

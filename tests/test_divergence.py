@@ -142,7 +142,11 @@ def test_a_planted_off_by_one_in_the_verify_rule_is_a_loud_mismatch(
     ids = tokenizer(PROMPT)["input_ids"]
     plain, _ = run(p_model, tokenizer, PROMPT, max_new_tokens=24)
     real = verify.greedy
-    monkeypatch.setattr(verify, "greedy", lambda drafts, logits, teach=True: real(drafts, logits.roll(-1, 0), teach))
+
+    def off_by_one(drafts, logits, teach=True, parents=None):
+        return real(drafts, logits.roll(-1, 0), teach, parents)
+
+    monkeypatch.setattr(verify, "greedy", off_by_one)
     got, _ = run(p_model, tokenizer, PROMPT, ModelProposer(q_model, "near"), k=3, k_policy="fixed", max_new_tokens=24)
     monkeypatch.undo()
     assert got != plain

@@ -68,7 +68,7 @@ def test_a_tree_pass_gives_each_node_the_bits_of_its_own_path(smol):
     tokens = [ids[51 + i] if i % 3 else ids[60 + i] for i in range(len(parents))]
     tree = CachedModel(model)
     tree.extend(context, keep=1)
-    got, _ = tree.extend_tree([x], tokens, parents)
+    got = tree.extend([x] + tokens, parents=parents)
     plain = CachedModel(model)
     plain.extend(context, keep=1)
     assert torch.equal(got[0], plain.step(x))

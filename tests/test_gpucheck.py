@@ -73,7 +73,11 @@ def test_gpucheck_gives_a_planted_bug_the_mismatch_verdict(monkeypatch):
     pair = models.load_pair(models.TINY_TARGET, models.PROMPT_LOOKUP, "cpu", "fp32")
     example = {"prompt": "def parse(line):\n", "settings": {"repetition_penalty": 1.0, "no_repeat_ngram_size": 0}}
     real = verify.greedy
-    monkeypatch.setattr(verify, "greedy", lambda drafts, logits, teach=True: real(drafts, logits.roll(-1, 0), teach))
+
+    def off_by_one(drafts, logits, teach=True, parents=None):
+        return real(drafts, logits.roll(-1, 0), teach, parents)
+
+    monkeypatch.setattr(verify, "greedy", off_by_one)
     monkeypatch.setattr(gpucheck, "EQUALITY_SPECS", gpucheck.EQUALITY_SPECS[1::2])  # k = 4 and adaptive
     row = gpucheck._equal_runs(pair, [example], 24, compiled=False)
     assert row["bugs"] > 0 and row["near_ties"] == 0

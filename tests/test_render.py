@@ -167,7 +167,7 @@ def test_the_sampling_chart_always_holds_the_rejected_draft_token(target, near_d
     q = torch.zeros(2, vocab)
     q[0, 3], q[1, 50] = 1.0, 1.0
     residual = (p[1] - q[1]).clamp(min=0)
-    v = verify.Verdict(1, 0, [0.1], [1.0], [0.1], [0.5], residual / residual.sum())
+    v = verify.Verdict([0], 0, [0, 1], [0.1], [1.0], [0.1], [0.5], residual / residual.sum())
     names = type("Names", (), {"decode": staticmethod(lambda ids: f"t{ids[0]}")})  # a tokenizer's decode alone
     top = teaching.top_table(names, Proposal([3, 50], q), torch.log(p), p, v)
     ids = [t[0] for t in top]

@@ -106,8 +106,8 @@ def test_a_broken_rule_fails_the_same_bound(small, monkeypatch):
     prompt = tok("abba")["input_ids"]
     honest = verify.speculative_sampling
 
-    def broken(drafts, p, q, gen):
-        v = honest(drafts, p, q, gen)
+    def broken(drafts, p, q, gen, parents=None):
+        v = honest(drafts, p, q, gen, parents)
         if v.accepted < len(drafts):
             v.token = int(torch.multinomial(p[v.accepted], 1, generator=gen))
         return v

@@ -90,8 +90,8 @@ def test_a_padded_pass_leaves_the_pointer_after_its_real_tokens(target, monkeypa
 @pytest.mark.parametrize("compile", [False, True])
 def test_a_tree_pass_and_its_kept_path_on_the_static_cache_equal_a_fresh_forward(target, monkeypatch, compile):
     """A tree verified on the static cache (eagerly, and padded to a bucket as the compiled path pads it,
-    run here with the plain forward) gives each node its branch's logits, and after keep_path the cache
-    is the committed text's own, the pointer right after the kept path."""
+    run here with the plain forward) gives each node its branch's logits, and after a rollback to its
+    kept path the cache is the committed text's own, the pointer right after the kept path."""
     from app.kv import static_cache
 
     monkeypatch.setattr(static_cache, "compiled", lambda model: model)
@@ -99,12 +99,12 @@ def test_a_tree_pass_and_its_kept_path_on_the_static_cache_equal_a_fresh_forward
     tokens, parents = [5, 6, 7, 8, 9, 10], [-1, -1, 0, 0, 3, 1]  # node 4 (9) below node 3 (8) below node 0
     lm = StaticCachedModel(target, 256, compile=compile)
     lm.extend(ids[:-1])
-    logits, hidden = lm.extend_tree(ids[-1:], tokens, parents, features=True)
+    logits, hidden = lm.extend_with_features(ids[-1:] + tokens, parents=parents)
     assert logits.shape[0] == 7 and hidden.shape[0] == 7
     whole = StaticCachedModel(target, 256).extend(ids + [5, 8, 9])  # the branch 5 -> 8 -> 9
     for row, at in ((0, len(ids) - 1), (1, len(ids)), (4, len(ids) + 1), (5, len(ids) + 2)):
         assert (logits[row] - whole[at]).abs().max() < 1e-4, row
-    lm.keep_path(len(ids), [0, 3, 4])
+    lm.rollback(len(ids), path=[0, 3, 4])
     assert int(lm.cache.get_seq_length()) == lm.length == len(ids) + 3
     after = lm.extend([11], keep=1)
     want = StaticCachedModel(target, 256).extend(ids + [5, 8, 9, 11], keep=1)

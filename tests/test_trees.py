@@ -61,7 +61,7 @@ def two_tokens(rule, widths, trials: int, conditional: bool = True) -> dict[tupl
         tokens, parents, q = draft_tree(widths, draft_gen, conditional)
         ctx = contexts(tokens, parents)
         p = torch.stack([p_of(())] + [p_of(c) for c in ctx])
-        v = rule(tokens, parents, p, q, gen)
+        v = rule(tokens, p, q, gen, parents=parents)
         out = [tokens[i] for i in v.path] + [v.token]
         if len(out) < 2:
             out.append(sampling.sample(p_of((out[0],)), gen))
@@ -89,13 +89,13 @@ BOUND = 2 * 0.5 * sum((2 * p * (1 - p) / (torch.pi * TRIALS)) ** 0.5 for p in ex
 
 @pytest.mark.parametrize("widths", [(3, 2), (1, 1), (4,), (2, 3)])
 def test_recursive_rejection_sampling_keeps_the_target_distribution(widths):
-    assert tv(two_tokens(verify.tree_sampling, widths, TRIALS), exact_two()) < BOUND
+    assert tv(two_tokens(verify.speculative_sampling, widths, TRIALS), exact_two()) < BOUND
 
 
 def test_the_distribution_check_bites():
     """Judging every child against the plain q (as if drawn with replacement) breaks the rule for
     children drawn without replacement: the same check fails."""
-    assert tv(two_tokens(verify.tree_sampling, (4, 2), TRIALS, conditional=False), exact_two()) > BOUND
+    assert tv(two_tokens(verify.speculative_sampling, (4, 2), TRIALS, conditional=False), exact_two()) > BOUND
 
 
 @pytest.mark.parametrize("n", [0, 1, 3, 6])
@@ -106,7 +106,7 @@ def test_a_chain_through_the_tree_rule_is_the_chain_rule_draw_for_draw(n):
         drafts = [int(x) for x in torch.randint(0, V, (n,), generator=torch.Generator().manual_seed(seed))]
         g1, g2 = torch.Generator().manual_seed(seed), torch.Generator().manual_seed(seed)
         chain = verify.speculative_sampling(drafts, p, q, g1)
-        tree = verify.tree_sampling(drafts, chain_of(n), p, q, g2)
+        tree = verify._tree_sampling(drafts, chain_of(n), p, q, g2)  # the general walk
         assert (tree.accepted, tree.token, tree.u, tree.accept_prob) == (
             chain.accepted,
             chain.token,
@@ -116,7 +116,7 @@ def test_a_chain_through_the_tree_rule_is_the_chain_rule_draw_for_draw(n):
         assert torch.equal(g1.get_state(), g2.get_state())
         greedy_chain, greedy_tree = (
             verify.greedy(drafts, p.log()),
-            verify.tree_greedy(drafts, list(range(-1, n - 1)), p.log()),
+            verify._tree_greedy(drafts, list(range(-1, n - 1)), p.log(), True),
         )
         assert (greedy_tree.accepted, greedy_tree.token) == (greedy_chain.accepted, greedy_chain.token)
 
@@ -127,7 +127,7 @@ def test_greedy_follows_the_argmax_down_any_branch():
     p = torch.full((6, V), -5.0)
     for row, best in enumerate([3, 1, 0, 2, 0, 2]):  # argmax after the root, then after each node
         p[row, best] = 5.0
-    v = verify.tree_greedy(tokens, parents, p)
+    v = verify.greedy(tokens, p, parents=parents)
     assert v.path == [1, 4] and v.token == 2  # 3, then 0 (node 4), then the target's own 2 at a leaf
     assert v.judged == [0, 1, 3, 4]
 
@@ -139,7 +139,7 @@ def test_shared_noise_keeps_the_race_winner_at_every_depth():
         tokens, parents, q = draft_tree((3, 2), gen)
         ctx = contexts(tokens, parents)
         p = torch.stack([p_of(())] + [p_of(c) for c in ctx])
-        v = verify.tree_shared_noise(tokens, parents, p, q, seed, position=10)
+        v = verify.shared_noise(tokens, p, q, seed, position=10, parents=parents)
         out, context = [tokens[i] for i in v.path] + [v.token], ()
         for depth, token in enumerate(out):
             assert token == int(sampling.race(p_of(context), sampling.race_noise(seed, 10 + depth, V)))
@@ -254,7 +254,7 @@ def test_shared_noise_trees_give_plain_samplings_text(target, near_draft, tokeni
 
 @pytest.mark.parametrize("wrapper", [False, True])
 def test_a_kept_path_equals_a_fresh_forward(target, wrapper):
-    """After a tree pass and keep_path, the cache is the committed text's own: the next logits are a
+    """After a tree pass and a rollback to its kept path, the cache is the committed text's own: the next logits are a
     fresh forward's, on the growing cache (direct passes) and on transformers' dynamic cache."""
     from transformers import DynamicCache
 
@@ -270,12 +270,12 @@ def test_a_kept_path_equals_a_fresh_forward(target, wrapper):
     tokens, parents = [5, 6, 7, 8, 9, 10], [-1, -1, 0, 0, 3, 1]  # node 4 (9) below node 3 (8) below node 0
     lm = cache()
     lm.extend(ids[:-1])
-    logits, _ = lm.extend_tree(ids[-1:], tokens, parents)
+    logits = lm.extend(ids[-1:] + tokens, parents=parents)
     fresh = cache()
     whole = fresh.extend(ids + [5, 8, 9])  # the branch 5 -> 8 -> 9
     for row, at in ((0, len(ids) - 1), (1, len(ids)), (4, len(ids) + 1), (5, len(ids) + 2)):
         assert (logits[row] - whole[at]).abs().max() < 1e-4, row
-    lm.keep_path(len(ids), [0, 3, 4])
+    lm.rollback(len(ids), path=[0, 3, 4])
     assert lm.length == len(ids) + 3
     after = lm.extend([11], keep=1)
     want = cache().extend(ids + [5, 8, 9, 11], keep=1)

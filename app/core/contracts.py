@@ -6,7 +6,7 @@ The engine is written against these Protocols only; `drafts/` and `kv/` implemen
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import torch
@@ -19,9 +19,21 @@ class Proposal:
     tokens: list[int]  # the drafts x_1..x_n, n <= k (for a tree: its nodes, parents before children)
     q: torch.Tensor | None  # (n, V) draft distributions after processing; None means one-hot (greedy too)
     feature_position: int | None = None  # feature drafts: which target feature (a position) they started from
-    # A tree: node i hangs below node parents[i] (-1: below the last committed token), and q's row i is
-    # the distribution it was drawn from given its earlier siblings (verify.tree_sampling). None: a chain.
-    parents: list[int] | None = None
+    # Node i hangs below node parents[i] (-1: below the last committed token), and q's row i is the
+    # distribution it was drawn from given its earlier siblings (verify's tree rule). Left out: a chain,
+    # whose parents are [-1, 0, 1, ..].
+    parents: list[int] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if not self.parents and self.tokens:
+            self.parents = list(range(-1, len(self.tokens) - 1))
+        if len(self.parents) != len(self.tokens):
+            raise ValueError(f"{len(self.tokens)} drafts need as many parents, got {len(self.parents)}")
+
+    @property
+    def is_tree(self) -> bool:
+        """True when some node has more than one child: a chain's parents are [-1, 0, 1, ..]."""
+        return any(parent != i - 1 for i, parent in enumerate(self.parents))
 
 
 class Proposer(Protocol):
@@ -66,26 +78,22 @@ class KVCache(Protocol):
     device: torch.device
     feature_layers: tuple[int, ...]  # the features a pass returns: () the last layer's, else these layers' inputs
 
-    def extend(self, ids: list[int], keep: int = 0) -> torch.Tensor:
-        """Feed ids after the cached ones; (keep, V) logits of the last `keep` (0: all)."""
+    def extend(self, ids: list[int], keep: int = 0, parents: list[int] | None = None) -> torch.Tensor:
+        """Feed ids after the cached ones; (keep, V) logits of the last `keep` (0: all). With parents,
+        the last len(parents) ids are a tree of drafts (node i below parents[i], -1: below the last
+        committed id), and the logits are the (1 + n, V) after the last committed id and each node."""
 
-    def extend_with_features(self, ids: list[int], keep: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-        """As extend, plus the (len(ids), H) last-layer hidden states."""
+    def extend_with_features(
+        self, ids: list[int], keep: int = 0, parents: list[int] | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """As extend, plus the (len(ids), H) features of every fed position."""
 
     def step(self, token: int) -> torch.Tensor:
         """(V,) logits of one more token."""
 
-    def extend_tree(
-        self, ids: list[int], tokens: list[int], parents: list[int], features: bool = False
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Feed ids, then a tree of drafts (node i below parents[i], -1: below the last id) in one
-        pass; (1 + n, V) logits after the last id and each node, and (len(ids) + n, H) features."""
-
-    def keep_path(self, base: int, path: list[int]) -> None:
-        """After a tree pass with its nodes from `base`: keep the nodes of `path` there, in order."""
-
-    def rollback(self, length: int) -> None:
-        """Forget every cached position at or after `length`."""
+    def rollback(self, length: int, path: list[int] | None = None) -> None:
+        """Forget every cached position at or after `length`; with path, the drafts fed from slot
+        `length` on that the target kept (node indices, in order) move into place and stay."""
 
     def close(self) -> None:
         """The request is over: a pooled cache goes back to its pool."""

@@ -136,6 +136,8 @@ class _Loop:
         # only drafts less (down to plain steps), so the text stays the target's own.
         self.limit = getattr(target.config, "max_position_embeddings", None) or 1 << 20
         own = proposer.context_limit if proposer is not None else None
+        # The most nodes the source drafts, as it was built (0: chains only); a round's budget goes up to it.
+        self.branches = proposer.tree if proposer is not None else 0
         self.draft_limit = min(self.limit, own or self.limit)  # what drafting may fill
         self.eos = {tokenizer.eos_token_id, *_as_list(target.generation_config.eos_token_id)} - {None}
         self.vocab = target.get_output_embeddings().weight.shape[0]
@@ -154,69 +156,51 @@ class _Loop:
         room = self.draft_limit - len(self.ids) - 1
         return max(0, min(self.policy.next_k(), self.run.max_new_tokens - len(self.out.ids) - 1, room))
 
-    def _verify(self, proposal: Proposal):
-        """One target pass over the uncached ids and the drafts; roll back what it rejected.
+    def _verify(self, proposal: Proposal, tree: bool):
+        """One target pass over the uncached ids and every draft (a tree's nodes each seeing their
+        ancestors only); the kept path then moves into place and the rest is rolled back.
 
-        Returns (verdict, p_logits, p, base, path): path is None after a chain, else the kept nodes."""
-        if proposal.parents is not None:
-            return self._verify_tree(proposal)
-        drafts, lm, base = proposal.tokens, self.lm, len(self.ids)
+        tree: the round asked for a tree, so the proposer learns its kept path. Returns (verdict,
+        p_logits, p, base)."""
+        tokens, parents, lm, base = proposal.tokens, proposal.parents, self.lm, len(self.ids)
         assert lm is not None, "generate() sets the target's cache before the first round"
-        fed = self.ids[lm.length :] + drafts
+        fed = self.ids[lm.length :]
         if self.proposer is not None and self.proposer.wants_features:
-            p_logits, features = lm.extend_with_features(fed, keep=len(drafts) + 1)
+            p_logits, features = lm.extend_with_features(fed + tokens, len(tokens) + 1, parents)
         else:
-            p_logits, features = lm.extend(fed, keep=len(drafts) + 1), None
-        p_logits = sampling.penalise(p_logits, self.ids, drafts, self.cfg)
+            p_logits, features = lm.extend(fed + tokens, len(tokens) + 1, parents), None
+        p_logits = self._penalise(p_logits, proposal)
         p = None
         if self.cfg.greedy:
-            v = verify.greedy(drafts, p_logits, self.teach is not None)
+            v = verify.greedy(tokens, p_logits, self.teach is not None, parents)
         elif self.cfg.shared_noise:  # the race at absolute positions base.., read by the drafts too
             p = sampling.probs(p_logits, self.cfg)
-            v = verify.shared_noise(drafts, p, proposal.q, self.cfg.seed, base)
-        else:
-            p = sampling.probs(p_logits, self.cfg)
-            q = proposal.q if proposal.q is not None else verify.one_hot_q(drafts, p.shape[-1], p.device)
-            v = verify.speculative_sampling(drafts, p, q, self.gen)
-        lm.rollback(base + v.accepted)
-        if self.proposer is not None:
-            # The target's features of the positions it kept: the fed committed ones plus accepted drafts.
-            kept = None if features is None else features[: len(fed) - len(drafts) + v.accepted]
-            self.proposer.commit(v.accepted, v.token, kept)
-        return v, p_logits, p, base, None
-
-    def _verify_tree(self, proposal: Proposal):
-        """One target pass over the uncached ids and every node of a tree (each seeing its ancestors
-        only); the kept path then moves into place in the cache and the other branches are dropped."""
-        tokens, parents, lm, base = proposal.tokens, proposal.parents, self.lm, len(self.ids)
-        assert lm is not None and parents is not None and self.proposer is not None
-        fed = self.ids[lm.length :]
-        p_logits, features = lm.extend_tree(fed, tokens, parents, features=self.proposer.wants_features)
-        if self.cfg.penalised:  # each row after its own branch's history
-            branch: list[list[int]] = []
-            for i, parent in enumerate(parents):
-                branch.append((branch[parent] if parent >= 0 else []) + [tokens[i]])
-            histories = [self.ids, *(self.ids + b for b in branch)]
-            p_logits = torch.cat(
-                [sampling.penalise(p_logits[r : r + 1], h, [], self.cfg) for r, h in enumerate(histories)]
-            )
-        p = None
-        if self.cfg.greedy:
-            v = verify.tree_greedy(tokens, parents, p_logits, self.teach is not None)
-        elif self.cfg.shared_noise:
-            p = sampling.probs(p_logits, self.cfg)
-            v = verify.tree_shared_noise(tokens, parents, p, proposal.q, self.cfg.seed, base)
+            v = verify.shared_noise(tokens, p, proposal.q, self.cfg.seed, base, parents)
         else:
             p = sampling.probs(p_logits, self.cfg)
             q = proposal.q if proposal.q is not None else verify.one_hot_q(tokens, p.shape[-1], p.device)
-            v = verify.tree_sampling(tokens, parents, p, q, self.gen)
-        lm.keep_path(base, v.path)
-        kept = None
-        if features is not None:  # the fed committed positions, then the kept nodes in order
-            keep = list(range(len(fed))) + [len(fed) + i for i in v.path]
-            kept = features[torch.tensor(keep, device=features.device)]
-        self.proposer.commit(v.accepted, v.token, kept, path=v.path)
-        return v, p_logits, p, base, v.path
+            v = verify.speculative_sampling(tokens, p, q, self.gen, parents)
+        lm.rollback(base, v.path)
+        if self.proposer is not None:
+            # The target's features of the positions it kept: the fed committed ones, then the kept path.
+            kept = None if features is None else _kept(features, len(fed), v.path)
+            if tree:
+                self.proposer.commit(v.accepted, v.token, kept, path=v.path)
+            else:  # a chain's path is its first `accepted` drafts
+                self.proposer.commit(v.accepted, v.token, kept)
+        return v, p_logits, p, base
+
+    def _penalise(self, p_logits: torch.Tensor, proposal: Proposal) -> torch.Tensor:
+        """The repetition rules on each row of p, after its own branch's history."""
+        if not proposal.is_tree:
+            return sampling.penalise(p_logits, self.ids, proposal.tokens, self.cfg)
+        if not self.cfg.penalised:
+            return p_logits
+        branch: list[list[int]] = []
+        for i, parent in enumerate(proposal.parents):
+            branch.append((branch[parent] if parent >= 0 else []) + [proposal.tokens[i]])
+        histories = [self.ids, *(self.ids + b for b in branch)]
+        return torch.cat([sampling.penalise(p_logits[r : r + 1], h, [], self.cfg) for r, h in enumerate(histories)])
 
     def round(self, rnd: int) -> Step:
         """Draft, verify, commit: one Step."""
@@ -225,6 +209,8 @@ class _Loop:
         nodes = 0
         if self.proposer is not None and k:
             nodes = self.policy.next_nodes()
+            if nodes and not self.branches:  # drafting a chain instead would be an option silently ignored
+                raise UserError(f"the {self.proposer.name} draft cannot branch: run it as a chain (tree 0)")
             if nodes != self.proposer.tree:  # a shape chosen round by round (policy.TreeShape)
                 self.proposer.tree = nodes
         proposal = Proposal([], None) if self.proposer is None else self.proposer.propose(k, self.cfg, self.gen)
@@ -232,25 +218,27 @@ class _Loop:
         assert self.lm is not None, "generate() sets the target's cache before the first round"
         sync(self.lm.device)
         t1 = time.perf_counter()
-        v, p_logits, p, base, path = self._verify(proposal)
+        # A round asked for a tree is one, whatever shape it took (its branches may be empty).
+        tree = nodes > 0 and bool(proposal.tokens)
+        v, p_logits, p, base = self._verify(proposal, tree)
         sync(self.lm.device)
         t2 = time.perf_counter()
         n = v.accepted
-        if path is None:
-            drafts, parents, judged = proposal.tokens, None, list(range(len(v.p_x)))
+        if not tree:
+            drafts, parents, judged = proposal.tokens, None, v.judged
             texts, token_text = self.out.detok.peek(drafts, n, v.token) if self.display else ([""] * len(drafts), "")
             bonus = n == len(drafts)
         else:  # a tree's record lists its kept path first, so drafts[:n] are the accepted drafts
-            drafts, parents, judged, texts, token_text = self._tree_record(proposal, v, path)
-            bonus = not any(parent == (path[-1] if path else -1) for parent in proposal.parents or [])
-        self.policy.update(len(drafts), n, context=base + n + 1, parents=proposal.parents, path=path)
+            drafts, parents, judged, texts, token_text = self._tree_record(proposal, v, v.path)
+            bonus = not any(parent == (v.path[-1] if v.path else -1) for parent in proposal.parents)
+        self.policy.update(len(drafts), n, context=base + n + 1, parents=proposal.parents, path=v.path)
         kept = drafts[:n] + [v.token]
         emitted, new_text = self.out.push(kept)
         self.ids += kept
         if not self.out.stop_reason and len(self.ids) >= self.limit:
             self.out.stop_reason = "context_full"
         top, race = [], []
-        if self.teach is not None and self.proposer is not None and path is None:
+        if self.teach is not None and self.proposer is not None:
             top = self.teach(self.tokenizer, proposal, p_logits, p, v)
             if v.noise is not None:
                 assert p is not None  # shared noise verifies on the processed p
@@ -322,6 +310,14 @@ def _check_drafts(tokens: list[int], vocab: int) -> None:
     for t in tokens:
         if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab:
             raise ValueError(f"the draft source proposed {t!r}, which is not an id from 0 to {vocab - 1}")
+
+
+def _kept(features: torch.Tensor, committed: int, path: list[int]) -> torch.Tensor:
+    """The rows of (committed + n, H) features that the target kept: the committed ones, then the path's."""
+    if path == list(range(len(path))):  # a chain's path: a prefix
+        return features[: committed + len(path)]
+    keep = list(range(committed)) + [committed + i for i in path]
+    return features[torch.tensor(keep, device=features.device)]
 
 
 def _as_list(x) -> list:

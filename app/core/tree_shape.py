@@ -16,7 +16,7 @@ def siblings_per_depth(k: int, nodes: int) -> list[int]:
     """Extra children at each depth of a k-deep chain, for a tree of `nodes` nodes. The budget past
     the chain goes first where a branch is reached most often, near the root: sibling s at depth d
     ranks d + s. The shape depends on k and the budget alone, never on what was drafted, which keeps
-    the sampling rule exact (verify.tree_sampling)."""
+    the sampling rule exact (verify.speculative_sampling)."""
     return list(_siblings(k, nodes))
 
 

@@ -18,17 +18,49 @@ import torch
 
 from app.core import sampling
 
+# A proposal is a tree of drafts: node i holds token tokens[i] and hangs below node parents[i] (-1: below
+# the last committed token); parents come before their children. A chain is the tree with parents
+# [-1, 0, 1, ..], and each rule below takes a vectorised path for it. p has a row per place a token is
+# chosen: row 0 after the committed tokens, row i + 1 after node i.
+#
+# Sampling on a tree uses recursive rejection sampling without replacement (Jeon et al. 2024, the
+# multi-draft rule SpecInfer's multi-step speculative sampling reduces to for one child): a node's
+# children are judged in the order they were drafted, child j with the q it was drawn from given the
+# children before it (q_j, for a draw without replacement q renormalised without them); it is kept with
+# probability min(1, r_j(x) / q_j(x)), and on a rejection r_{j+1} = norm(max(0, r_j - q_j)), starting
+# from r_1 = p. The token chosen there is exactly a draw from p, whatever the number of children; with
+# one child a node it is the chain's rule, draw for draw.
+
 
 @dataclass
 class Verdict:
-    accepted: int  # length of the kept prefix of drafts
-    token: int  # the target's own token: a correction, or the bonus
-    p_x: list[float | None]  # p(x_i) for each draft judged (None: greedy, not asked for)
-    q_x: list[float]  # q(x_i)
-    accept_prob: list[float]  # min(1, p/q)
-    u: list[float | None]  # the draws (None under greedy)
+    path: list[int]  # the kept nodes, root to leaf (their tokens are the accepted drafts); a chain's 0..a-1
+    token: int  # the target's own token after the path: a correction, or the bonus at a leaf
+    judged: list[int]  # every node judged, in the order judged
+    p_x: list[float | None]  # per judged node: r(x) (greedy: p(x) at T = 1 when teaching, else None)
+    q_x: list[float]  # q_j(x)
+    accept_prob: list[float]  # min(1, r/q); greedy and shared noise: 1 if x is the target's pick else 0
+    u: list[float | None]  # the draws (None where nothing is random)
     residual: torch.Tensor  # (V,) the distribution the target's token was drawn from
     noise: torch.Tensor | None = None  # shared noise: (V,) E at the position the target's token was chosen
+
+    @property
+    def accepted(self) -> int:
+        return len(self.path)
+
+
+def chain(n: int) -> list[int]:
+    """The parents of n drafts in a chain: [-1, 0, 1, .., n - 2]."""
+    return list(range(-1, n - 1))
+
+
+def is_chain(parents: list[int] | None) -> bool:
+    """True for no parents or a chain's: one child a node."""
+    return parents is None or all(parent == i - 1 for i, parent in enumerate(parents))
+
+
+def _chain_verdict(a: int, judged: int, token: int, p_x, q_x, accept_prob, u, residual, noise=None) -> Verdict:
+    return Verdict(list(range(a)), token, list(range(judged)), p_x, q_x, accept_prob, u, residual, noise)
 
 
 def align(p: torch.Tensor, q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -50,13 +82,59 @@ def one_hot_q(drafts: list[int], width: int, device) -> torch.Tensor:
     return q
 
 
-def greedy(drafts: list[int], p_logits: torch.Tensor, teach: bool = True) -> Verdict:
-    """Keep the longest prefix equal to the target's argmax. p_logits: (n+1, V).
+def greedy(tokens: list[int], p_logits: torch.Tensor, teach: bool = True, parents: list[int] | None = None) -> Verdict:
+    """Follow the target's argmax down the drafts (a chain when parents is None). p_logits: (n + 1, V).
 
-    All device work is queued first and read back in one transfer: one host sync per round.
-    p(x) (softmax at T = 1) is teaching data: without teach it is None, and the (n, V)
-    logsumexp that it needs, the largest cost of a greedy round outside the passes, is skipped.
+    All device work is queued first and read back in one transfer: one host sync per round. p(x)
+    (softmax at T = 1) is teaching data: without teach it is None, and the (n, V) logsumexp that it
+    needs, the largest cost of a greedy round outside the passes, is skipped.
     """
+    if is_chain(parents):
+        return _chain_greedy(tokens, p_logits, teach)
+    assert parents is not None
+    return _tree_greedy(tokens, parents, p_logits, teach)
+
+
+def speculative_sampling(
+    tokens: list[int], p: torch.Tensor, q: torch.Tensor, gen: torch.Generator, parents: list[int] | None = None
+) -> Verdict:
+    """Lossless rejection sampling. p: (n + 1, V) target, q: (n, V) draft (a tree's: node i's q_j),
+    both processed. One transfer to the generator's device, the only host sync; a chain's drafts are
+    judged at once, with the same draws as one at a time: u_1.. up to the first rejection, then one
+    sample from the residual or, after n accepts, the bonus from p.
+    """
+    p, q = align(p, q)
+    if p.device != gen.device:  # one transfer for the round; everything after runs on the host
+        both = torch.cat([p, q]).to(gen.device)
+        p, q = both[: len(tokens) + 1], both[len(tokens) + 1 :]
+    if is_chain(parents):
+        return _chain_sampling(tokens, p, q, gen)
+    assert parents is not None
+    return _tree_sampling(tokens, parents, p, q, gen)
+
+
+def shared_noise(
+    tokens: list[int],
+    p: torch.Tensor,
+    q: torch.Tensor | None,
+    seed: int,
+    position: int,
+    parents: list[int] | None = None,
+) -> Verdict:
+    """Keep the drafts that win the target's race. p: (n + 1, V) processed, row 0 for the token at
+    absolute position `position`; a node at depth d races at position + d. q: (n, V) or None
+    (one-hot), read only for the teaching record.
+
+    The race needs no draw from the run's generator: nothing here depends on what was drafted before.
+    """
+    if is_chain(parents):
+        return _chain_shared_noise(tokens, p, q, seed, position)
+    assert parents is not None
+    return _tree_shared_noise(tokens, parents, p, q, seed, position)
+
+
+def _chain_greedy(drafts: list[int], p_logits: torch.Tensor, teach: bool) -> Verdict:
+    """The chain's greedy rule: keep the longest prefix equal to the target's argmax."""
     n = len(drafts)
     logits = p_logits.float()
     argmax = logits.argmax(-1)
@@ -76,21 +154,12 @@ def greedy(drafts: list[int], p_logits: torch.Tensor, teach: bool = True) -> Ver
     residual = torch.zeros(logits.shape[-1], device=logits.device)
     residual[best[a]] = 1.0
     ok = [1.0] * a + [0.0] * (judged - a)
-    return Verdict(a, best[a], p_x[:judged], [1.0] * judged, ok, [None] * judged, residual)
+    return _chain_verdict(a, judged, best[a], p_x[:judged], [1.0] * judged, ok, [None] * judged, residual)
 
 
-def speculative_sampling(drafts: list[int], p: torch.Tensor, q: torch.Tensor, gen: torch.Generator) -> Verdict:
-    """Lossless rejection sampling. p: (n+1, V) target, q: (n, V) draft, both processed.
-
-    Vectorised over the drafts with one transfer to the generator's device (the only host
-    sync), and the same draws as judging one draft at a time: u_1.. up to the first
-    rejection, then one sample from the residual or, after n accepts, the bonus from p.
-    """
-    p, q = align(p, q)
+def _chain_sampling(drafts: list[int], p: torch.Tensor, q: torch.Tensor, gen: torch.Generator) -> Verdict:
+    """The chain's rejection sampling, every draft judged at once (p and q on the generator's device)."""
     n = len(drafts)
-    if p.device != gen.device:  # one transfer for the round; everything below runs on the host
-        both = torch.cat([p, q]).to(gen.device)
-        p, q = both[: n + 1], both[n + 1 :]
     i = n  # index of the first rejected draft; n when all are accepted
     # The judged drafts' p(x), q(x), min(1, p/q) and draws, as Python floats.
     p_x: list[float | None] = []
@@ -119,15 +188,13 @@ def speculative_sampling(drafts: list[int], p: torch.Tensor, q: torch.Tensor, ge
         residual = residual / mass if mass > 0 else p[i]
     else:
         residual = p[n]
-    return Verdict(i, sampling.sample(residual, gen), p_x, q_x, accept_prob, u_x, residual)
+    return _chain_verdict(i, min(i + 1, n), sampling.sample(residual, gen), p_x, q_x, accept_prob, u_x, residual)
 
 
-def shared_noise(drafts: list[int], p: torch.Tensor, q: torch.Tensor | None, seed: int, position: int) -> Verdict:
-    """Keep the drafts that win the target's race. p: (n+1, V) processed, row j for the token at
-    absolute position `position + j`; q: (n, V) or None (one-hot), read only for the teaching record.
-
-    The race needs no draw from the run's generator: nothing here depends on what was drafted before.
-    """
+def _chain_shared_noise(
+    drafts: list[int], p: torch.Tensor, q: torch.Tensor | None, seed: int, position: int
+) -> Verdict:
+    """Keep the drafts of a chain that win the target's race (shared_noise)."""
     n = len(drafts)
     noise = torch.stack([sampling.race_noise(seed, position + j, p.shape[-1]) for j in range(n + 1)])
     winners = sampling.race(p, noise.to(p.device))
@@ -146,37 +213,10 @@ def shared_noise(drafts: list[int], p: torch.Tensor, q: torch.Tensor | None, see
     p_x, q_x = host[n + 1 : 2 * n + 1][:judged], host[2 * n + 1 :][:judged]
     ok = [1.0] * a + [0.0] * (judged - a)
     # The token is a draw from p[a] itself (the race), not from a residual.
-    return Verdict(a, best[a], p_x, q_x, ok, [None] * judged, p[a], noise[a])
+    return _chain_verdict(a, judged, best[a], p_x, q_x, ok, [None] * judged, p[a], noise[a])
 
 
-# ---- trees -------------------------------------------------------------------------------------
-# A tree of drafts: node i holds token tokens[i] and hangs below node parents[i] (-1: below the last
-# committed token); parents come before their children. A chain is the tree with parents [-1, 0, 1, ..].
-# p has a row per place a token is chosen: row 0 after the committed tokens, row i + 1 after node i.
-#
-# Sampling uses recursive rejection sampling without replacement (Jeon et al. 2024, the multi-draft
-# rule SpecInfer's multi-step speculative sampling reduces to for one child): a node's children are
-# judged in the order they were drafted, child j with the q it was drawn from given the children
-# before it (q_j, for a draw without replacement q renormalised without them); it is kept with
-# probability min(1, r_j(x) / q_j(x)), and on a rejection r_{j+1} = norm(max(0, r_j - q_j)), starting
-# from r_1 = p. The token chosen there is exactly a draw from p, whatever the number of children.
-
-
-@dataclass
-class TreeVerdict:
-    path: list[int]  # the kept nodes, root to leaf (their tokens are the accepted drafts)
-    token: int  # the target's own token after the path: a correction, or the bonus at a leaf
-    judged: list[int]  # every node judged, in the order judged
-    p_x: list[float | None]  # per judged node: r(x) (greedy: p(x) at T = 1 when teaching, else None)
-    q_x: list[float]  # q_j(x)
-    accept_prob: list[float]  # min(1, r/q); greedy and shared noise: 1 if x is the target's pick else 0
-    u: list[float | None]  # the draws (None where nothing is random)
-    residual: torch.Tensor  # (V,) the distribution the target's token was drawn from
-    noise: torch.Tensor | None = None  # shared noise: E at the position the target's token was chosen
-
-    @property
-    def accepted(self) -> int:
-        return len(self.path)
+# ---- the tree walks --------------------------------------------------------------------------
 
 
 def children(parents: list[int]) -> dict[int, list[int]]:
@@ -198,7 +238,7 @@ def depths(parents: list[int]) -> list[int]:
     return d
 
 
-def tree_greedy(tokens: list[int], parents: list[int], p_logits: torch.Tensor, teach: bool = True) -> TreeVerdict:
+def _tree_greedy(tokens: list[int], parents: list[int], p_logits: torch.Tensor, teach: bool) -> Verdict:
     """Follow the target's argmax down the tree. p_logits: (n + 1, V). One host sync."""
     kids, n = children(parents), len(tokens)
     logits = p_logits.float()
@@ -226,19 +266,15 @@ def tree_greedy(tokens: list[int], parents: list[int], p_logits: torch.Tensor, t
             residual = torch.zeros(logits.shape[-1], device=logits.device)
             residual[pick] = 1.0
             p_x: list[float | None] = [p_of[j] for j in judged]
-            return TreeVerdict(path, pick, judged, p_x, [1.0] * len(judged), ok, [None] * len(judged), residual)
+            return Verdict(path, pick, judged, p_x, [1.0] * len(judged), ok, [None] * len(judged), residual)
         path.append(judged[-1])
         at = judged[-1]
 
 
-def tree_sampling(
+def _tree_sampling(
     tokens: list[int], parents: list[int], p: torch.Tensor, q: torch.Tensor, gen: torch.Generator
-) -> TreeVerdict:
+) -> Verdict:
     """Recursive rejection sampling down the tree (see above). p: (n + 1, V), q: (n, V) node i's q_j."""
-    p, q = align(p, q)
-    if p.device != gen.device:  # one transfer for the round
-        both = torch.cat([p, q]).to(gen.device)
-        p, q = both[: len(tokens) + 1], both[len(tokens) + 1 :]
     kids = children(parents)
     path: list[int] = []
     judged: list[int] = []
@@ -267,17 +303,15 @@ def tree_sampling(
             mass = rest.sum()
             r = rest / mass if mass > 0 else r  # zero mass: r == q_j, where a rejection has probability 0
         if kept is None:
-            return TreeVerdict(path, sampling.sample(r, gen), judged, p_x, q_x, accept_prob, u_x, r)
+            return Verdict(path, sampling.sample(r, gen), judged, p_x, q_x, accept_prob, u_x, r)
         path.append(kept)
         at = kept
 
 
-def tree_shared_noise(
+def _tree_shared_noise(
     tokens: list[int], parents: list[int], p: torch.Tensor, q: torch.Tensor | None, seed: int, position: int
-) -> TreeVerdict:
-    """At each depth keep the child that is the winner of the target's race there. p: (n + 1, V)
-    processed, row 0 for the token at absolute position `position`; a node at depth d races at
-    position + d. q: (n, V) or None, read only for the teaching record."""
+) -> Verdict:
+    """At each depth keep the child that is the winner of the target's race there (shared_noise)."""
     kids, n = children(parents), len(tokens)
     depth = [0] + depths(parents)  # of each row of p
     noise = torch.stack([sampling.race_noise(seed, position + d, p.shape[-1]) for d in range(max(depth) + 1)])
@@ -305,6 +339,6 @@ def tree_shared_noise(
             p_x: list[float | None] = [host[n + 1 + j] for j in judged]
             q_x = [host[2 * n + 1 + j] for j in judged]
             noise_at = noise[depth[at + 1]]
-            return TreeVerdict(path, best[at + 1], judged, p_x, q_x, ok, [None] * len(judged), p[at + 1], noise_at)
+            return Verdict(path, best[at + 1], judged, p_x, q_x, ok, [None] * len(judged), p[at + 1], noise_at)
         path.append(judged[-1])
         at = judged[-1]

@@ -57,7 +57,7 @@ def draw_siblings(
     """`extra` more children of one node beside `first`, the token draw() gave from the same logits,
     and each one's q: the next best tokens under greedy, the next race winners under shared noise,
     and under rejection sampling draws without replacement after `first` (their q renormalised
-    without the tokens drawn before them, as verify.tree_sampling judges them)."""
+    without the tokens drawn before them, as verify.speculative_sampling judges a tree)."""
     if extra <= 0:
         return [], []
     if history is not None and cfg.penalised:
@@ -126,7 +126,7 @@ class Branches:
     def proposal(self, feature_position: int | None = None) -> Proposal:
         qs = [q for q in self.qs if q is not None]
         q = torch.stack(qs) if qs and len(qs) == len(self.qs) else None
-        return Proposal(list(self.tokens), q, feature_position, list(self.parents) if self.tree else None)
+        return Proposal(list(self.tokens), q, feature_position, list(self.parents))
 
     def kept(self, accepted: int, path: list[int] | None) -> tuple[list[int], int]:
         """(the accepted drafts, how many of them lead along the chain) after a verdict."""

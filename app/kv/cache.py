@@ -88,15 +88,63 @@ class ModelCache:
             keys[..., dst, :] = keys[..., src, :]
             values[..., dst, :] = values[..., src, :]
 
-    def extend_tree(
-        self, ids: list[int], tokens: list[int], parents: list[int], features: bool = False
+    @torch.inference_mode()
+    def extend(self, ids: list[int], keep: int = 0, parents: list[int] | None = None) -> torch.Tensor:
+        """Feed ids after the cached ones; return the (keep, V) logits of the last `keep` (0: all).
+
+        With parents, the last len(parents) ids are a tree of drafts (node i below node parents[i], -1:
+        below the last committed id) fed in the same pass, each node at the position of its depth and
+        seeing the committed text and its own ancestors only; the logits are then the (1 + n, V) after
+        the last committed id and after each node. A chain's parents take the plain pass.
+        """
+        return self._pass(ids, keep, parents, features=False)[0]
+
+    @torch.inference_mode()
+    def extend_with_features(
+        self, ids: list[int], keep: int = 0, parents: list[int] | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """As extend, plus the features of every fed position: (len(ids), H) last-layer states, or the
+        fused states entering feature_layers."""
+        logits, hidden = self._pass(ids, keep, parents, features=True)
+        assert hidden is not None  # asked for with features=True
+        return logits, hidden
+
+    def _pass(self, ids: list[int], keep: int, parents: list[int] | None, features: bool):
+        if verify.is_chain(parents):
+            return self._forward(ids, keep, features)
+        assert parents is not None
+        m = len(ids) - len(parents)
+        if m < 1:
+            raise ValueError("a tree pass feeds at least the newest committed token, whose logits choose the root")
+        return self._tree_forward(ids[:m], ids[m:], parents, features)
+
+    def _forward(self, ids: list[int], keep: int, features: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+        raise NotImplementedError
+
+    def _tree_forward(
+        self, ids: list[int], tokens: list[int], parents: list[int], features: bool
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Feed committed ids, then a tree of drafts, in one pass (CachedModel, StaticCachedModel)."""
+        """Committed ids, then a tree of drafts, in one pass (CachedModel, StaticCachedModel)."""
         raise UserError("this KV cache cannot verify a draft tree: run it as a chain")
 
-    def keep_path(self, base: int, path: list[int]) -> None:
-        """After a tree pass: keep the nodes of `path` (CachedModel, StaticCachedModel)."""
+    @torch.inference_mode()
+    def rollback(self, length: int, path: list[int] | None = None) -> None:
+        """Forget every cached position at or after `length`: a crop, never a recompute.
+
+        With path, after a pass whose drafts sit from slot `length`: the kept nodes' keys and values
+        move to slots length, length + 1, .. in order first (their positions are their depths, so they
+        are the text's own), and they stay. A chain's path, 0..a-1, is already in place.
+        """
+        if path:
+            self.move_path(self._layers(), length, path)
+            length += len(path)
+        self._crop(length)
+
+    def _layers(self) -> list:
         raise UserError("this KV cache cannot verify a draft tree: run it as a chain")
+
+    def _crop(self, length: int) -> None:
+        raise NotImplementedError
 
 
 class CachedModel(ModelCache):
@@ -113,21 +161,6 @@ class CachedModel(ModelCache):
         self.cache.activate_past_recording()
         self.windowed = any(getattr(layer, "is_sliding", False) for layer in self.cache.layers)
 
-    @torch.inference_mode()
-    def extend(self, ids: list[int], keep: int = 0) -> torch.Tensor:
-        """Feed ids after the cached ones; return the (keep, V) logits of the last `keep` (0: all).
-
-        Only the kept rows are computed, so a long prefill never holds a (len, V) tensor.
-        """
-        return self._forward(ids, keep, features=False)[0]
-
-    @torch.inference_mode()
-    def extend_with_features(self, ids: list[int], keep: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-        """As extend, plus the (len(ids), H) last-layer hidden states of every fed position."""
-        logits, hidden = self._forward(ids, keep, features=True)
-        assert hidden is not None  # asked for with features=True
-        return logits, hidden
-
     def step(self, token: int) -> torch.Tensor:
         """(V,) logits of one more token."""
         if self.direct is None:
@@ -137,6 +170,7 @@ class CachedModel(ModelCache):
         return direct_pass.step(self.direct, self.cache, self._embeddable([token])[0])
 
     def _forward(self, ids: list[int], keep: int, features: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+        # Only the kept rows are computed, so a long prefill never holds a (len, V) tensor.
         if self.direct is not None:
             fed = self._embeddable(ids)
             logits, hidden = direct_pass.forward(
@@ -152,16 +186,9 @@ class CachedModel(ModelCache):
         self.tokens_processed += len(ids)
         return logits, hidden
 
-    @torch.inference_mode()
-    def extend_tree(
-        self, ids: list[int], tokens: list[int], parents: list[int], features: bool = False
+    def _tree_forward(
+        self, ids: list[int], tokens: list[int], parents: list[int], features: bool
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Feed committed ids, then a tree of draft tokens, in one pass: node i sits at the position of
-        its depth after the committed ones and sees them and its own ancestors only. Returns the
-        (1 + n, V) logits after the last id and after each node, and with features the
-        (len(ids) + n, H) last-layer hidden states. The cache then holds every node: keep_path."""
-        if not ids:
-            raise ValueError("a tree pass feeds at least the newest committed token, whose logits choose the root")
         if self.windowed:
             raise UserError("draft trees need full-attention layers: this model has sliding windows")
         m, n = len(ids), len(tokens)
@@ -187,19 +214,11 @@ class CachedModel(ModelCache):
         self.tokens_processed += m + n
         return logits, hidden
 
-    @torch.inference_mode()
-    def keep_path(self, base: int, path: list[int]) -> None:
-        """After a tree pass whose nodes sit from slot `base`: the kept nodes' keys and values move to
-        slots base, base + 1, .. in order (their positions are their depths, so they are the text's
-        own), and every other node is forgotten. Nothing is recomputed."""
-        self.move_path(self.cache.layers, base, path)
-        self.rollback(base + len(path))
+    def _layers(self) -> list:
+        return self.cache.layers
 
-    def rollback(self, length: int) -> None:
-        """Forget every cached position at or after `length`: a crop, never a recompute.
-
-        A windowed cache is cropped even by 0: that trims its sliding layers back to the window.
-        """
+    def _crop(self, length: int) -> None:
+        # A windowed cache is cropped even by 0: that trims its sliding layers back to the window.
         if self.length and (length < self.length or self.windowed):
             self.cache.crop(min(0, length - self.length))
             self.length = min(length, self.length)

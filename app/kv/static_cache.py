@@ -95,21 +95,9 @@ class StaticCachedModel(ModelCache):
             with _pool_lock:
                 _pool.setdefault(self._key, []).append(cache)
 
-    @torch.inference_mode()
-    def extend(self, ids: list[int], keep: int = 0) -> torch.Tensor:
-        """Feed ids after the cached ones; return the (keep, V) logits of the last `keep` (0: all)."""
-        return self._forward(ids, keep, features=False)[0]
-
     def step(self, token: int) -> torch.Tensor:
         """(V,) logits of one more token (a draft step: one graph when compiled)."""
         return self.extend([token], keep=1)[-1]
-
-    @torch.inference_mode()
-    def extend_with_features(self, ids: list[int], keep: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-        """As extend, plus the (len(ids), H) last-layer hidden states, for a feature-level draft."""
-        logits, hidden = self._forward(ids, keep, features=True)
-        assert hidden is not None  # asked for with features=True
-        return logits, hidden
 
     def _forward(self, ids: list[int], keep: int, features: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
         ids = self._embeddable(ids)
@@ -140,16 +128,11 @@ class StaticCachedModel(ModelCache):
         self.tokens_processed += n
         return (logits[-keep:] if keep else logits), hidden
 
-    @torch.inference_mode()
-    def extend_tree(
-        self, ids: list[int], tokens: list[int], parents: list[int], features: bool = False
+    def _tree_forward(
+        self, ids: list[int], tokens: list[int], parents: list[int], features: bool
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Feed committed ids, then a tree of drafts, in one pass over the static cache's every slot:
-        the mask hides the slots past the pass, as the causal mask does. Returns the (1 + n, V) logits
-        after the last id and after each node, and with features the (len(ids) + n, H) hidden states;
-        keep_path then keeps one path. A compiled pass is padded to its bucket like any other."""
-        if not ids:
-            raise ValueError("a tree pass feeds at least the newest committed token, whose logits choose the root")
+        # One pass over the static cache's every slot: the mask hides the slots past the pass, as the
+        # causal mask does. A compiled pass is padded to its bucket like any other.
         assert self.cache is not None, "the cache was given back (close)"
         fed = self._embeddable(list(ids) + list(tokens))
         m, n = len(ids), len(tokens)
@@ -175,17 +158,12 @@ class StaticCachedModel(ModelCache):
         self.tokens_processed += m + n
         return logits, hidden
 
-    @torch.inference_mode()
-    def keep_path(self, base: int, path: list[int]) -> None:
-        """After a tree pass whose nodes sit from slot `base`: the kept nodes move to slots base, base + 1,
-        .. in order, and the pointer moves back to after them. Nothing is recomputed."""
+    def _layers(self) -> list:
         assert self.cache is not None, "the cache was given back (close)"
-        self.move_path(self.cache.layers, base, path)
-        self.rollback(base + len(path))
+        return self.cache.layers
 
-    @torch.inference_mode()
-    def rollback(self, length: int) -> None:
-        """Forget every cached position at or after `length`: the pointer moves back, nothing is copied."""
+    def _crop(self, length: int) -> None:
+        # The pointer moves back; nothing is copied.
         if length < self.length:
             assert self.cache is not None, "the cache was given back (close)"
             self.cache.crop(length - self.length)
