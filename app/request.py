@@ -15,7 +15,7 @@ from app import calibrate, models, runs
 from app.core.config import Settings, UserError, chat_default
 from app.core.costs import Costs
 from app.kv.cache import CachedModel
-from app.models.loading import Pair
+from app.models.pair import Pair
 
 
 @dataclass(frozen=True)

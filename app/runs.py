@@ -16,7 +16,7 @@ from app.core.teaching import top_table
 from app.kv import static_cache
 from app.kv.cache import CachedModel
 from app.models import threads
-from app.models.loading import Pair
+from app.models.pair import Pair
 
 
 @dataclass

@@ -880,11 +880,11 @@ def test_step_one_round_draws_a_tree_round_and_lists_every_node():
 
 def test_a_click_resolves_its_pair_and_encodes_its_prompt_once(monkeypatch):
     """Generate's chain (check, generate, export) and Step's (check, step) share what the check prepared."""
-    from app.models import loading
+    from app.models import pair
     from app.serve import handlers, ui
 
     calls = {"load_pair": 0, "encode": 0}
-    load_pair, encode = loading.load_pair, loading.Pair.encode
+    load_pair, encode = pair.load_pair, pair.Pair.encode
 
     def counted_load(*a, **k):
         calls["load_pair"] += 1
@@ -895,7 +895,7 @@ def test_a_click_resolves_its_pair_and_encodes_its_prompt_once(monkeypatch):
         return encode(self, *a, **k)
 
     monkeypatch.setattr(handlers.models, "load_pair", counted_load)
-    monkeypatch.setattr(loading.Pair, "encode", counted_encode)
+    monkeypatch.setattr(pair.Pair, "encode", counted_encode)
     args = [PROMPT, "stdlib-code target (bundled)", "", "prompt lookup (n-grams)", "", False, "greedy", 0.8, 0, 1.0]
     args += [0, 6, "fixed", 3]
     control = {"stop": False}

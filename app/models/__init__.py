@@ -1,14 +1,14 @@
 """Loading targets and drafts: presets, the Hub, the wheel's GGUF, dtype, device and threads, and
 which ids this host lets visitors load.
 
-`loading` holds the loader and `presets` the names; both are read through this package (`models.load_pair`,
-`models.TINY_TARGET`). They are
+`loading` holds the loader, `pair` a target with its draft and `presets` the names; all are read through
+this package (`models.load_pair`, `models.TINY_TARGET`). They are
 looked up on first use, so `from app.models import threads` (the CLI's --help) does not import torch.
 """
 
 import importlib
 
-_SUBMODULES = ("loading", "presets", "hosting", "hub", "threads", "gguf_target")
+_SUBMODULES = ("loading", "pair", "presets", "hosting", "hub", "threads", "gguf_target", "exact", "precision")
 
 
 def __getattr__(name: str):
@@ -16,7 +16,7 @@ def __getattr__(name: str):
         return importlib.import_module(f"{__name__}.{name}")
     if name.startswith("__"):
         raise AttributeError(name)
-    for module in ("loading", "presets"):
+    for module in ("loading", "pair", "presets"):
         found = importlib.import_module(f"{__name__}.{module}")
         if hasattr(found, name):
             value = getattr(found, name)
