@@ -3,7 +3,8 @@
 import pytest
 
 from app.bench import bench
-from app.bench.card import aggregate, alpha_interval, cost_ratio
+from app.bench.card import aggregate, cost_ratio
+from app.core.metrics import alpha_interval
 
 
 def test_adaptive_is_compared_with_the_best_fixed_k_prompt_by_prompt():

@@ -13,12 +13,11 @@ import statistics
 import sys
 from pathlib import Path
 
-import numpy
-
 from app import models, request
 from app.bench import progress
 from app.core import metrics, text
 from app.core.config import RunConfig, SamplingConfig, Settings, SpecConfig, UserError
+from app.core.metrics import alpha_interval
 from app.data.prompts import held_out_prompts, suite
 from app.drafts.model import decode_seconds_per_token
 
@@ -28,27 +27,6 @@ def run_one(pair, prompt: str, s: SamplingConfig, sp: SpecConfig, r: RunConfig, 
     ids = pair.encode(prompt, r.chat)
     run = request.start(pair, ids, Settings(s, sp, r), speculative=mode == "speculative", calibrated=calibrated)
     return ids, list(run.steps())
-
-
-BOOTSTRAP_DRAWS = 10_000  # the interval's ends then move by about 0.001 from seed to seed
-MIN_PROMPTS = 5  # below this, resampling prompts says little, and one prompt says nothing
-
-
-def alpha_interval(counts: list[tuple[int, int]], draws: int = BOOTSTRAP_DRAWS, seed: int = 0) -> list[float] | None:
-    """95% bootstrap interval of pooled alpha, resampling prompts: counts holds each prompt's
-    (accepted, rejections). Prompts, not rounds, are the unit: rounds of one prompt share its text,
-    and a goal such as alpha >= 0.90 is only met if another draw of prompts would meet it too."""
-    n = numpy.array([a + r for a, r in counts], dtype=float)
-    if len(n) < MIN_PROMPTS or not n.sum():
-        return None
-    accepted = numpy.array([a for a, _ in counts], dtype=float)
-    pick = numpy.random.default_rng(seed).integers(0, len(n), size=(draws, len(n)))
-    totals = n[pick].sum(axis=1)
-    kept = totals > 0  # a resample of prompts without a single decision has no alpha
-    alphas = accepted[pick].sum(axis=1)[kept] / totals[kept]
-    if not alphas.size:
-        return None
-    return [float(x) for x in numpy.quantile(alphas, [0.025, 0.975])]
 
 
 def aggregate(rows: list[dict]) -> dict:

@@ -12,8 +12,9 @@ import sys
 
 from app import models, runs
 from app.bench import progress
-from app.bench.card import alpha_interval, family
+from app.bench.card import family
 from app.core.config import RULES, RunConfig, SamplingConfig, Settings, SpecConfig
+from app.core.metrics import alpha_interval
 
 DEFAULT_TEMPERATURE = 0.7  # when --temperature asks for greedy, which has one rule
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import numpy
+
 from app.core.costs import Costs, expected_tokens_per_pass
 from app.core.events import BONUS, CORRECTED, TARGET, Step
 
@@ -142,3 +144,24 @@ def report(steps: Sequence[Step], target: str, draft: str | None, settings: dict
         costs=costs.to_dict() if costs is not None else None,
         steps=[s.to_dict() for s in steps],
     )
+
+
+BOOTSTRAP_DRAWS = 10_000  # the interval's ends then move by about 0.001 from seed to seed
+MIN_PROMPTS = 5  # below this, resampling prompts says little, and one prompt says nothing
+
+
+def alpha_interval(counts: list[tuple[int, int]], draws: int = BOOTSTRAP_DRAWS, seed: int = 0) -> list[float] | None:
+    """95% bootstrap interval of pooled alpha, resampling prompts: counts holds each prompt's
+    (accepted, rejections). Prompts, not rounds, are the unit: rounds of one prompt share its text,
+    and a goal such as alpha >= 0.90 is only met if another draw of prompts would meet it too."""
+    n = numpy.array([a + r for a, r in counts], dtype=float)
+    if len(n) < MIN_PROMPTS or not n.sum():
+        return None
+    accepted = numpy.array([a for a, _ in counts], dtype=float)
+    pick = numpy.random.default_rng(seed).integers(0, len(n), size=(draws, len(n)))
+    totals = n[pick].sum(axis=1)
+    kept = totals > 0  # a resample of prompts without a single decision has no alpha
+    alphas = accepted[pick].sum(axis=1)[kept] / totals[kept]
+    if not alphas.size:
+        return None
+    return [float(x) for x in numpy.quantile(alphas, [0.025, 0.975])]

@@ -8,7 +8,7 @@ from app import runs
 from app.core import metrics
 from app.core.config import RunConfig, SamplingConfig, Settings, SpecConfig
 from app.data import instructions
-from app.models.loading import Pair
+from app.models.pair import Pair
 
 K = 4
 NEW_TOKENS = 128
@@ -26,9 +26,17 @@ def _run(pair: Pair, ids: list[int], new_tokens: int) -> tuple[dict, list[int]]:
 
 
 def _pooled(rows: list[dict]) -> dict:
+    """Pooled α over the prompts, and its bootstrap interval resampling prompts (as the card's)."""
     accepted, rejections = sum(r["accepted"] for r in rows), sum(r["rejections"] for r in rows)
     alpha = accepted / (accepted + rejections) if accepted + rejections else None
-    return dict(prompts=len(rows), alpha=alpha and round(alpha, 3), accepted=accepted, rejections=rejections)
+    ci = metrics.alpha_interval([(r["accepted"], r["rejections"]) for r in rows])
+    return dict(
+        prompts=len(rows),
+        alpha=alpha and round(alpha, 3),
+        alpha_ci95=ci and [round(x, 3) for x in ci],
+        accepted=accepted,
+        rejections=rejections,
+    )
 
 
 def suites(pair: Pair, new_tokens: int = NEW_TOKENS, limit: int = 0) -> dict:

@@ -22,6 +22,7 @@ GEN_BATCH = 48
 SAMPLED_ANSWERS = 2  # per instruction, beside the greedy one: the drafts also see sampled text
 CHAT_TURNS = 160  # first turns whose greedy answer gets a follow-up, answered as a second turn
 SAMPLE_TEMPERATURE = 0.8
+TINY_SLICE = 0.05  # a --scale below this is the tests' slice: short answers, a smoke check of the head
 CODE_WINDOWS, CODE_CTX = 320, 256  # standard-library windows, for code outside a chat
 
 
@@ -207,7 +208,7 @@ def build_rows(target, tokenizer, out: Path, seed: int, scale: float, log, sampl
     todo = instructions.training_instructions(seed)
     todo = todo[: max(GEN_BATCH // 4, round(len(todo) * min(scale, 1.0)))]
     # A tiny slice (the tests' --scale) also writes short answers and windows, so it runs in seconds.
-    new, ctx = (ANSWER_TOKENS, CODE_CTX) if scale >= 0.05 else (24, 64)
+    new, ctx = (ANSWER_TOKENS, CODE_CTX) if scale >= TINY_SLICE else (24, 64)
     greedy = _phase(out, "answers-greedy", lambda: answer_rows(target, tokenizer, todo, False, seed, log, new))
     rows = list(greedy)
     for i in range(sampled_passes(scale) if sampled is None else sampled):

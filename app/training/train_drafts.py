@@ -24,7 +24,15 @@ from transformers import AutoModelForCausalLM, GenerationConfig, LlamaConfig, Ll
 
 from app.models.precision import native_bf16
 from app.training.steps import TTT_DECAY, TTT_DEPTH, log_step, optimiser, soft_ce, unrolled, update
-from app.training.target_text import ANSWER_TOKENS, SAMPLE_TEMPERATURE, TOP_K, Row, build_rows, sampled_passes
+from app.training.target_text import (
+    ANSWER_TOKENS,
+    SAMPLE_TEMPERATURE,
+    TINY_SLICE,
+    TOP_K,
+    Row,
+    build_rows,
+    sampled_passes,
+)
 
 DRAFT_VOCAB = 8192  # the feature head drafts among the target's most frequent tokens only
 HEAD_STEPS, HEAD_LR, HEAD_BATCH = 2000, 1e-3, 8
@@ -249,14 +257,14 @@ ALIASES = {
 
 def measured_acceptance(target_dir, head_dir: Path, scale: float, device: str | None = None) -> dict:
     """Greedy α at k = 4 in decoding on every held-out suite (acceptance.py); a small --scale (the
-    tests') measures one short request a suite, as a smoke check of the written head."""
+    tests', below TINY_SLICE) measures one short request a suite, as a smoke check of the written head."""
     from app import models
     from app.training import acceptance
 
     # fp32, as the card's `bench --card --dtype fp32`: under the auto dtype a bf16 CPU's near-ties
     # would make the recorded α depend on the machine that trained.
     pair = models.load_pair(str(target_dir), str(head_dir), device, dtype="fp32")
-    if scale >= 1:
+    if scale >= TINY_SLICE:
         return acceptance.suites(pair)
     return acceptance.suites(pair, new_tokens=16, limit=1)
 
