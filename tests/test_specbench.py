@@ -108,3 +108,12 @@ def test_with_a_tree_each_draft_runs_as_a_chain_and_as_a_tree(tmp_path):
     assert chain["identical"] == tree["identical"] == 1.0, "greedy: both the target's own text"
     rounds = [r["prompt-lookup · tree 8"] for r in doc["questions"]]
     assert all(r["tokens"] > 0 for r in rounds)
+
+
+def test_several_drafts_on_a_built_in_suite_run_its_requests_as_one_category():
+    """bench --suite code --drafts a,b is one interleaved run of the suite's requests, as of a file's."""
+    from app.data.prompts import suite
+
+    asked = specbench._questions("code-40")
+    assert [q.turns for q in asked] == [(p,) for p in suite("code-40", chat=True)]
+    assert {q.category for q in asked} == {"code-40"} and len({q.question_id for q in asked}) == 40

@@ -336,7 +336,7 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--categories", help="with a question file: only these categories (comma-separated)")
     ap.add_argument("--per-category", type=int, default=0, help="with a question file: at most N questions of each")
     ap.add_argument("--exits", type=int, default=8, help="with --sizes: early-exit depths, spread over the target")
-    ap.add_argument("--drafts", help="with a question file: several drafts (comma-separated), one interleaved run")
+    ap.add_argument("--drafts", help="several drafts (comma-separated): one interleaved run of the suite or file")
     ap.add_argument("--limit", type=int, default=0, help="use only the first N prompts")
     ap.add_argument("--reps", type=int, default=3, help="timed repetitions per prompt and contender (>= 1)")
     ap.add_argument("--no-hf", dest="hf", action="store_false", help="skip transformers' generate")
@@ -405,7 +405,8 @@ def main(argv: list[str]) -> int:
         (args.sizes, sizes.sizes),
         (args.threads_check, threads_check),
     ]
-    mode = next((fn for chosen, fn in modes if chosen), specbench.specbench if from_file else bench)
+    # Several drafts are one interleaved run of the questions, a file's or a built-in suite's.
+    mode = next((fn for chosen, fn in modes if chosen), specbench.specbench if from_file or args.drafts else bench)
     if from_file and mode is specbench.specbench:  # the file is read and checked before anything loads
         questions.select(questions.read_questions(Path(args.suite)), args.categories, args.per_category)
     doc = mode(args)

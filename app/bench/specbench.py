@@ -15,6 +15,7 @@ from app import models, questions, request
 from app.args import settings, with_chat
 from app.bench import progress
 from app.core.config import Settings, settings_dict
+from app.data.prompts import suite
 
 
 def is_file_suite(suite: str) -> bool:
@@ -25,7 +26,7 @@ def is_file_suite(suite: str) -> bool:
 def specbench(args) -> dict:
     """Every selected question, turn by turn: plain decoding first (its answer is the history), then
     each draft's speculative run (and its tree, with --tree) in rotating order, on the same ids."""
-    picked = questions.select(questions.read_questions(Path(args.suite)), args.categories, args.per_category)
+    picked = questions.select(_questions(args.suite), args.categories, args.per_category)
     drafts = _drafts(args)
     progress.say("bench", f"loading {args.target or models.DEFAULT_TARGET} and {len(drafts)} draft(s)")
     pairs = {d: models.load_pair(args.target, d, args.device, args.dtype) for d in drafts}
@@ -55,6 +56,13 @@ def specbench(args) -> dict:
         device=str(first.target.device),
         dtype=str(first.target.dtype),
     )
+
+
+def _questions(name: str) -> list[questions.Question]:
+    """A question file's questions, or a built-in suite's requests as one-turn questions of its name."""
+    if is_file_suite(name):
+        return questions.read_questions(Path(name))
+    return [questions.Question(str(i), name, (prompt,)) for i, prompt in enumerate(suite(name, chat=True), 1)]
 
 
 def _shapes(draft: str, st: Settings) -> list[tuple[str, Settings]]:
