@@ -24,6 +24,7 @@ def test_teacher_forced_shards_hold_the_targets_fused_features_and_top_k_and_res
     # The chats, packed end to end into rows, are shards of their own, labelled first.
     assert manifest["chat"] == dict(chats=3, rows=2, tokens=64) and len(teacher_forcing.shards(tmp_path, "chat")) == 1
     assert teacher_forcing.shards(tmp_path) == teacher_forcing.shards(tmp_path, "chat") + shards
+    assert teacher_forcing.built(tmp_path) == dict(chat=64, text=5 * 32)  # what a training record reads
     talk = teacher_forcing.read(teacher_forcing.shards(tmp_path, "chat")[0])["ids"].long()
     orders = [torch.cat(o)[:64].tolist() for o in itertools.permutations(chats)]
     assert talk.reshape(-1).tolist() in orders  # each chat whole, one after another

@@ -165,6 +165,7 @@ def build(source, tokenizer, work: Path, out: Path, args, command: str, log, mea
     manifest = folder / "manifest.json"
     info |= dict(reads=args.target, command=command, scale=args.scale)
     info["data"] = json.loads(manifest.read_text()) if manifest.is_file() else None
+    info["trained_on"] = teacher_forcing.built(folder)  # positions by kind: a build may have stopped early
     dest = out / "draft-eagle3"
     head.save(dest, info)
     info["acceptance"] = measure(source, dest, args.scale)

@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 import torch
+from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from app.core.passes import entering, fused_layers
@@ -173,6 +174,17 @@ def build(target, tokenizer, out: Path, tokens: int, seed: int, log=print, chats
 def shards(folder: Path, prefix: str = "*") -> list[Path]:
     """The finished shard files of a build (chat shards, then text), or those of one `prefix`, in order."""
     return sorted(folder.glob(f"{prefix}-[0-9]*.safetensors"))
+
+
+def built(folder: Path) -> dict[str, int]:
+    """The positions the finished shards hold, by kind (chat, text): what a stopped build got to."""
+    out: dict[str, int] = {}
+    for path in shards(folder):
+        with safe_open(str(path), "pt") as f:
+            rows, width = f.get_slice("ids").get_shape()
+        kind = path.name.split("-")[0]
+        out[kind] = out.get(kind, 0) + rows * width
+    return out
 
 
 def read(path: Path) -> dict[str, torch.Tensor]:
