@@ -157,3 +157,11 @@ def test_a_new_kind_runs_in_generate_the_card_and_the_export(toy, capsys, tmp_pa
 def test_a_kind_name_is_registered_once(toy):
     with pytest.raises(ValueError, match="registered already"):
         kinds.register(ToyKind())
+
+
+def test_a_source_that_cannot_branch_is_refused_a_tree_in_one_line(toy, capsys):
+    """Asked for a tree, a source without branches says so; it never drafts a chain in its place."""
+    argv = ["generate", "--prompt", "aaaa", "--target", TINY, "--max-new-tokens", "8", "--no-chat", "--json"]
+    assert cli.main([*argv, "--draft", "toy:", "--tree", "8"]) != 0
+    err = capsys.readouterr().err
+    assert "the toy draft cannot branch: run it as a chain (tree 0)" in err and "Traceback" not in err

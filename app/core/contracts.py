@@ -46,7 +46,8 @@ class Proposer(Protocol):
     # path); None for a draft that runs no model's cache or keeps its own.
     cache_factory: Callable[[Any], KVCache] | None
     # Node budget of the next proposal (0: a chain); a run whose policy shapes each round sets it
-    # (policy.TreeShape). A source that cannot branch keeps 0, and its kind refuses trees.
+    # (policy.TreeShape). A source that cannot branch keeps 0, and its kind refuses trees. One that
+    # can says so with a class attribute `branches = True`; the engine refuses a tree to any other.
     tree: int
 
     def begin(self, prompt_ids: list[int], vocab_size: int) -> None:

@@ -136,8 +136,7 @@ class _Loop:
         # only drafts less (down to plain steps), so the text stays the target's own.
         self.limit = getattr(target.config, "max_position_embeddings", None) or 1 << 20
         own = proposer.context_limit if proposer is not None else None
-        # The most nodes the source drafts, as it was built (0: chains only); a round's budget goes up to it.
-        self.branches = proposer.tree if proposer is not None else 0
+        self.branches = bool(getattr(proposer, "branches", False))  # whether the source drafts trees at all
         self.draft_limit = min(self.limit, own or self.limit)  # what drafting may fill
         self.eos = {tokenizer.eos_token_id, *_as_list(target.generation_config.eos_token_id)} - {None}
         self.vocab = target.get_output_embeddings().weight.shape[0]

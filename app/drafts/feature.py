@@ -31,6 +31,8 @@ class FeatureProposer:
     so the first round drafts nothing.
     """
 
+    branches = True  # EAGLE-2's tree, grown by expected value
+
     wants_features = True
     cache_factory: Callable[[Any], KVCache] | None = None  # the head keeps its own growing cache
 

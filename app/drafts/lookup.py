@@ -19,6 +19,8 @@ class PromptLookup:
     Longest n first. It has no distribution, so verification treats q as one-hot.
     """
 
+    branches = True  # several matches' continuations merged into one trie
+
     name = "prompt-lookup"
     wants_features = False
     context_limit: int | None = None

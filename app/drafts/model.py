@@ -29,6 +29,8 @@ class ModelProposer:
     in one pass. That is how the draft still sees the last draft after a full accept.
     """
 
+    branches = True  # siblings beside its chain (draw.Branches)
+
     wants_features = False
 
     def __init__(
