@@ -11,6 +11,7 @@ from typing import Any, Protocol
 
 import torch
 
+from app.core import verify
 from app.core.config import SamplingConfig
 
 
@@ -26,14 +27,14 @@ class Proposal:
 
     def __post_init__(self) -> None:
         if not self.parents and self.tokens:
-            self.parents = list(range(-1, len(self.tokens) - 1))
+            self.parents = verify.chain(len(self.tokens))
         if len(self.parents) != len(self.tokens):
             raise ValueError(f"{len(self.tokens)} drafts need as many parents, got {len(self.parents)}")
 
     @property
     def is_tree(self) -> bool:
         """True when some node has more than one child: a chain's parents are [-1, 0, 1, ..]."""
-        return any(parent != i - 1 for i, parent in enumerate(self.parents))
+        return not verify.is_chain(self.parents)
 
 
 class Proposer(Protocol):

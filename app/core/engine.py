@@ -161,14 +161,16 @@ class _Loop:
 
         tree: the round asked for a tree, so the proposer learns its kept path. Returns (verdict,
         p_logits, p, base)."""
-        tokens, parents, lm, base = proposal.tokens, proposal.parents, self.lm, len(self.ids)
+        tokens, lm, base = proposal.tokens, self.lm, len(self.ids)
+        # Told once: a chain's parents go as None, to the plain pass and the vectorised rules.
+        parents = proposal.parents if proposal.is_tree else None
         assert lm is not None, "generate() sets the target's cache before the first round"
         fed = self.ids[lm.length :]
         if self.proposer is not None and self.proposer.wants_features:
             p_logits, features = lm.extend_with_features(fed + tokens, len(tokens) + 1, parents)
         else:
             p_logits, features = lm.extend(fed + tokens, len(tokens) + 1, parents), None
-        p_logits = self._penalise(p_logits, proposal)
+        p_logits = self._penalise(p_logits, tokens, parents)
         p = None
         if self.cfg.greedy:
             v = verify.greedy(tokens, p_logits, self.teach is not None, parents)
@@ -189,15 +191,15 @@ class _Loop:
                 self.proposer.commit(v.accepted, v.token, kept)
         return v, p_logits, p, base
 
-    def _penalise(self, p_logits: torch.Tensor, proposal: Proposal) -> torch.Tensor:
-        """The repetition rules on each row of p, after its own branch's history."""
-        if not proposal.is_tree:
-            return sampling.penalise(p_logits, self.ids, proposal.tokens, self.cfg)
+    def _penalise(self, p_logits: torch.Tensor, tokens: list[int], parents: list[int] | None) -> torch.Tensor:
+        """The repetition rules on each row of p, after its own branch's history (parents None: a chain)."""
+        if parents is None:
+            return sampling.penalise(p_logits, self.ids, tokens, self.cfg)
         if not self.cfg.penalised:
             return p_logits
         branch: list[list[int]] = []
-        for i, parent in enumerate(proposal.parents):
-            branch.append((branch[parent] if parent >= 0 else []) + [proposal.tokens[i]])
+        for i, parent in enumerate(parents):
+            branch.append((branch[parent] if parent >= 0 else []) + [tokens[i]])
         histories = [self.ids, *(self.ids + b for b in branch)]
         return torch.cat([sampling.penalise(p_logits[r : r + 1], h, [], self.cfg) for r, h in enumerate(histories)])
 

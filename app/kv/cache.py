@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import abc
 from typing import cast
 
 import torch
@@ -26,7 +27,7 @@ if Version(transformers.__version__) < Version("5.24"):
 CROPPABLE = (DynamicLayer, DummyLayer)
 
 
-class ModelCache:
+class ModelCache(abc.ABC):
     """What every KV cache of a model shares: the embedding guard, the counters, and close().
 
     `length` is how many tokens the cache holds; `tokens_processed` counts every token
@@ -54,7 +55,7 @@ class ModelCache:
         """The (T, H) or fused (T, len(layers) H) features of a wrapper pass's output, if asked for."""
         return passes.entering(out.hidden_states, self.feature_layers)[0] if features else None
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 (a pooled cache overrides it; nothing to give back here)
         """Nothing is pooled here; a static cache goes back to its pool."""
 
     def tree_layout(self, m: int, parents: list[int], kv: int, pad: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -118,8 +119,9 @@ class ModelCache:
             raise ValueError("a tree pass feeds at least the newest committed token, whose logits choose the root")
         return self._tree_forward(ids[:m], ids[m:], parents, features)
 
+    @abc.abstractmethod
     def _forward(self, ids: list[int], keep: int, features: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
-        raise NotImplementedError
+        """A causal pass over ids after the cached ones: (keep, V) logits, and the features if asked."""
 
     def _tree_forward(
         self, ids: list[int], tokens: list[int], parents: list[int], features: bool
@@ -143,8 +145,9 @@ class ModelCache:
     def _layers(self) -> list:
         raise UserError("this KV cache cannot verify a draft tree: run it as a chain")
 
+    @abc.abstractmethod
     def _crop(self, length: int) -> None:
-        raise NotImplementedError
+        """Forget the cached positions at or after `length`."""
 
 
 class CachedModel(ModelCache):
