@@ -269,21 +269,29 @@ def measured_acceptance(target_dir, head_dir: Path, scale: float, device: str | 
     return acceptance.suites(pair, new_tokens=16, limit=1)
 
 
+def _by_kind(rows: list[Row]) -> dict[str, int]:
+    """Tokens of the rows, by kind (code, chat, writing, ..)."""
+    return {k: sum(len(r.ids) for r in rows if r.kind == k) for k in sorted({r.kind for r in rows})}
+
+
 def teacher_data(source, tokenizer, work: Path, args, device: torch.device, log) -> dict:
     """The teacher-forced shards (teacher_forcing.py) in work/teacher: TEACHER_TOKENS times --scale of
     text, and the target's own answers (build_rows, shared with the EAGLE-1 head and kept in work/),
     through the fp32 target, whose features the drafts train against."""
     from app.training import teacher_forcing
 
-    writer = AutoModelForCausalLM.from_pretrained(source, dtype=writing_dtype(device), use_safetensors=True)
-    rows = build_rows(writer.to(device).eval(), tokenizer, work, args.seed, args.scale, log, TEACHER_SAMPLED)
+    dtype = writing_dtype(device)
+    writer = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, use_safetensors=True).to(device).eval()
+    rows = build_rows(writer, tokenizer, work, args.seed, args.scale, log, TEACHER_SAMPLED)
     chats = [r.ids for r in rows]
-    del writer
-    target = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32, use_safetensors=True)
+    if dtype == torch.float32:  # the writer is the fp32 target already: no second load
+        target = writer
+    else:
+        del writer
+        target = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32, use_safetensors=True)
+        target = target.to(device).eval()
     tokens = max(teacher_forcing.ROW, round(TEACHER_TOKENS * args.scale))
-    kinds = {k: sum(len(r.ids) for r in rows if r.kind == k) for k in sorted({r.kind for r in rows})}
-    about = dict(sampled_passes=TEACHER_SAMPLED, tokens_by_kind=kinds, instructions="app/data/instructions.py")
-    target = target.to(device).eval()
+    about = dict(sampled_passes=TEACHER_SAMPLED, tokens_by_kind=_by_kind(rows), instructions="app/data/instructions.py")
     return teacher_forcing.build(target, tokenizer, work / "teacher", tokens, args.seed, log, chats, about)
 
 
@@ -326,7 +334,7 @@ def main(args, command: str) -> dict:
     del writer
     target = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32, use_safetensors=True)
     target = target.to(device).eval()
-    kinds = {k: sum(len(r.ids) for r in rows if r.kind == k) for k in sorted({r.kind for r in rows})}
+    kinds = _by_kind(rows)
     log(dict(rows=len(rows), tokens=kinds))
     data = dict(
         rows=len(rows),
