@@ -12,7 +12,7 @@ from app.core.contracts import Proposer
 from app.core.costs import Costs
 from app.core.events import Step
 from app.core.policy import KPolicy, make_policy
-from app.core.teaching import top_table
+from app.core.record import Recorder
 from app.kv import static_cache
 from app.kv.cache import CachedModel
 from app.models import threads
@@ -45,8 +45,8 @@ class Run:
         return make_policy(self.settings.spec, self.costs)
 
     def steps(self, policy: KPolicy | None = None, teach: bool = False, display: bool = True) -> Iterator[Step]:
-        """The engine's Step stream; teach fills the teaching table of every round, and display=False
-        leaves out the drafts' own text, which only a view reads (engine.generate)."""
+        """The engine's Step stream; teach fills the teaching tables of every round, and display=False
+        leaves out the drafts' own text, which only a view reads (record.Recorder)."""
         s = self.settings
         return engine.generate(
             self.pair.target,
@@ -58,9 +58,8 @@ class Run:
             spec=s.spec,
             run=s.run,
             policy=policy or self.policy(),
-            teach=top_table if teach else None,
+            recorder=Recorder(self.pair.tokenizer, self.ids, display=display, teach=teach),
             before_round=threads.follow,
-            display=display,
         )
 
 

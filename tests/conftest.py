@@ -180,7 +180,7 @@ def run(target, tokenizer, prompt, proposer=None, **kw):
     """Generated ids and the Step records of one engine run."""
     from app.core.config import RunConfig, SamplingConfig, SpecConfig
     from app.core.engine import generate
-    from app.core.teaching import top_table
+    from app.core.record import Recorder
     from app.kv.cache import CachedModel
 
     sampling_keys = ("temperature", "top_k", "top_p", "seed", "repetition_penalty", "no_repeat_ngram_size", "rule")
@@ -203,9 +203,8 @@ def run(target, tokenizer, prompt, proposer=None, **kw):
             sampling_cfg=sampling,
             spec=spec,
             run=cfg,
-            teach=top_table if teach else None,
+            recorder=Recorder(tokenizer, ids, display=display, teach=teach),
             before_round=threads.follow,  # the thread governor, as the request path passes it
-            display=display,
             policy=policy,
             **cache,
         )

@@ -75,10 +75,10 @@ def test_the_contract_check_bites():
     kept path, are caught by the same check."""
 
     class Partial:
-        name, wants_features, context_limit, tree = "partial", False, None, 0
+        name, wants_features, context_limit = "partial", False, None
 
         def begin(self, prompt_ids, vocab_size): ...
-        def propose(self, k, cfg, gen): ...
+        def propose(self, k, cfg, gen, nodes=0): ...
         def commit(self, accepted, token, features=None): ...
         def end(self): ...
 
@@ -88,13 +88,13 @@ def test_the_contract_check_bites():
 class RepeatLast:
     """A toy proposer: k copies of the last committed token."""
 
-    name, wants_features, context_limit, cache_factory, tree = "toy", False, None, None, 0
+    name, wants_features, context_limit, cache_factory = "toy", False, None, None
 
     def begin(self, prompt_ids, vocab_size):
         self.ids = list(prompt_ids)
         self.drafted: list[int] = []
 
-    def propose(self, k: int, cfg: SamplingConfig, gen: torch.Generator) -> Proposal:
+    def propose(self, k: int, cfg: SamplingConfig, gen: torch.Generator, nodes: int = 0) -> Proposal:
         self.drafted = [self.ids[-1]] * k
         return Proposal(list(self.drafted), None)
 

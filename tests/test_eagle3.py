@@ -48,7 +48,7 @@ def test_an_eagle3_head_drafts_from_fused_features_and_the_output_is_the_targets
     try:
         accepted = 0
         for prompt in PROMPTS:
-            proposer = FeatureProposer(target, head, tree=tree)
+            proposer = FeatureProposer(target, head)
             spec, steps = run(target, tokenizer, prompt, proposer, k=4, k_policy="fixed", tree=tree, max_new_tokens=32)
             assert spec == run(target, tokenizer, prompt, None, max_new_tokens=32)[0]
             accepted += sum(s.accepted for s in steps)

@@ -50,7 +50,7 @@ class Proposes:
         self.ids = ids
 
     def begin(self, prompt_ids, vocab_size): ...
-    def propose(self, k, cfg, gen):
+    def propose(self, k, cfg, gen, nodes=0):
         return Proposal(list(self.ids), None)
 
     def commit(self, accepted, token, features=None, path=None): ...
@@ -84,9 +84,9 @@ def test_prompt_lookup_stops_its_drafts_before_an_end_of_text_id():
     chain.begin(context, 16)
     greedy = SamplingConfig()
     assert chain.propose(4, greedy, torch.Generator()).tokens == [7, 9, 5, 6], "the older match, not an empty draft"
-    tree = PromptLookup(2, 1, tree=8, eos=(2,))
+    tree = PromptLookup(2, 1, eos=(2,))
     tree.begin(context, 16)
-    assert tree.propose(4, greedy, torch.Generator()).tokens == [7, 9, 5, 6]
+    assert tree.propose(4, greedy, torch.Generator(), nodes=8).tokens == [7, 9, 5, 6]
     unaware = PromptLookup(2, 1)  # a target without an end-of-text id
     unaware.begin(context, 16)
     assert unaware.propose(4, greedy, torch.Generator()).tokens == [2, 8, 5, 6]

@@ -11,7 +11,7 @@ import pytest
 from app.core import engine
 from app.core.config import RunConfig, SamplingConfig, SpecConfig
 from app.core.policy import make_policy
-from app.core.teaching import top_table
+from app.core.record import Recorder
 from app.drafts.model import ModelProposer
 from app.kv.cache import CachedModel
 from app.serve import sessions
@@ -30,7 +30,7 @@ def _start(target, draft, tokenizer, s, sp, r):
         spec=sp,
         run=r,
         policy=policy,
-        teach=top_table,
+        recorder=Recorder(tokenizer, ids, teach=True),
         target_cache=CachedModel,
     )
 

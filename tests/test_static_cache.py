@@ -119,7 +119,7 @@ def test_greedy_trees_on_the_static_cache_give_the_targets_own_output(target, ne
     ar, _ = run(target, tokenizer, PROMPT, max_new_tokens=40)
     max_len = cache_length(len(tokenizer(PROMPT)["input_ids"]), 40)
     for tree in (8, 32):
-        for proposer in (ModelProposer(near_draft, "near", StaticCaches(max_len), tree=tree), PromptLookup(3, 1, tree)):
+        for proposer in (ModelProposer(near_draft, "near", StaticCaches(max_len)), PromptLookup(3, 1)):
             cache = StaticCaches(max_len)
             settings = dict(k=4, k_policy="fixed", tree=tree, max_new_tokens=40, target_cache=cache)
             got, steps = run(target, tokenizer, PROMPT, proposer, **settings)

@@ -167,10 +167,10 @@ def tree_sources(target, near_draft, head):
     from app.drafts.model import ModelProposer, early_exit
 
     return {
-        "draft model": lambda tree: ModelProposer(near_draft, "near", tree=tree),
-        "prompt lookup": lambda tree: PromptLookup(3, 1, tree),
-        "early exit": lambda tree: early_exit(target, 2, tree),
-        "feature head": lambda tree: FeatureProposer(target, head, tree=tree),
+        "draft model": lambda: ModelProposer(near_draft, "near"),
+        "prompt lookup": lambda: PromptLookup(3, 1),
+        "early exit": lambda: early_exit(target, 2),
+        "feature head": lambda: FeatureProposer(target, head),
     }
 
 
@@ -183,7 +183,7 @@ def test_greedy_trees_give_the_targets_own_output(target, near_draft, tokenizer,
     for prompt in PROMPTS:
         want = hf_greedy_until_eos(target, tokenizer, prompt, 40)
         for k, tree in ((4, 0), (1, 1), (4, 8), (4, 32)):
-            got, steps = run(target, tokenizer, prompt, make(tree), k=k, k_policy="fixed", tree=tree, max_new_tokens=40)
+            got, steps = run(target, tokenizer, prompt, make(), k=k, k_policy="fixed", tree=tree, max_new_tokens=40)
             assert got == want, (source, prompt, k, tree)
             if tree in kept:
                 kept[tree] += sum(s.accepted for s in steps) / len(steps)
@@ -216,9 +216,9 @@ def test_sampled_trees_keep_the_targets_distribution(source):
 
         torch.manual_seed(0)
         head, _ = train.train_feature_head(p_model, random_windows(len(tok), 8, 16), steps=40, lr=5e-3)
-        make = lambda: FeatureProposer(p_model, head, tree=6)  # noqa: E731
+        make = lambda: FeatureProposer(p_model, head)  # noqa: E731
     else:
-        make = lambda: ModelProposer(q_model, "q", tree=6)  # noqa: E731
+        make = lambda: ModelProposer(q_model, "q")  # noqa: E731
     counts: dict = {}
     for seed in range(N):
         ids, _ = run(
@@ -241,7 +241,7 @@ def test_shared_noise_trees_give_plain_samplings_text(target, near_draft, tokeni
             target,
             tokenizer,
             PROMPTS[0],
-            make(8),
+            make(),
             seed=seed,
             k=3,
             k_policy="fixed",

@@ -46,16 +46,15 @@ class Proposer(Protocol):
     # The KV cache the draft's model runs on, which a run may swap for the static one (the GPU fast
     # path); None for a draft that runs no model's cache or keeps its own.
     cache_factory: Callable[[Any], KVCache] | None
-    # Node budget of the next proposal (0: a chain); a run whose policy shapes each round sets it
-    # (policy.TreeShape). A source that cannot branch keeps 0, and its kind refuses trees. One that
-    # can says so with a class attribute `branches = True`; the engine refuses a tree to any other.
-    tree: int
+    # A source that can draft trees says so with a class attribute `branches = True`; the engine
+    # refuses a tree to any other, and its kind refuses one when the run is set up.
 
     def begin(self, prompt_ids: list[int], vocab_size: int) -> None:
         """Start a request from the prompt's ids; only ids below vocab_size may be drafted."""
 
-    def propose(self, k: int, cfg: SamplingConfig, gen: torch.Generator) -> Proposal:
-        """Draft up to k tokens after the committed ones."""
+    def propose(self, k: int, cfg: SamplingConfig, gen: torch.Generator, nodes: int = 0) -> Proposal:
+        """Draft up to k tokens after the committed ones: a chain, or with a node budget (nodes > 0,
+        given only to a source that branches) a tree of at most that many nodes, k deep."""
 
     def commit(
         self, accepted: int, token: int, features: torch.Tensor | None = None, path: list[int] | None = None

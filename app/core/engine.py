@@ -12,15 +12,13 @@ from collections.abc import Callable, Iterator
 import torch
 from transformers import PreTrainedModel
 
-from app.core import sampling, teaching, verify
+from app.core import sampling, verify
 from app.core.config import RunConfig, SamplingConfig, SpecConfig, UserError
 from app.core.contracts import KVCache, Proposal, Proposer
-from app.core.events import BONUS, CORRECTED, TARGET, Decision, Step
+from app.core.events import Step
 from app.core.policy import KPolicy, make_policy
+from app.core.record import Recorder, Round
 from app.core.text import Detokenizer
-
-# What the teaching view reads of a round: (tokenizer, proposal, p_logits, p, verdict) -> rows.
-TeachHook = Callable[..., list]
 
 
 def sync(device: torch.device) -> None:
@@ -66,14 +64,6 @@ class _Output:
         return None
 
 
-def _decisions(drafts, texts, v, judged: list[int], tree: bool) -> list[Decision]:
-    """One record per judged draft, in the order judged; judged[j] is its index in drafts."""
-    return [
-        Decision(drafts[i], texts[i], v.p_x[j], v.q_x[j], v.accept_prob[j], v.u[j], i < v.accepted, i if tree else None)
-        for j, i in enumerate(judged)
-    ]
-
-
 def generate(
     target: PreTrainedModel,
     tokenizer,
@@ -85,22 +75,21 @@ def generate(
     spec: SpecConfig = SpecConfig(),
     run: RunConfig = RunConfig(),
     policy: KPolicy | None = None,
-    teach: TeachHook | None = None,
+    recorder: Recorder | None = None,
     before_round: Callable[[], None] | None = None,
-    display: bool = True,
 ) -> Iterator[Step]:
     """Speculative decoding with `proposer`, or autoregressive decoding when it is None.
 
-    target_cache builds the target's per-request cache (kv/). teach fills each Step's `top` table,
-    which only the teaching view reads; before_round runs ahead of every round (the thread governor).
-    display=False leaves each draft's and the target token's own text empty (Step.draft_text,
-    token_text), which only a view reads: a benchmark then times no detokenising beyond the output's.
+    target_cache builds the target's per-request cache (kv/). recorder turns each round into the Step
+    yielded (record.py; by default with the drafts' text and no teaching tables); before_round runs
+    ahead of every round (the thread governor). A Step's recording counts in its run's busy time.
     """
     for cfg in (sampling_cfg, spec, run):
         cfg.validate()
     _check_prompt(target, prompt_ids)
-    loop = _Loop(target, tokenizer, proposer, sampling_cfg, run, policy or make_policy(spec), teach)
-    loop.display = display
+    recorder = recorder or Recorder(tokenizer, prompt_ids)
+    loop = _Loop(target, tokenizer, proposer, sampling_cfg, run, policy or make_policy(spec))
+    loop.greedy_p = recorder.teach  # p(x) of greedy drafts is teaching data: computed only when read
     loop.start(prompt_ids)
     loop.lm = target_cache(target)
     if proposer is not None and proposer.wants_features:  # which of the target's states the draft reads
@@ -113,7 +102,7 @@ def generate(
             if before_round is not None:
                 before_round()
             t0 = time.perf_counter()
-            step = loop.round(rnd)
+            step = recorder.step(loop.round(rnd))
             busy += time.perf_counter() - t0
             step.elapsed = busy
             yield step
@@ -128,9 +117,9 @@ def generate(
 class _Loop:
     """One request's state: the committed ids, the output, the caches, the policy and the generator."""
 
-    def __init__(self, target, tokenizer, proposer, sampling_cfg, run, policy, teach) -> None:
+    def __init__(self, target, tokenizer, proposer, sampling_cfg, run, policy) -> None:
         self.target, self.tokenizer, self.proposer = target, tokenizer, proposer
-        self.cfg, self.run, self.policy, self.teach = sampling_cfg, run, policy, teach
+        self.cfg, self.run, self.policy = sampling_cfg, run, policy
         self.gen = torch.Generator().manual_seed(sampling_cfg.seed)
         # The target's window ends the run, as it ends plain decoding; a draft with a shorter window
         # only drafts less (down to plain steps), so the text stays the target's own.
@@ -142,7 +131,7 @@ class _Loop:
         self.vocab = target.get_output_embeddings().weight.shape[0]
         self.lm: KVCache | None = None
         self.ids: list[int] = []
-        self.display = True
+        self.greedy_p = False
 
     def start(self, prompt_ids: list[int]) -> None:
         self.out = _Output(self.tokenizer, prompt_ids, self.run, self.eos)
@@ -173,7 +162,7 @@ class _Loop:
         p_logits = self._penalise(p_logits, tokens, parents)
         p = None
         if self.cfg.greedy:
-            v = verify.greedy(tokens, p_logits, self.teach is not None, parents)
+            v = verify.greedy(tokens, p_logits, self.greedy_p, parents)
         elif self.cfg.shared_noise:  # the race at absolute positions base.., read by the drafts too
             p = sampling.probs(p_logits, self.cfg)
             v = verify.shared_noise(tokens, p, proposal.q, self.cfg.seed, base, parents)
@@ -203,94 +192,32 @@ class _Loop:
         histories = [self.ids, *(self.ids + b for b in branch)]
         return torch.cat([sampling.penalise(p_logits[r : r + 1], h, [], self.cfg) for r, h in enumerate(histories)])
 
-    def round(self, rnd: int) -> Step:
-        """Draft, verify, commit: one Step."""
-        k = self._k()
+    def round(self, number: int) -> Round:
+        """Draft, verify with one target pass, commit: what the round did."""
+        k, nodes = self._k(), 0
         t0 = time.perf_counter()
-        nodes = 0
         if self.proposer is not None and k:
             nodes = self.policy.next_nodes()
             if nodes and not self.branches:  # drafting a chain instead would be an option silently ignored
                 raise UserError(f"the {self.proposer.name} draft cannot branch: run it as a chain (tree 0)")
-            if nodes != self.proposer.tree:  # a shape chosen round by round (policy.TreeShape)
-                self.proposer.tree = nodes
-        proposal = Proposal([], None) if self.proposer is None else self.proposer.propose(k, self.cfg, self.gen)
+        # nodes: the policy's budget for this round (policy.TreeShape may change it round by round)
+        proposal = Proposal([], None) if self.proposer is None else self.proposer.propose(k, self.cfg, self.gen, nodes)
         _check_drafts(proposal.tokens, self.vocab)
         assert self.lm is not None, "generate() sets the target's cache before the first round"
         sync(self.lm.device)
         t1 = time.perf_counter()
-        # A round asked for a tree is one, whatever shape it took (its branches may be empty).
-        tree = nodes > 0 and bool(proposal.tokens)
-        v, p_logits, p, base = self._verify(proposal, tree)
+        v, p_logits, p, base = self._verify(proposal, tree=nodes > 0 and bool(proposal.tokens))
         sync(self.lm.device)
         t2 = time.perf_counter()
-        n = v.accepted
-        if not tree:
-            drafts, parents, judged = proposal.tokens, None, v.judged
-            texts, token_text = self.out.detok.peek(drafts, n, v.token) if self.display else ([""] * len(drafts), "")
-            bonus = n == len(drafts)
-        else:  # a tree's record lists its kept path first, so drafts[:n] are the accepted drafts
-            drafts, parents, judged, texts, token_text = self._tree_record(proposal, v, v.path)
-            bonus = not any(parent == (v.path[-1] if v.path else -1) for parent in proposal.parents)
-        self.policy.update(len(drafts), n, context=base + n + 1, parents=proposal.parents, path=v.path)
-        kept = drafts[:n] + [v.token]
-        emitted, new_text = self.out.push(kept)
+        n, parents = v.accepted, proposal.parents
+        self.policy.update(len(proposal.tokens), n, context=base + n + 1, parents=parents, path=v.path)
+        kept = [proposal.tokens[i] for i in v.path] + [v.token]
+        emitted, text = self.out.push(kept)
         self.ids += kept
         if not self.out.stop_reason and len(self.ids) >= self.limit:
             self.out.stop_reason = "context_full"
-        top, race = [], []
-        if self.teach is not None and self.proposer is not None:
-            top = self.teach(self.tokenizer, proposal, p_logits, p, v)
-            if v.noise is not None:
-                assert p is not None  # shared noise verifies on the processed p
-                race = teaching.race_table(self.tokenizer, proposal, p, v)
-        return Step(
-            round=rnd,
-            k=k,
-            drafted=drafts,
-            draft_text=texts,
-            accepted=n,
-            token=v.token,
-            token_kind=TARGET if not drafts else (BONUS if bonus else CORRECTED),
-            token_text=token_text,
-            rejected=drafts[n:],
-            emitted=emitted,
-            text=new_text,
-            draft_time=t1 - t0,
-            verify_time=t2 - t1,
-            elapsed=0.0,
-            decisions=_decisions(drafts, texts, v, judged, parents is not None),
-            top=top,
-            stop_reason=self.out.stop_reason,
-            feature_position=proposal.feature_position,
-            context=base,
-            race=race,
-            parents=parents,
-            nodes=nodes,
-        )
-
-    def _tree_record(self, proposal: Proposal, v, path: list[int]):
-        """A tree round as its Step lists it: nodes reordered with the kept path first, their parents
-        in that order, the judged nodes by their new index, and each node's text after its own branch."""
-        tokens, parents = proposal.tokens, proposal.parents or []
-        order = path + [i for i in range(len(tokens)) if i not in path]
-        where = {node: j for j, node in enumerate(order)}
-        shown_parents = [where[parents[i]] if parents[i] >= 0 else -1 for i in order]
-        judged = [where[i] for i in v.judged]
-        if not self.display:
-            return [tokens[i] for i in order], shown_parents, judged, [""] * len(tokens), ""
-        chain = [tokens[i] for i in path]
-        texts_by_node: dict[int, str] = {}
-        path_texts, token_text = self.out.detok.peek(chain, len(chain), v.token)
-        texts_by_node.update(zip(path, path_texts, strict=True))
-        for i in order[len(path) :]:
-            branch: list[int] = []
-            at = i
-            while at >= 0:
-                branch.insert(0, tokens[at])
-                at = parents[at]
-            texts_by_node[i] = self.out.detok.peek(branch, 0, branch[0])[0][-1]
-        return [tokens[i] for i in order], shown_parents, judged, [texts_by_node[i] for i in order], token_text
+        stop, plain = self.out.stop_reason, self.proposer is None
+        return Round(number, k, nodes, proposal, v, base, emitted, text, stop, t1 - t0, t2 - t1, p_logits, p, plain)
 
 
 def _check_prompt(target: PreTrainedModel, prompt_ids: list[int]) -> None:

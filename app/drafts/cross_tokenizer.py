@@ -72,7 +72,6 @@ class CrossTokenizerProposer:
 
     wants_features = False
     cache_factory: Callable[[Any], KVCache] | None = None  # its cache is rebuilt from text each round: the dynamic one
-    tree = 0  # its drafts are re-tokenised text, one chain: it never branches
 
     def __init__(self, model: PreTrainedModel, bridge: TokenBridge, name: str):
         self.model, self.bridge, self.name = model, bridge, name
@@ -102,7 +101,7 @@ class CrossTokenizerProposer:
         self.fed = list(ids)
         return self.lm.extend(ids[keep:], keep=1)[-1]
 
-    def propose(self, k: int, cfg: SamplingConfig, gen: torch.Generator) -> Proposal:
+    def propose(self, k: int, cfg: SamplingConfig, gen: torch.Generator, nodes: int = 0) -> Proposal:
         self._drafts = []
         if k == 0:
             return Proposal([], None)

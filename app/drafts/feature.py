@@ -36,8 +36,8 @@ class FeatureProposer:
     wants_features = True
     cache_factory: Callable[[Any], KVCache] | None = None  # the head keeps its own growing cache
 
-    def __init__(self, target: PreTrainedModel, head, name: str = "feature-head", tree: int = 0):
-        self.target, self.head, self.name, self.tree = target, head, name, tree  # tree: draw.Branches' budget
+    def __init__(self, target: PreTrainedModel, head, name: str = "feature-head"):
+        self.target, self.head, self.name = target, head, name
         self.context_limit: int | None = getattr(head.config, "max_position_embeddings", None)
         # Looked up once: transformers' accessors walk the module tree on every call.
         self.embed, self.lm_head = target.get_input_embeddings(), target.get_output_embeddings()
@@ -68,12 +68,12 @@ class FeatureProposer:
         self.tokens_processed += len(tokens)
         return self.head(self.embed(x), features[None], self.cache)[0]
 
-    def propose(self, k: int, cfg: SamplingConfig, gen: torch.Generator) -> Proposal:
+    def propose(self, k: int, cfg: SamplingConfig, gen: torch.Generator, nodes: int = 0) -> Proposal:
         self._drafts, self._tree = Branches(k), None
         if k == 0 or self.n_features == 0:
             return Proposal([], None)
         with torch.inference_mode():  # one context for the round, not one per step
-            return self._propose_tree(k, cfg, gen) if self.tree else self._propose(k, cfg, gen)
+            return self._propose_tree(k, nodes, cfg, gen) if nodes else self._propose(k, cfg, gen)
 
     def _propose(self, k: int, cfg: SamplingConfig, gen: torch.Generator) -> Proposal:
         f = self.features[0] if len(self.features) == 1 else torch.cat(self.features)
@@ -91,7 +91,7 @@ class FeatureProposer:
                 feature = self._step([x], feature[None])[-1]
         return drafts.proposal(self.read_feature)
 
-    def _propose_tree(self, k: int, cfg: SamplingConfig, gen: torch.Generator) -> Proposal:
+    def _propose_tree(self, k: int, nodes: int, cfg: SamplingConfig, gen: torch.Generator) -> Proposal:
         """EAGLE-2's tree: depth by depth, the budget of that depth (siblings_per_depth) goes to the
         children with the highest expected value, a parent's path probability times its j-th best
         draft probability; each parent's children are then drawn (the best under greedy, without
@@ -106,7 +106,7 @@ class FeatureProposer:
         tree = _Tree()
         # The frontier: (node, path probability, the feature its children are drawn from); -1 is the root.
         frontier = [(-1, 1.0, predicted[-1])]
-        widths = [1 + n for n in siblings_per_depth(k, self.tree)]
+        widths = [1 + n for n in siblings_per_depth(k, nodes)]
         batched = BATCHED_GREEDY and cfg.greedy and not cfg.penalised and self.vocab is not None
         for depth, width in enumerate(widths):
             if batched:
@@ -279,7 +279,7 @@ class HeadDraft(BaseDraft):
     head: torch.nn.Module | None = None
 
     def proposer(self, target, spec: SpecConfig) -> Proposer:
-        return FeatureProposer(target, self.head, self.name, tree=spec.tree)
+        return FeatureProposer(target, self.head, self.name)
 
     def idle_note(self, step) -> str:
         if step.feature_position is not None:

@@ -26,9 +26,8 @@ class PromptLookup:
     context_limit: int | None = None
     cache_factory: Callable[[Any], KVCache] | None = None  # no model, no cache
 
-    def __init__(self, ngram_max: int = 3, ngram_min: int = 1, tree: int = 0, eos: tuple[int, ...] = ()):
+    def __init__(self, ngram_max: int = 3, ngram_min: int = 1, eos: tuple[int, ...] = ()):
         self.ngram_max, self.ngram_min = ngram_max, ngram_min
-        self.tree = tree  # a node budget: several matches' continuations as branches of one tree; 0: one chain
         # a continuation is cut before an end-of-text id, as transformers' lookup does: the output ends
         # there only if the target itself picks it
         self.eos = frozenset(eos)
@@ -43,9 +42,9 @@ class PromptLookup:
         self.ids = list(prompt_ids)
         self._drafts: list[int] = []
 
-    def propose(self, k: int, cfg: SamplingConfig, gen: torch.Generator) -> Proposal:
-        if self.tree:
-            return self._propose_tree(k)
+    def propose(self, k: int, cfg: SamplingConfig, gen: torch.Generator, nodes: int = 0) -> Proposal:
+        if nodes:  # several matches' continuations as branches of one tree
+            return self._propose_tree(k, nodes)
         ids = self.ids
         for n in range(min(self.ngram_max, len(ids) - 1), self.ngram_min - 1, -1):
             tail = ids[-n:]
@@ -57,9 +56,9 @@ class PromptLookup:
         self._drafts = []
         return Proposal([], None)
 
-    def _propose_tree(self, k: int) -> Proposal:
+    def _propose_tree(self, k: int, nodes: int) -> Proposal:
         """The continuations of the context's last n-gram at every earlier match (longest n first, the
-        most recent match first), merged into a trie of at most `tree` nodes, k deep: each node's
+        most recent match first), merged into a trie of at most `nodes` nodes, k deep: each node's
         children are distinct tokens, and q is one-hot on each."""
         ids, seen = self.ids, set()
         tokens: list[int] = []
@@ -75,15 +74,15 @@ class PromptLookup:
                 parent = -1
                 for t in follow:
                     if (parent, t) not in node:
-                        if len(tokens) == self.tree:
+                        if len(tokens) == nodes:
                             break
                         node[(parent, t)] = len(tokens)
                         tokens.append(t)
                         parents.append(parent)
                     parent = node[(parent, t)]
-                if len(tokens) == self.tree:
+                if len(tokens) == nodes:
                     break
-            if len(tokens) == self.tree:
+            if len(tokens) == nodes:
                 break
         self._drafts, self._parents = tokens, parents
         return Proposal(list(tokens), None, parents=list(parents))
@@ -137,7 +136,7 @@ class LookupKind(BaseKind):
 
 class LookupDraft(BaseDraft):
     def proposer(self, target, spec: SpecConfig) -> Proposer:
-        return PromptLookup(spec.ngram_max, spec.ngram_min, spec.tree, eos_ids(target))
+        return PromptLookup(spec.ngram_max, spec.ngram_min, eos_ids(target))
 
     def idle_note(self, step) -> str:
         return "No n-gram ending the text so far occurs earlier in it, so prompt lookup had nothing to propose."

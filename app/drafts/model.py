@@ -34,13 +34,9 @@ class ModelProposer:
     wants_features = False
 
     def __init__(
-        self,
-        model: PreTrainedModel,
-        name: str,
-        cache_factory: Callable[[PreTrainedModel], KVCache] = CachedModel,
-        tree: int = 0,
+        self, model: PreTrainedModel, name: str, cache_factory: Callable[[PreTrainedModel], KVCache] = CachedModel
     ):
-        self.model, self.name, self.tree = model, name, tree  # tree: a node budget (draw.Branches); 0: chains
+        self.model, self.name = model, name
         # Which KV cache the draft runs on: the request may give the static one (the GPU fast path).
         self.cache_factory: Callable[[Any], KVCache] | None = cache_factory
         self.context_limit: int | None = getattr(model.config, "max_position_embeddings", None)
@@ -53,8 +49,8 @@ class ModelProposer:
         self.vocab_size = vocab_size
         self._drafts = Branches(0)
 
-    def propose(self, k: int, cfg: SamplingConfig, gen: torch.Generator) -> Proposal:
-        self._drafts = drafts = Branches(k, self.tree)
+    def propose(self, k: int, cfg: SamplingConfig, gen: torch.Generator, nodes: int = 0) -> Proposal:
+        self._drafts = drafts = Branches(k, nodes)
         if k == 0:
             return Proposal([], None)
         logits = self.lm.extend(self.ids[self.lm.length :], keep=1)[-1]
@@ -79,9 +75,9 @@ class ModelProposer:
         self.lm.close()
 
 
-def early_exit(target: PreTrainedModel, n_layers: int, tree: int = 0) -> ModelProposer:
+def early_exit(target: PreTrainedModel, n_layers: int) -> ModelProposer:
     """Self-speculation: the target's first n layers, final norm and LM head."""
-    return ModelProposer(early_exit_view(target, n_layers), f"early-exit:{n_layers}", tree=tree)
+    return ModelProposer(early_exit_view(target, n_layers), f"early-exit:{n_layers}")
 
 
 def decoder_layers(model: PreTrainedModel) -> str:
@@ -200,7 +196,7 @@ class ModelDraft(BaseDraft):
                     "draft trees need a draft with the target's tokenizer: this one re-tokenises its drafts"
                 )
             return CrossTokenizerProposer(self.model, self.bridge, self.name)
-        return ModelProposer(self.model, self.name, tree=spec.tree)
+        return ModelProposer(self.model, self.name)
 
     def info(self) -> DraftInfo:
         return DraftInfo(self.spec, different_tokenizer=self.bridge is not None)
@@ -247,7 +243,7 @@ class EarlyExitKind(BaseKind):
 
 class EarlyExitDraft(BaseDraft):
     def proposer(self, target, spec: SpecConfig) -> Proposer:
-        return early_exit(target, self.spec.layers, spec.tree)
+        return early_exit(target, self.spec.layers)
 
 
 KIND, EARLY_EXIT = ModelKind(), EarlyExitKind()
