@@ -26,7 +26,7 @@ from app.core.config import RunConfig, SamplingConfig, Settings, SpecConfig
 from app.core.costs import Costs, by_width
 from app.core.policy import FixedK
 from app.kv import static_cache
-from app.kv.cache import CachedModel
+from app.kv.cache import DynamicRollbackCache
 from app.models import context_length, threads
 from app.models.loading import precision_of
 
@@ -99,7 +99,9 @@ class _Alternate(FixedK):
         return next(self._ks)
 
 
-def pass_times(target, context: list[int], widths: int, cache: Callable = CachedModel, reps: int = REPS) -> list[float]:
+def pass_times(
+    target, context: list[int], widths: int, cache: Callable = DynamicRollbackCache, reps: int = REPS
+) -> list[float]:
     """Fastest seconds of one target pass over n = 1..widths new tokens after `context`, as timed.
 
     Widths are interleaved within each repetition so drift on a shared machine hits all alike.
@@ -108,7 +110,7 @@ def pass_times(target, context: list[int], widths: int, cache: Callable = Cached
 
 
 def verify_curve(
-    target, context: list[int], widths: int, cache: Callable = CachedModel, reps: int = REPS, widest: int = 0
+    target, context: list[int], widths: int, cache: Callable = DynamicRollbackCache, reps: int = REPS, widest: int = 0
 ) -> list[float]:
     """Seconds of one target pass over n = 1..max(widths, widest) new tokens after `context`
     (pass_times, smoothed): every width up to `widths`, and a few up to `widest` (wide_widths)."""
@@ -138,7 +140,7 @@ def wide_widths(widths: int, widest: int) -> list[int]:
 
 @torch.inference_mode()
 def pass_widths(
-    target, context: list[int], widths: list[int], cache: Callable = CachedModel, reps: int = REPS
+    target, context: list[int], widths: list[int], cache: Callable = DynamicRollbackCache, reps: int = REPS
 ) -> list[float]:
     """Fastest seconds of one target pass over each of `widths` new tokens after `context`."""
     lm = cache(target)
@@ -188,7 +190,7 @@ class _Turns:
         self.policy = policy
         self.contexts = {False: ids, True: ids}
         # A static target cache (the GPU path) goes with a static draft cache, as in a real run.
-        self.draft_cache = target_cache if isinstance(target_cache, static_cache.StaticCaches) else None
+        self.draft_cache = target_cache if isinstance(target_cache, static_cache.StaticCachePool) else None
 
     def rounds(self, speculative: bool, n: int) -> list[tuple]:
         """(step, busy seconds) of n rounds after a first one, over more runs if EOS ends one early."""
@@ -208,7 +210,7 @@ class _Turns:
 def measure(
     pair,
     k_max: int,
-    target_cache: Callable = CachedModel,
+    target_cache: Callable = DynamicRollbackCache,
     sampling: SamplingConfig | None = None,
     tree: int = 0,
     report: Callable[[float], None] | None = None,
@@ -312,7 +314,7 @@ def _window(pair, k_max: int, target_cache: Callable) -> tuple[int, int]:
     own = pair.proposer(SpecConfig(k_max=k_max)).context_limit
     limit = min(context_length(pair.target), own or 1 << 20)
     new_tokens = 16 * (k_max + 1)  # a cap: runs stop after a few blocks of rounds
-    if isinstance(target_cache, static_cache.StaticCaches):
+    if isinstance(target_cache, static_cache.StaticCachePool):
         # A static cache (the GPU path) holds only its own request's length, which may be less than the
         # usual context, and a pass past its end is an error, not a stop: everything shrinks to fit.
         limit = min(limit, static_cache.room(target_cache.max_len))
@@ -384,7 +386,7 @@ def context_slopes(
     curve: list[float],
     n: int,
     far: int,
-    target_cache: Callable = CachedModel,
+    target_cache: Callable = DynamicRollbackCache,
     dense: int | None = None,
 ) -> tuple[float, ...]:
     """Seconds more per context token for a pass over 1..len(curve) new tokens, from `curve` (timed
@@ -441,7 +443,7 @@ def _fit_line(points: dict[int, float]) -> tuple[float, float]:
 def costs_for(
     pair,
     spec: SpecConfig,
-    target_cache: Callable = CachedModel,
+    target_cache: Callable = DynamicRollbackCache,
     sampling: SamplingConfig | None = None,
     report: Callable[[float], None] | None = None,
 ) -> Costs:

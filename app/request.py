@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from app import calibrate, models, runs
 from app.core.config import Settings, UserError, chat_default
 from app.core.costs import Costs
-from app.kv.cache import CachedModel
+from app.kv.cache import DynamicRollbackCache
 from app.models.pair import Pair
 
 
@@ -56,7 +56,7 @@ def start(
 
 
 def costs(
-    pair: Pair, settings: Settings, target_cache=CachedModel, report: Callable[[float], None] | None = None
+    pair: Pair, settings: Settings, target_cache=DynamicRollbackCache, report: Callable[[float], None] | None = None
 ) -> Costs | None:
     """The calibrated costs a speculative run plans with, measured once per kind of request: the cost
     model plans chains, and trees under tree_auto; a fixed tree's shape is its settings' (None)."""

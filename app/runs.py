@@ -14,7 +14,7 @@ from app.core.events import Step
 from app.core.policy import KPolicy, make_policy
 from app.core.record import Recorder
 from app.kv import static_cache
-from app.kv.cache import CachedModel
+from app.kv.cache import DynamicRollbackCache
 from app.models import threads
 from app.models.pair import Pair
 
@@ -27,7 +27,7 @@ class Run:
     ids: list[int]
     settings: Settings
     speculative: bool = True
-    target_cache: Callable = CachedModel
+    target_cache: Callable = DynamicRollbackCache
     draft_cache: Callable | None = None  # for drafts that run a model's cache; None: their own default
     costs: Costs | None = None  # this machine's, when calibrated (calibrate.py)
     note: str = ""  # why the fast path does or does not run
@@ -59,7 +59,7 @@ class Run:
             run=s.run,
             policy=policy or self.policy(),
             recorder=Recorder(self.pair.tokenizer, self.ids, display=display, teach=teach),
-            before_round=threads.follow,
+            before_round=threads.match_load,
         )
 
 
@@ -68,5 +68,7 @@ def prepare(pair: Pair, ids: list[int], settings: Settings, *, speculative: bool
     ok, note = static_cache.available(compile, pair.target.device)
     if not ok:
         return Run(pair, list(ids), settings, speculative, note=note)
-    caches = static_cache.StaticCaches(static_cache.cache_length(len(ids), settings.run.max_new_tokens), compile=True)
+    caches = static_cache.StaticCachePool(
+        static_cache.cache_length(len(ids), settings.run.max_new_tokens), compile=True
+    )
     return Run(pair, list(ids), settings, speculative, caches, caches, note=note)

@@ -4,7 +4,7 @@ Too small a draft is rejected too often; too large a one costs as much as it sav
 target's drafts on one curve: early exit at a spread of depths (a continuous draft size), the target's
 bundled or named draft models, its feature head and prompt lookup. For each draft and each category of
 the questions it measures α, the draft's cost c per token over a target pass, tokens per pass and the
-speedup, all in one interleaved run (app/questions.py, as the bench's `--suite FILE` runs it), and sets
+speedup, all in one interleaved run (app/category_runner.py, as the bench's `--suite FILE` runs it), and sets
 beside them Leviathan et al.'s predicted speedup from the same α and c. The bench (`bench --sizes`) and
 the app's panel both run it.
 """
@@ -16,7 +16,7 @@ import statistics
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
-from app import models, questions, request
+from app import category_runner, models, request
 from app.core.config import Settings, settings_dict
 from app.core.costs import Costs
 from app.drafts.model import decode_seconds_per_token
@@ -82,7 +82,7 @@ def predicted(alpha: float | None, c: float, k_max: int, fixed: int | None = Non
 def measure(
     load: Callable[[str], models.Pair],
     target_id: str,
-    picked: Sequence[questions.Question],
+    picked: Sequence[category_runner.Question],
     settings: Settings,
     drafts: list[str] | None = None,
     exits: int = EXITS,
@@ -97,7 +97,7 @@ def measure(
     layers = target.config.num_hidden_layers
     drafts = drafts or drafts_for(target_id, layers, exits=exits)
     st, context = settings, models.context_length(target)
-    probe = questions.conversation(tok, picked[0].turns[:1], [], st.run.chat, context)
+    probe = category_runner.conversation(tok, picked[0].turns[:1], [], st.run.chat, context)
     halt = stop or (lambda: False)
     doc = dict(target=target_id, layers=layers, drafts=drafts, draft_cost={}, device=str(target.device))
     doc |= dict(settings=settings_dict("bench", st.sampling, st.spec, st.run), dtype=models.precision_of(target))
@@ -111,20 +111,20 @@ def measure(
     if halt():
         yield _document(doc, [], picked, stopped=True)
         return
-    plain = questions.timed(first, st, False, None, halt)
+    plain = category_runner.timed(first, st, False, None, halt)
     # a fixed k plans nothing, so it needs no round costs: only adaptive and heuristic k measure them
     planned = st.spec.k_policy != "fixed"
     field = {}
     for i, (d, p) in enumerate(pairs.items(), start=1):
         if planned:
             say(f"draft {i}/{len(drafts)}: {d}: measuring this machine's round costs for adaptive k")
-        field[d] = questions.timed(p, st, True, request.costs(p, st) if planned else None, halt)
+        field[d] = category_runner.timed(p, st, True, request.costs(p, st) if planned else None, halt)
     rows: list[dict] = []
     for n, q in enumerate(picked):
         say(f"question {n + 1}/{len(picked)} ({q.category}): plain decoding and {len(drafts)} drafts")
         try:
-            rows.append(questions.answer(q, tok, plain, field, st.run, context, n))
-        except questions.Stopped:
+            rows.append(category_runner.answer(q, tok, plain, field, st.run, context, n))
+        except category_runner.Stopped:
             yield _document(doc, rows, picked, stopped=True)
             return
         if n + 1 < len(picked):
@@ -132,8 +132,8 @@ def measure(
     yield _document(doc, rows, picked, stopped=False)
 
 
-def _document(doc: dict, rows: list[dict], picked: Sequence[questions.Question], stopped: bool) -> dict:
-    summary = questions.summarize(rows, doc["drafts"]) if rows else {}
+def _document(doc: dict, rows: list[dict], picked: Sequence[category_runner.Question], stopped: bool) -> dict:
+    summary = category_runner.summarize(rows, doc["drafts"]) if rows else {}
     spec = doc["settings"]["speculation"]
     fixed = spec["k"] if spec["k_policy"] == "fixed" else None
     sizes = curves(summary, doc["drafts"], doc["draft_cost"], spec["k_max"], fixed)

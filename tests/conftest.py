@@ -181,7 +181,7 @@ def run(target, tokenizer, prompt, proposer=None, **kw):
     from app.core.config import RunConfig, SamplingConfig, SpecConfig
     from app.core.engine import generate
     from app.core.record import Recorder
-    from app.kv.cache import CachedModel
+    from app.kv.cache import DynamicRollbackCache
 
     sampling_keys = ("temperature", "top_k", "top_p", "seed", "repetition_penalty", "no_repeat_ngram_size", "rule")
     sampling = SamplingConfig(**{k: kw.pop(k) for k in sampling_keys if k in kw})
@@ -191,7 +191,7 @@ def run(target, tokenizer, prompt, proposer=None, **kw):
     teach = kw.pop("teach", True)  # tests read the teaching table too
     display = kw.pop("display", True)
     policy = kw.pop("policy", None)
-    cache = {"target_cache": kw.pop("target_cache", CachedModel)}
+    cache = {"target_cache": kw.pop("target_cache", DynamicRollbackCache)}
     cfg = RunConfig(**kw)
     ids = prompt if isinstance(prompt, list) else tokenizer(prompt)["input_ids"]
     steps = list(
@@ -204,7 +204,7 @@ def run(target, tokenizer, prompt, proposer=None, **kw):
             spec=spec,
             run=cfg,
             recorder=Recorder(tokenizer, ids, display=display, teach=teach),
-            before_round=threads.follow,  # the thread governor, as the request path passes it
+            before_round=threads.match_load,  # the thread governor, as the request path passes it
             policy=policy,
             **cache,
         )

@@ -18,7 +18,7 @@ from app import models
 from app.core.config import RunConfig, SamplingConfig, SpecConfig, UserError
 from app.core.engine import generate
 from app.drafts.model import decoder_layers
-from app.kv.cache import CachedModel
+from app.kv.cache import DynamicRollbackCache
 
 TOKENIZER = models.BUNDLED / "target"
 WINDOW = 16  # sliding window of the window models: the prompt alone is longer
@@ -118,7 +118,7 @@ def speculate(pair: models.Pair, ids: list[int], sampling: SamplingConfig = Samp
             sampling_cfg=sampling,
             spec=spec,
             run=RunConfig(NEW),
-            target_cache=CachedModel,
+            target_cache=DynamicRollbackCache,
         )
     )
     return [t for s in steps for t in s.emitted], steps, proposer
@@ -152,7 +152,9 @@ def test_greedy_equals_generate_and_never_reprefills(arch_dirs, draft):
     ids = pair.encode(PROMPT)
     if arch in WINDOWED:  # the prompt and output together span the window several times over
         assert len(ids) > WINDOW and len(ids) + NEW > 3 * WINDOW
-        assert any(isinstance(layer, DynamicSlidingWindowLayer) for layer in CachedModel(pair.target).cache.layers)
+        assert any(
+            isinstance(layer, DynamicSlidingWindowLayer) for layer in DynamicRollbackCache(pair.target).cache.layers
+        )
     expected = reference(pair, ids)
     seen, hook = count_target_tokens(pair.target)
     try:
@@ -187,7 +189,9 @@ def test_a_recurrent_cache_is_refused_when_the_pair_loads(tmp_path):
         models.load_pair(str(tmp_path), "prompt-lookup")
     plain = models.load_pair(str(tmp_path), draft=False)  # plain decoding never rolls back: it still runs
     ids = plain.encode(PROMPT)
-    steps = list(generate(plain.target, plain.tokenizer, ids, None, run=RunConfig(12), target_cache=CachedModel))
+    steps = list(
+        generate(plain.target, plain.tokenizer, ids, None, run=RunConfig(12), target_cache=DynamicRollbackCache)
+    )
     expected = plain.target.generate(torch.tensor([ids]), max_new_tokens=12, do_sample=False, pad_token_id=2)
     assert [t for s in steps for t in s.emitted] == expected[0, len(ids) :].tolist()
 

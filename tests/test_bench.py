@@ -6,7 +6,7 @@ import time
 import pytest
 import torch
 
-from app import models, questions
+from app import category_runner, models
 from app.bench import bench
 
 pytestmark = pytest.mark.slow  # benchmark runs on the bundled models
@@ -102,7 +102,11 @@ def test_a_k_outside_the_sweep_still_gets_its_like_for_like_partner(tmp_path):
 
 def test_each_prompt_runs_and_is_predicted_on_its_own_calibration(tmp_path, monkeypatch):
     draws, policies, predictions = [], [], []
-    real_measure, real_policy, real_summarize = bench.calibrate.measure, questions.make_policy, bench.metrics.summarize
+    real_measure, real_policy, real_summarize = (
+        bench.calibrate.measure,
+        category_runner.make_policy,
+        bench.metrics.summarize,
+    )
 
     def measure(*args, **kw):
         draws.append(real_measure(*args, **kw))
@@ -117,7 +121,7 @@ def test_each_prompt_runs_and_is_predicted_on_its_own_calibration(tmp_path, monk
         return real_summarize(steps, costs)
 
     monkeypatch.setattr(bench.calibrate, "measure", measure)
-    monkeypatch.setattr(questions, "make_policy", make_policy)  # the timed runner the contenders share
+    monkeypatch.setattr(category_runner, "make_policy", make_policy)  # the timed runner the contenders share
     monkeypatch.setattr(bench.metrics, "summarize", summarize)
     out = tmp_path / "b"
     argv = [
@@ -265,7 +269,7 @@ def test_forward_clock_keeps_forward_signatures_and_early_exit_views_working():
     import inspect
 
     from app.drafts.model import early_exit
-    from app.kv.cache import CachedModel
+    from app.kv.cache import DynamicRollbackCache
 
     pair = models.load_pair(models.TINY_TARGET, "prompt-lookup")
     target = pair.target
@@ -274,7 +278,7 @@ def test_forward_clock_keeps_forward_signatures_and_early_exit_views_working():
         # transformers' generate reads forward's signature (logits_to_keep, position_ids)
         assert inspect.signature(target.forward) == signature and target._supports_logits_to_keep()
         view = early_exit(target, 2).model  # made while the clock wraps the target's forward
-        lm = CachedModel(view)
+        lm = DynamicRollbackCache(view)
         lm.extend([5, 6, 7], keep=1)
         assert lm.direct is not None and len(lm.cache.layers) == 2  # the view's two layers, not all eight
     assert "forward" not in view.__dict__ and "forward" not in target.__dict__
@@ -282,11 +286,11 @@ def test_forward_clock_keeps_forward_signatures_and_early_exit_views_working():
 
 def test_forward_clock_counts_direct_passes_whole_and_lets_go_of_them():
     from app.kv import direct_pass
-    from app.kv.cache import CachedModel
+    from app.kv.cache import DynamicRollbackCache
 
     pair = models.load_pair(models.TINY_TARGET, str(models.BUNDLED / "draft-distilled"))
     real = direct_pass.forward, direct_pass.step
-    lm = CachedModel(pair.target)
+    lm = DynamicRollbackCache(pair.target)
     assert lm.direct is not None  # the bundled target runs direct passes, not its forward
     with bench.forward_clock(pair.target, pair.draft.assistant) as inside:
         start = time.perf_counter()

@@ -11,7 +11,7 @@ from app import models
 from app.core import engine, metrics
 from app.core.config import RunConfig, SpecConfig
 from app.data import corpus
-from app.kv.cache import CachedModel
+from app.kv.cache import DynamicRollbackCache
 from app.training import train
 
 NAMES = ["target", "draft-distilled", "draft-small", "draft-weak"]
@@ -70,7 +70,7 @@ def test_greedy_speculative_equals_target_greedy(draft, held_out_text):
     run = RunConfig(48)
     ar = [
         t
-        for s in engine.generate(pair.target, pair.tokenizer, ids, None, run=run, target_cache=CachedModel)
+        for s in engine.generate(pair.target, pair.tokenizer, ids, None, run=run, target_cache=DynamicRollbackCache)
         for t in s.emitted
     ]
     spec = [
@@ -82,7 +82,7 @@ def test_greedy_speculative_equals_target_greedy(draft, held_out_text):
             pair.proposer(),
             spec=SpecConfig(k=4, k_policy="fixed"),
             run=run,
-            target_cache=CachedModel,
+            target_cache=DynamicRollbackCache,
         )
         for t in s.emitted
     ]
@@ -107,7 +107,7 @@ def test_bundled_drafts_agree_with_the_target_in_the_order_the_model_card_gives(
                 pair.proposer(),
                 spec=SpecConfig(k=4, k_policy="fixed"),
                 run=RunConfig(64),
-                target_cache=CachedModel,
+                target_cache=DynamicRollbackCache,
             )
         ]
         alpha[draft] = metrics.summarize(steps)["alpha"]  # pooled over the four openings

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from app import questions
+from app import category_runner
 from app.bench import bench
 from app.serve import by_kind, queue_limits
 
@@ -35,11 +35,11 @@ def _run(control=None):
 def test_the_panel_gives_the_benchs_figures_for_the_same_questions_and_settings(tmp_path):
     updates = _run()
     doc = updates[-1][2]
-    sample = questions.select(questions.read_questions(questions.SAMPLE), None, by_kind.PER_CATEGORY)
+    sample = category_runner.select(category_runner.read_questions(category_runner.SAMPLE), None, by_kind.PER_CATEGORY)
     assert not doc["stopped"] and len(doc["questions"]) == len(sample) == 14
     assert sum(isinstance(u[0], str) and "answering" in u[0] for u in updates) == 14, "progress per question"
     out = tmp_path / "bench"
-    argv = ["--suite", str(questions.SAMPLE), "--per-category", "2", "--target", TINY, "--draft", "prompt-lookup"]
+    argv = ["--suite", str(category_runner.SAMPLE), "--per-category", "2", "--target", TINY, "--draft", "prompt-lookup"]
     argv += ["--k-policy", "fixed", "--k", "3", "--max-new-tokens", "16", "--out", str(out)]
     assert bench.main(argv) == 0
     want = json.loads(out.with_suffix(".json").read_text())["summary"]

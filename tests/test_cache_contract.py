@@ -8,10 +8,10 @@ from conftest import run, tiny_llama
 from app.core.config import RunConfig, SamplingConfig, SpecConfig
 from app.core.engine import generate
 from app.drafts.model import ModelProposer
-from app.kv.cache import CachedModel, ModelCache
-from app.kv.static_cache import StaticCachedModel, StaticCaches, _pool
+from app.kv.cache import DynamicRollbackCache, RollbackCache
+from app.kv.static_cache import StaticCachePool, StaticRollbackCache, _pool
 
-KINDS = {"dynamic": CachedModel, "static": StaticCaches(256)}
+KINDS = {"dynamic": DynamicRollbackCache, "static": StaticCachePool(256)}
 IDS = list(range(3, 23))
 
 
@@ -22,7 +22,7 @@ def factory(request):
 
 def test_every_cache_is_a_model_cache(target, factory):
     lm = factory(target)
-    assert isinstance(lm, ModelCache)
+    assert isinstance(lm, RollbackCache)
     for name in ("extend", "extend_with_features", "step", "rollback", "close"):
         assert callable(getattr(lm, name))
     lm.close()
@@ -78,7 +78,7 @@ def test_static_draft_with_a_smaller_vocabulary_stays_lossless(target, tokenizer
     small = tiny_llama(len(tokenizer) - 15, layers=1, hidden=32, seed=2, scale=30.0)
     ids = tokenizer(prompt)["input_ids"]
     assert max(ids) >= len(tokenizer) - 15, "the prompt must hold ids the smaller draft cannot embed"
-    caches = StaticCaches(256)
+    caches = StaticCachePool(256)
     steps = list(
         generate(
             target,
@@ -98,7 +98,7 @@ def test_a_static_cache_goes_back_to_its_pool_when_the_run_ends(target, tokenize
     """Pooling is explicit (close at the end of a run), not left to the garbage collector."""
     key = (id(target), 256)
     before = len(_pool.get(key, []))
-    lm = StaticCachedModel(target, 256)
+    lm = StaticRollbackCache(target, 256)
     taken = len(_pool.get(key, []))
     lm.close()
     lm.close()  # twice is harmless

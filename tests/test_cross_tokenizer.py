@@ -18,7 +18,7 @@ from app import models as app_models
 from app.core.config import RunConfig, SamplingConfig, SpecConfig
 from app.core.engine import generate
 from app.drafts.cross_tokenizer import CrossTokenizerProposer, TokenBridge
-from app.kv.cache import CachedModel
+from app.kv.cache import DynamicRollbackCache
 
 CORPUS = (
     """
@@ -168,7 +168,14 @@ def run(target, tok, ids, proposer, n, sampling=SamplingConfig()):
     spec = SpecConfig(k=4, k_policy="fixed")
     steps = list(
         generate(
-            target, tok, ids, proposer, sampling_cfg=sampling, spec=spec, run=RunConfig(n), target_cache=CachedModel
+            target,
+            tok,
+            ids,
+            proposer,
+            sampling_cfg=sampling,
+            spec=spec,
+            run=RunConfig(n),
+            target_cache=DynamicRollbackCache,
         )
     )
     return [t for s in steps for t in s.emitted], steps

@@ -7,7 +7,7 @@ from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
 from app.kv import direct_pass
-from app.kv.cache import CachedModel
+from app.kv.cache import DynamicRollbackCache
 from app.kv.growing_cache import ROOM, GrowingLayer
 from app.models import TINY_TARGET, load
 
@@ -16,7 +16,7 @@ CONTEXT = list(range(20, 60))
 
 def _twins(model):
     """A cache that runs direct passes, and one that runs the model's own forward."""
-    direct, own = CachedModel(model), CachedModel(model)
+    direct, own = DynamicRollbackCache(model), DynamicRollbackCache(model)
     own.direct, own.cache = None, DynamicCache(config=model.config)  # transformers' own cache, too
     assert direct.direct is not None and isinstance(direct.cache.layers[0], GrowingLayer)
     return direct, own
@@ -123,14 +123,14 @@ def test_a_model_whose_probe_differs_in_the_last_bit_is_not_admitted(monkeypatch
     assert direct_pass.parts(model) is None
     monkeypatch.setattr(direct_pass, "forward", real)
     assert direct_pass.parts(model) is None  # decided once per model
-    assert CachedModel(model).direct is None
+    assert DynamicRollbackCache(model).direct is None
 
 
 def test_fused_features_equal_the_models_hidden_states_entering_eagle3s_layers():
     """EAGLE-3's fused features come out of the target's own pass (direct, wrapper, static cache and a
     tree pass): the states entering layers 2, L/2 and L - 3, as `output_hidden_states` gives them."""
-    from app.core.passes import fused_layers
-    from app.kv.static_cache import StaticCachedModel
+    from app.core.decoder_layers import fused_layers
+    from app.kv.static_cache import StaticRollbackCache
 
     target, tokenizer = load(TINY_TARGET)
     layers = fused_layers(target.config.num_hidden_layers)
@@ -144,9 +144,9 @@ def test_fused_features_equal_the_models_hidden_states_entering_eagle3s_layers()
             for ids in (context, more)
         ]
     want = [torch.cat([s[i][0] for i in layers], -1) for s in states]
-    direct, wrapped = CachedModel(target, layers), CachedModel(target, layers)
+    direct, wrapped = DynamicRollbackCache(target, layers), DynamicRollbackCache(target, layers)
     wrapped.direct, wrapped.cache = None, DynamicCache(config=target.config)
-    static = StaticCachedModel(target, 128, feature_layers=layers)
+    static = StaticRollbackCache(target, 128, feature_layers=layers)
     for lm in (direct, wrapped, static):
         for ids, expected in zip((context, more), want, strict=True):
             _, fused = lm.extend_with_features(ids, keep=1)
@@ -154,11 +154,11 @@ def test_fused_features_equal_the_models_hidden_states_entering_eagle3s_layers()
             # A static cache attends over its whole padded length, another sum order than a dynamic one's.
             torch.testing.assert_close(fused, expected, rtol=0, atol=0 if lm is not static else 1e-4)
     # A tree pass whose nodes form a chain is the same pass: its features are the chain's.
-    tree = CachedModel(target, layers)
+    tree = DynamicRollbackCache(target, layers)
     tree.extend(context[:-1])
     with torch.inference_mode():  # the masked tree pass itself, which extend keeps for branching trees
         _, fused = tree._tree_forward(context[-1:], more, list(range(-1, len(more) - 1)), True)
-    chain = CachedModel(target, layers)
+    chain = DynamicRollbackCache(target, layers)
     chain.extend(context[:-1])
     assert torch.equal(fused, chain.extend_with_features(context[-1:] + more)[1])
     assert direct.direct is not None  # the bundled target runs direct passes

@@ -13,7 +13,7 @@ from app.core import divergence, sampling, verify
 from app.core.config import SamplingConfig
 from app.core.divergence import IDENTICAL, MISMATCH, NEAR_TIE
 from app.drafts.model import ModelProposer
-from app.kv.cache import CachedModel
+from app.kv.cache import DynamicRollbackCache
 from app.views import check
 
 PROMPT = "def add(a, b):\n  return a"
@@ -30,10 +30,10 @@ def greedy_continuation(target, ids: list[int], n: int) -> list[int]:
 
 def test_noise_floor_is_the_largest_difference_between_pass_widths(target, tokenizer):
     ids = tokenizer(PROMPT * 3)["input_ids"]
-    assert divergence.noise_floor(target, ids, 5, CachedModel) < 1e-3  # fp32
+    assert divergence.noise_floor(target, ids, 5, DynamicRollbackCache) < 1e-3  # fp32
 
     # A cache that adds rounding to every wide pass: the floor is what it added.
-    class Noisy(CachedModel):
+    class Noisy(DynamicRollbackCache):
         def extend(self, fed, keep=1):
             out = super().extend(fed, keep)
             return out + 0.25 * (len(fed) > 1)
@@ -45,7 +45,7 @@ def test_identical_outputs_are_identical(target, near_draft, tokenizer, no_eos):
     ids = tokenizer(PROMPT)["input_ids"]
     got, _ = run(target, tokenizer, PROMPT, ModelProposer(near_draft, "near"), k=3, k_policy="fixed", max_new_tokens=16)
     plain, _ = run(target, tokenizer, PROMPT, max_new_tokens=16)
-    assert divergence.explain(target, CachedModel, ids, got, plain, 4).kind == IDENTICAL
+    assert divergence.explain(target, DynamicRollbackCache, ids, got, plain, 4).kind == IDENTICAL
 
 
 def test_a_branch_at_a_near_tie_is_rounding_and_above_the_noise_a_mismatch(target, tokenizer):
@@ -61,7 +61,7 @@ def test_a_branch_at_a_near_tie_is_rounding_and_above_the_noise_a_mismatch(targe
     spec = plain[:j] + [runner_up]
     spec += greedy_continuation(target, ids + spec, 12 - len(spec))
     margin = float(top2[j, 0] - top2[j, 1])
-    tie = divergence.explain(target, CachedModel, ids, spec, plain, 4, noise=margin * 1.5 + 1e-3)
+    tie = divergence.explain(target, DynamicRollbackCache, ids, spec, plain, 4, noise=margin * 1.5 + 1e-3)
     assert tie.kind == NEAR_TIE and tie.position == j and tie.margin == pytest.approx(margin, abs=1e-3)
     assert {t for t, _ in tie.plain_row[:2]} == {plain[j], runner_up}
     # The branch point: both rows' scores, the two candidates named, one click below a plain sentence.
@@ -74,7 +74,7 @@ def test_a_branch_at_a_near_tie_is_rounding_and_above_the_noise_a_mismatch(targe
     assert f"token {j}" in table and f"tok{plain[j]}" in table and f"tok{runner_up}" in table
     assert "plain decoding's" in table and "speculative's" in table
     assert f"{tie.plain_row[0][1]:.3f}" in table and f"{dict(tie.verify_row)[tie.plain_row[0][0]]:.3f}" in table
-    bug = divergence.explain(target, CachedModel, ids, spec, plain, 4)
+    bug = divergence.explain(target, DynamicRollbackCache, ids, spec, plain, 4)
     assert bug.kind == MISMATCH and "a bug, not rounding" in check.divergence_line("Greedy check", bug)
 
 
@@ -104,13 +104,13 @@ def test_a_greedy_run_with_repetition_controls_is_held_to_its_processed_scores(t
     nothing. Held to the raw logits, the same text was reported as a bug."""
     ids, plain, spec = _penalised_branch(target, tokenizer)
     cfg = PENALISED
-    branch = divergence.explain(target, CachedModel, ids, spec, plain, 4, noise=1e-3, cfg=cfg)
+    branch = divergence.explain(target, DynamicRollbackCache, ids, spec, plain, 4, noise=1e-3, cfg=cfg)
     # The branch itself falls short by its margin, and no token after it falls short at all.
     assert branch.position == 0 and branch.worst_at == 0
     assert branch.worst_shortfall == pytest.approx(abs(branch.margin), abs=1e-4)
     noise = abs(branch.margin) * 1.5 + 1e-3
-    assert divergence.explain(target, CachedModel, ids, spec, plain, 4, noise=noise, cfg=cfg).kind == NEAR_TIE
-    raw_verdict = divergence.explain(target, CachedModel, ids, spec, plain, 4, noise=noise)
+    assert divergence.explain(target, DynamicRollbackCache, ids, spec, plain, 4, noise=noise, cfg=cfg).kind == NEAR_TIE
+    raw_verdict = divergence.explain(target, DynamicRollbackCache, ids, spec, plain, 4, noise=noise)
     assert raw_verdict.kind == MISMATCH and raw_verdict.worst_shortfall > noise, "raw logits: a false bug"
 
 
@@ -122,7 +122,7 @@ def test_the_benchs_greedy_check_holds_a_penalised_run_to_its_processed_scores(t
     from app.bench import bench
 
     ids, plain, spec = _penalised_branch(target, tokenizer)
-    margin = divergence.explain(target, CachedModel, ids, spec, plain, 4, noise=1e-3, cfg=PENALISED).margin
+    margin = divergence.explain(target, DynamicRollbackCache, ids, spec, plain, 4, noise=1e-3, cfg=PENALISED).margin
     field = [NS(ours=True, name="autoregressive"), NS(ours=True, name="adaptive"), NS(ours=False, name="hf")]
     outputs = {"autoregressive": plain, "adaptive": spec, "hf": spec}
     steps = {"adaptive": [NS(emitted=spec, drafted=[0, 0, 0])]}
@@ -150,8 +150,8 @@ def test_a_planted_off_by_one_in_the_verify_rule_is_a_loud_mismatch(
     got, _ = run(p_model, tokenizer, PROMPT, ModelProposer(q_model, "near"), k=3, k_policy="fixed", max_new_tokens=24)
     monkeypatch.undo()
     assert got != plain
-    noise = divergence.noise_floor(p_model, ids + plain, 4, CachedModel)
-    d = divergence.explain(p_model, CachedModel, ids, got, plain, 4, noise)
+    noise = divergence.noise_floor(p_model, ids + plain, 4, DynamicRollbackCache)
+    d = divergence.explain(p_model, DynamicRollbackCache, ids, got, plain, 4, noise)
     assert d.kind == MISMATCH and d.worst_shortfall > d.noise
 
 
@@ -182,10 +182,10 @@ def test_under_shared_noise_a_branch_at_a_close_race_is_rounding_and_above_the_n
     spec += race_continuation(ids + spec, 10 - len(spec))
     margin = float(top2[j].values[0] - top2[j].values[1])
     noise = margin * cfg.temperature / 2 * 1.5 + 1e-3  # in logits: the race's floor is 2/T of it
-    tie = divergence.explain(target, CachedModel, ids, spec, plain, 4, noise=noise, cfg=cfg)
+    tie = divergence.explain(target, DynamicRollbackCache, ids, spec, plain, 4, noise=noise, cfg=cfg)
     assert tie.kind == NEAR_TIE and tie.position == j and tie.score == "race"
     assert tie.margin == pytest.approx(margin, abs=1e-3) and tie.noise == pytest.approx(noise * 2 / 0.8)
     line = check.divergence_line("Same-seed check (shared noise)", tie)
     assert "race scores log p − log E" in line and "near-tie" in line
-    bug = divergence.explain(target, CachedModel, ids, spec, plain, 4, cfg=cfg)
+    bug = divergence.explain(target, DynamicRollbackCache, ids, spec, plain, 4, cfg=cfg)
     assert bug.kind == MISMATCH and "a bug, not rounding" in check.divergence_line("Same-seed check", bug)

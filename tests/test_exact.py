@@ -12,7 +12,7 @@ from torch import nn
 
 from app import models, runs
 from app.core.config import RunConfig, SamplingConfig, Settings, SpecConfig
-from app.kv.cache import CachedModel
+from app.kv.cache import DynamicRollbackCache
 from app.models import exact, gguf_target, precision
 
 WIDTHS = (1, 2, 5, 9, 17, 33)
@@ -42,7 +42,7 @@ def _rows_by_width(model, ids: list[int], context: int) -> dict[int, torch.Tenso
     """The logits of the positions after `context`, from passes of each width on the app's cache."""
     out = {}
     for width in WIDTHS:
-        cache = CachedModel(model)
+        cache = DynamicRollbackCache(model)
         cache.extend(ids[:context], keep=1)
         starts = range(context, context + 33, width)
         out[width] = torch.cat([cache.extend(ids[start : start + width]) for start in starts])[:33]
@@ -66,10 +66,10 @@ def test_a_tree_pass_gives_each_node_the_bits_of_its_own_path(smol):
     context, x = ids[:50], ids[50]
     parents = [-1, -1, 0, 0, 1, 2, 2, 5, -1, 8]
     tokens = [ids[51 + i] if i % 3 else ids[60 + i] for i in range(len(parents))]
-    tree = CachedModel(model)
+    tree = DynamicRollbackCache(model)
     tree.extend(context, keep=1)
     got = tree.extend([x] + tokens, parents=parents)
-    plain = CachedModel(model)
+    plain = DynamicRollbackCache(model)
     plain.extend(context, keep=1)
     assert torch.equal(got[0], plain.step(x))
     for i in range(len(parents)):
@@ -203,7 +203,7 @@ def test_auto_picks_the_fastest_precision_that_is_exact_at_every_width(monkeypat
 def test_exact_attention_is_attention_under_every_mask_and_head_grouping():
     """Against torch's own sdpa (repeat_kv's head order): causal with no mask, a bool mask, an additive
     mask and a tree's mask, one row and many, within fixed point's rounding."""
-    from app.core.passes import tree_pass
+    from app.core.decoder_layers import tree_pass
 
     g = torch.Generator().manual_seed(3)
     q, k, v = (torch.randn(1, h, n, 64, generator=g) for h, n in ((6, 5), (2, 40), (2, 40)))

@@ -10,7 +10,7 @@ import pytest
 from app import models
 from app.core import engine, metrics
 from app.core.config import RunConfig, SamplingConfig, SpecConfig
-from app.kv.cache import CachedModel
+from app.kv.cache import DynamicRollbackCache
 
 pytestmark = pytest.mark.slow  # every example on the bundled pair
 
@@ -53,7 +53,7 @@ def results():
                 sampling_cfg=s,
                 spec=SpecConfig(),  # the app's default: adaptive k
                 run=run,
-                target_cache=CachedModel,
+                target_cache=DynamicRollbackCache,
             )
         )
         stats = metrics.summarize(steps)

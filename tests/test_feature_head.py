@@ -48,10 +48,10 @@ def test_greedy_equals_generate(target, tokenizer, head, no_eos, k, policy):
 
 def test_greedy_on_the_static_cache_equals_generate(target, tokenizer, head, no_eos):
     """The GPU fast path's target cache also hands the head its features (run eagerly here)."""
-    from app.kv.static_cache import StaticCaches, cache_length
+    from app.kv.static_cache import StaticCachePool, cache_length
 
     for prompt in PROMPTS:
-        cache = StaticCaches(cache_length(len(tokenizer(prompt)["input_ids"]), 40))
+        cache = StaticCachePool(cache_length(len(tokenizer(prompt)["input_ids"]), 40))
         spec, steps = run(
             target,
             tokenizer,

@@ -1,6 +1,6 @@
 """The package layout's rules, read from the source: imports flow one way, with no cycles.
 
-core <- kv <- drafts <- models <- runs <- calibrate <- request <- (args, export, questions) <- sweep <- (serve,
+core <- kv <- drafts <- models <- runs <- calibrate <- request <- (args, export, category_runner) <- sweep <- (serve,
 bench, training) <- cli. views (render, plots) reads only core.
 data (the training and held-out text) imports nothing of the app. Only serve/ imports gradio, and
 nothing but the CLI imports bench/ or training/. Lazy imports inside functions count too.
@@ -22,7 +22,7 @@ RANK = {
     "runs": 4,
     "calibrate": 5,
     "request": 6,
-    "questions": 7,
+    "category_runner": 7,
     "args": 7,
     "export": 8,
     "sweep": 8,

@@ -13,7 +13,7 @@ from app.core.config import RunConfig, SamplingConfig, Settings, SpecConfig
 from app.core.costs import Costs
 from app.core.policy import AdaptiveK
 from app.drafts.model import ModelProposer
-from app.kv.cache import CachedModel
+from app.kv.cache import DynamicRollbackCache
 from app.models import PROMPT_LOOKUP
 
 PROMPT = "def add(a, b):\n  return a"
@@ -314,7 +314,7 @@ def test_each_round_records_the_context_its_passes_read(target, near_draft, toke
             spec=spec,
             run=RunConfig(max_new_tokens=40),
             policy=Recording(spec, GROWING),
-            target_cache=CachedModel,
+            target_cache=DynamicRollbackCache,
         )
     )
     assert seen[:-1] == [s.context for s in steps[1:]]  # each choice of k knows the context it is for

@@ -156,7 +156,7 @@ def test_the_sampling_chart_always_holds_the_rejected_draft_token(target, near_d
     """However unlikely under p, the draft token the target turned down is among the bars, and marked."""
     import torch
 
-    from app.core import teaching, verify
+    from app.core import teaching_tables, verify
     from app.core.contracts import Proposal
 
     vocab = 64
@@ -169,9 +169,9 @@ def test_the_sampling_chart_always_holds_the_rejected_draft_token(target, near_d
     residual = (p[1] - q[1]).clamp(min=0)
     v = verify.Verdict([0], 0, [0, 1], [0.1], [1.0], [0.1], [0.5], residual / residual.sum())
     names = type("Names", (), {"decode": staticmethod(lambda ids: f"t{ids[0]}")})  # a tokenizer's decode alone
-    top = teaching.top_table(names, Proposal([3, 50], q), torch.log(p), p, v)
+    top = teaching_tables.top_table(names, Proposal([3, 50], q), torch.log(p), p, v)
     ids = [t[0] for t in top]
-    assert 50 in ids and 0 in ids and len(ids) == teaching.TOP_N
+    assert 50 in ids and 0 in ids and len(ids) == teaching_tables.TOP_N
     fig = plots.decision_figure(_step(drafted=[3, 50], rejected=[50], token=0, top=top))
     assert "t50" + plots.REJECTED_MARK in list(fig.data[0].x)
     # And in real sampled rounds: every corrected round plots its rejected draft.
@@ -236,7 +236,7 @@ def test_a_tree_rounds_thrown_away_branches_are_shown_branch_by_branch():
 
 
 def test_token_text_is_readable_everywhere_and_a_tree_table_indents_by_depth():
-    from app.serve.teaching import _round_note
+    from app.serve.one_round import _round_note
 
     assert render.code("```") == "```` ``` ````" and render.code("a b") == "`a·b`"
     assert render.code("a|b", in_table=True) == "`a\\|b`", "a pipe would end a Markdown table cell"

@@ -5,7 +5,7 @@ from conftest import run
 from test_architectures import count_target_tokens
 
 from app.drafts.model import ModelProposer, early_exit, early_exit_view
-from app.kv.cache import CachedModel
+from app.kv.cache import DynamicRollbackCache
 
 PROMPT = "def add(a, b):\n  return a"
 
@@ -17,7 +17,7 @@ def fresh(model, ids):
 
 def test_rollback_then_extend_equals_a_fresh_forward(target):
     ids = list(range(3, 40))
-    lm = CachedModel(target)
+    lm = DynamicRollbackCache(target)
     lm.extend(ids[:20])
     lm.extend(ids[20:30] + [5, 6, 7])  # three drafts the target will reject
     lm.rollback(30)
@@ -33,7 +33,7 @@ def test_early_exit_view_is_the_first_layers_plus_head(target):
     with torch.no_grad():
         hidden = target(input_ids=torch.tensor([ids]), output_hidden_states=True).hidden_states[2]
         ref = target.lm_head(target.model.norm(hidden))[0]
-    lm = CachedModel(view)
+    lm = DynamicRollbackCache(view)
     lm.extend(ids[:10]), lm.extend(ids[10:25]), lm.rollback(12)
     assert torch.allclose(lm.extend(ids[12:]), ref[12:], atol=1e-5)
     assert len(target.model.layers) == 4, "the view must not change the shared target"

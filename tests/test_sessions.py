@@ -13,7 +13,7 @@ from app.core.config import RunConfig, SamplingConfig, SpecConfig
 from app.core.policy import make_policy
 from app.core.record import Recorder
 from app.drafts.model import ModelProposer
-from app.kv.cache import CachedModel
+from app.kv.cache import DynamicRollbackCache
 from app.serve import sessions
 
 PROMPT = "def add(a, b):\n  return a"
@@ -31,7 +31,7 @@ def _start(target, draft, tokenizer, s, sp, r):
         run=r,
         policy=policy,
         recorder=Recorder(tokenizer, ids, teach=True),
-        target_cache=CachedModel,
+        target_cache=DynamicRollbackCache,
     )
 
 

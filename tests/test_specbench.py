@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from app import questions
+from app import category_runner
 from app.bench import bench, specbench
 from app.core.config import UserError
 from app.models import load
@@ -17,14 +17,14 @@ TINY = "stdlib-code target (bundled)"
 
 
 def test_the_sample_holds_every_task_and_multi_turn_questions():
-    sample = questions.read_questions(questions.SAMPLE)
+    sample = category_runner.read_questions(category_runner.SAMPLE)
     categories = {q.category for q in sample}
     assert {"coding", "writing", "translation", "summarization", "qa", "math_reasoning", "rag"} <= categories
     assert any(len(q.turns) == 2 for q in sample)
-    picked = questions.select(sample, "qa,rag", 1)
+    picked = category_runner.select(sample, "qa,rag", 1)
     assert [q.category for q in picked] == ["qa", "rag"]
     with pytest.raises(UserError, match="no questions of category poetry"):
-        questions.select(sample, "poetry", 0)
+        category_runner.select(sample, "poetry", 0)
 
 
 @pytest.mark.parametrize(
@@ -43,7 +43,7 @@ def test_a_bad_line_is_refused_with_its_number_before_anything_runs(tmp_path, mo
     good = json.dumps({"question_id": 1, "category": "qa", "turns": ["What is 2 + 2?"]})
     path.write_text(good + "\n\n" + line + "\n")
     with pytest.raises(UserError, match=rf"q.jsonl:3: .*{message}"):
-        questions.read_questions(path)
+        category_runner.read_questions(path)
     monkeypatch.setattr("app.models.load_pair", lambda *a, **k: pytest.fail("a run started"))
     from app import cli
 
@@ -53,7 +53,7 @@ def test_a_bad_line_is_refused_with_its_number_before_anything_runs(tmp_path, mo
 
 def test_a_later_turn_follows_the_earlier_answer():
     _, tokenizer = load(TINY_TARGET)
-    ids = questions.conversation(tokenizer, ["def f(x):", "def g(y):"], ["    return x"], False, 1000)
+    ids = category_runner.conversation(tokenizer, ["def f(x):", "def g(y):"], ["    return x"], False, 1000)
     assert tokenizer.decode(ids, skip_special_tokens=True).startswith("def f(x):\n\n    return x\n\ndef g(y):")
 
 
@@ -90,7 +90,7 @@ def test_a_question_file_gives_the_leaderboards_figures_per_category(tmp_path):
 def test_a_plain_file_is_one_prompt_a_line(tmp_path):
     path = tmp_path / "prompts.txt"
     path.write_text("def add(a, b):\n\nThe weather today\n")
-    read = questions.read_questions(path)
+    read = category_runner.read_questions(path)
     assert [(q.category, q.turns) for q in read] == [
         ("prompts", ("def add(a, b):",)),
         ("prompts", ("The weather today",)),
@@ -99,7 +99,7 @@ def test_a_plain_file_is_one_prompt_a_line(tmp_path):
 
 def test_with_a_tree_each_draft_runs_as_a_chain_and_as_a_tree(tmp_path):
     out = tmp_path / "run"
-    argv = ["--suite", str(questions.SAMPLE), "--categories", "qa,rag", "--per-category", "1", "--target", TINY]
+    argv = ["--suite", str(category_runner.SAMPLE), "--categories", "qa,rag", "--per-category", "1", "--target", TINY]
     argv += ["--draft", "prompt-lookup", "--k", "3", "--tree", "8", "--max-new-tokens", "8", "--no-chat"]
     assert bench.main(argv + ["--out", str(out)]) == 0
     doc = json.loads(out.with_suffix(".json").read_text())

@@ -5,14 +5,14 @@ from conftest import pair_of, run, tiny_llama
 
 from app.drafts.lookup import PromptLookup
 from app.drafts.model import ModelProposer
-from app.kv.static_cache import BUCKETS, StaticCachedModel, StaticCaches, available, cache_length
+from app.kv.static_cache import BUCKETS, StaticCachePool, StaticRollbackCache, available, cache_length
 
 PROMPT = "def add(a, b):\n  return a"
 
 
 def static_run(target, tokenizer, proposer, k_policy="fixed", k=4, n=40):
     """One greedy engine run on the static cache."""
-    cache = StaticCaches(cache_length(len(tokenizer(PROMPT)["input_ids"]), n))
+    cache = StaticCachePool(cache_length(len(tokenizer(PROMPT)["input_ids"]), n))
     return run(target, tokenizer, PROMPT, proposer, k=k, k_policy=k_policy, max_new_tokens=n, target_cache=cache)
 
 
@@ -21,21 +21,23 @@ def test_static_cache_greedy_equals_dynamic(target, near_draft, tokenizer, k_pol
     ar, _ = run(target, tokenizer, PROMPT, max_new_tokens=40)
     max_len = cache_length(len(tokenizer(PROMPT)["input_ids"]), 40)
     plain, _ = static_run(target, tokenizer, None)
-    spec, steps = static_run(target, tokenizer, ModelProposer(near_draft, "near", StaticCaches(max_len)), k_policy, k)
+    spec, steps = static_run(
+        target, tokenizer, ModelProposer(near_draft, "near", StaticCachePool(max_len)), k_policy, k
+    )
     lookup, _ = static_run(target, tokenizer, PromptLookup(3, 1), k_policy, k)
     assert plain == spec == lookup == ar
     assert 0 < sum(s.accepted for s in steps) < sum(len(s.drafted) for s in steps), "needs accepts and rejections"
 
 
 def test_rollback_moves_the_pointer_and_never_recomputes(target):
-    lm = StaticCachedModel(target, 256)
+    lm = StaticRollbackCache(target, 256)
     first = lm.extend(list(range(3, 23)), keep=1)
     lm.extend([5, 6, 7], keep=3)
     lm.rollback(20)
     assert int(lm.cache.get_seq_length()) == lm.length == 20
     again = lm.extend([5], keep=1)
     assert lm.tokens_processed == 24  # nothing was fed twice
-    fresh = StaticCachedModel(target, 256)
+    fresh = StaticRollbackCache(target, 256)
     assert (fresh.extend(list(range(3, 23)) + [5], keep=1) - again).abs().max() < 1e-4
     assert first.shape == again.shape
 
@@ -62,7 +64,7 @@ def test_calibration_fits_a_static_cache_sized_for_a_short_request(tokenizer):
     max_len = cache_length(len(tokenizer(PROMPT)["input_ids"]), 40)
     assert max_len < calibrate.CONTEXT + 9 + BUCKETS[-1]
     heard = []
-    costs = calibrate.measure(pair, 8, StaticCaches(max_len), report=heard.append)
+    costs = calibrate.measure(pair, 8, StaticCachePool(max_len), report=heard.append)
     assert len(costs.verify_s) == 9 and all(t > 0 for t in costs.verify_s)
     assert heard == sorted(heard) and len(heard) > 3 and heard[-1] > 0.85, "its progress, for the UI"
     assert costs.context <= max_len // 2
@@ -77,13 +79,13 @@ def test_a_padded_pass_leaves_the_pointer_after_its_real_tokens(target, monkeypa
     from app.kv import static_cache
 
     monkeypatch.setattr(static_cache, "compiled", lambda model: model)
-    lm = StaticCachedModel(target, 256, compile=True)
+    lm = StaticRollbackCache(target, 256, compile=True)
     ids = list(range(3, 13))
     lm.extend(ids[:6])  # a prefill of 6: wider than every bucket but 9, padded to 9
     lm.extend(ids[6:], keep=4)  # 4 tokens, padded to 5
     assert int(lm.cache.get_seq_length()) == lm.length == len(ids)
     after = lm.extend([7], keep=1)
-    fresh = StaticCachedModel(target, 256)
+    fresh = StaticRollbackCache(target, 256)
     assert (fresh.extend(ids + [7], keep=1) - after).abs().max() < 1e-4
 
 
@@ -97,17 +99,17 @@ def test_a_tree_pass_and_its_kept_path_on_the_static_cache_equal_a_fresh_forward
     monkeypatch.setattr(static_cache, "compiled", lambda model: model)
     ids = list(range(3, 15))
     tokens, parents = [5, 6, 7, 8, 9, 10], [-1, -1, 0, 0, 3, 1]  # node 4 (9) below node 3 (8) below node 0
-    lm = StaticCachedModel(target, 256, compile=compile)
+    lm = StaticRollbackCache(target, 256, compile=compile)
     lm.extend(ids[:-1])
     logits, hidden = lm.extend_with_features(ids[-1:] + tokens, parents=parents)
     assert logits.shape[0] == 7 and hidden.shape[0] == 7
-    whole = StaticCachedModel(target, 256).extend(ids + [5, 8, 9])  # the branch 5 -> 8 -> 9
+    whole = StaticRollbackCache(target, 256).extend(ids + [5, 8, 9])  # the branch 5 -> 8 -> 9
     for row, at in ((0, len(ids) - 1), (1, len(ids)), (4, len(ids) + 1), (5, len(ids) + 2)):
         assert (logits[row] - whole[at]).abs().max() < 1e-4, row
     lm.rollback(len(ids), path=[0, 3, 4])
     assert int(lm.cache.get_seq_length()) == lm.length == len(ids) + 3
     after = lm.extend([11], keep=1)
-    want = StaticCachedModel(target, 256).extend(ids + [5, 8, 9, 11], keep=1)
+    want = StaticRollbackCache(target, 256).extend(ids + [5, 8, 9, 11], keep=1)
     assert (after - want).abs().max() < 1e-4
     assert lm.tokens_processed == len(ids) + len(tokens) + 1, "nothing was fed twice"
 
@@ -119,8 +121,8 @@ def test_greedy_trees_on_the_static_cache_give_the_targets_own_output(target, ne
     ar, _ = run(target, tokenizer, PROMPT, max_new_tokens=40)
     max_len = cache_length(len(tokenizer(PROMPT)["input_ids"]), 40)
     for tree in (8, 32):
-        for proposer in (ModelProposer(near_draft, "near", StaticCaches(max_len)), PromptLookup(3, 1)):
-            cache = StaticCaches(max_len)
+        for proposer in (ModelProposer(near_draft, "near", StaticCachePool(max_len)), PromptLookup(3, 1)):
+            cache = StaticCachePool(max_len)
             settings = dict(k=4, k_policy="fixed", tree=tree, max_new_tokens=40, target_cache=cache)
             got, steps = run(target, tokenizer, PROMPT, proposer, **settings)
             assert got == ar, (tree, proposer)

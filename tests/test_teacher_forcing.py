@@ -5,7 +5,7 @@ import json
 
 import torch
 
-from app.core.passes import fused_layers
+from app.core.decoder_layers import fused_layers
 from app.models import TINY_TARGET, load
 from app.training import teacher_forcing
 from app.training.target_text import TOP_K

@@ -45,7 +45,7 @@ def test_setting_default_and_overrides(monkeypatch):
 
 def test_a_fixed_count_is_set_and_followed_as_is(restore_threads):
     assert threads.apply(2) == 2 and torch.get_num_threads() == 2
-    assert threads.follow() is None and threads.key() == 2  # fixed: the engine's hook changes nothing
+    assert threads.match_load() is None and threads.key() == 2  # fixed: the engine's hook changes nothing
     assert threads.apply(1) == 1 and torch.get_num_threads() == 1
 
 

@@ -258,10 +258,10 @@ def test_a_kept_path_equals_a_fresh_forward(target, wrapper):
     fresh forward's, on the growing cache (direct passes) and on transformers' dynamic cache."""
     from transformers import DynamicCache
 
-    from app.kv.cache import CachedModel
+    from app.kv.cache import DynamicRollbackCache
 
     def cache():
-        lm = CachedModel(target)
+        lm = DynamicRollbackCache(target)
         if wrapper:
             lm.direct, lm.cache = None, DynamicCache(config=target.config)
         return lm

@@ -205,7 +205,7 @@ def test_a_round_that_drafts_nothing_says_why():
     """The feature head's first round is the target's prefill; lookup without a match; k = 0."""
     from types import SimpleNamespace
 
-    from app.serve import teaching, ui
+    from app.serve import one_round, ui
 
     args = [PROMPT, "stdlib-code target (bundled)", "", "feature draft (EAGLE-style, bundled)", "", False]
     args += ["greedy", 0.8, 0, 1.0, 0, 24, "fixed", 3]
@@ -222,7 +222,7 @@ def test_a_round_that_drafts_nothing_says_why():
         spec = kinds.parse(draft)
         loaded = lookup.KIND.load(spec, None) if spec.kind is lookup.KIND else model.ModelDraft(model.KIND, spec, draft)
         pair = SimpleNamespace(draft=loaded)
-        return teaching._no_draft_note(pair, SimpleNamespace(k=k, drafted=list(drafted), feature_position=None))
+        return one_round._no_draft_note(pair, SimpleNamespace(k=k, drafted=list(drafted), feature_position=None))
 
     assert "nothing to propose" in why("prompt-lookup", 3) and "a plain step" in why("prompt-lookup", 0)
     assert why("some/draft", 3, [5, 6]) == "" and "cost model" in why("some/draft", 0)

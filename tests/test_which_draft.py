@@ -8,7 +8,7 @@ import json
 import pytest
 from test_by_kind import FIELDS
 
-from app import questions, sweep
+from app import category_runner, sweep
 from app.bench import bench
 from app.serve import queue_limits, which_draft
 
@@ -31,7 +31,7 @@ def _run(control=None):
 def test_the_panel_gives_the_benchs_alpha_cost_and_tokens_per_pass_for_the_same_settings(tmp_path):
     updates = _run()
     doc = updates[-1][2]
-    kinds = {q.category for q in questions.read_questions(questions.SAMPLE)}
+    kinds = {q.category for q in category_runner.read_questions(category_runner.SAMPLE)}
     assert not doc["stopped"] and len(doc["questions"]) == len(kinds) == 7
     assert len(updates) == 7 and all(u[2] is not doc for u in updates[:-1]), "a document only at the end"
     out = tmp_path / "sizes"

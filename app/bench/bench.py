@@ -1,7 +1,7 @@
 """Benchmarks: our engine (autoregressive, adaptive k, fixed k 1..8, prompt lookup) against
 transformers' own generate (plain; assisted and prompt lookup, each with its defaults and
 with a truly constant k), repeated and interleaved. `--card` (card.py), `--rules`
-(rules.py), `--passes` (passes.py) and `--threads-check` (threads_check.py) are its other modes.
+(rules.py), `--passes` (pass_costs.py) and `--threads-check` (threads_check.py) are its other modes.
 
 Every contender is warmed up, then each prompt takes its own calibration (calibrate.py, which
 "predicted for this machine" and adaptive k read) and runs every contender `--reps` times in
@@ -12,7 +12,7 @@ for token.
     python -m app bench [--suite code|prose|all] [--draft ...] [--k 4] [--reps 3] [--out runs/bench]
     python -m app bench --card       # acceptance and cost of every bundled draft (card.py)
     python -m app bench --rules      # acceptance of each sampling rule (rules.py)
-    python -m app bench --passes     # ms per target pass by width and dtype, and the bandwidth (passes.py)
+    python -m app bench --passes     # ms per target pass by width and dtype, and the bandwidth (pass_costs.py)
     python -m app bench --threads-check   # 1 thread, every core and auto, idle and busy (threads_check.py)
 """
 
@@ -29,7 +29,7 @@ from pathlib import Path
 
 import torch
 
-from app import calibrate, models, questions
+from app import calibrate, category_runner, models
 from app.args import add_generation_args, settings, with_chat
 from app.bench import progress, specbench
 from app.bench.contenders import CONSTANT, SWEEP, TREE, TREE_AUTO, Contender, adaptive_k, fixed_k, hf, llama_cpp, ours
@@ -38,7 +38,7 @@ from app.core import divergence, engine, metrics
 from app.core.config import settings_dict
 from app.data.prompts import suite
 from app.kv import direct_pass
-from app.kv.cache import CachedModel
+from app.kv.cache import DynamicRollbackCache
 from app.models import threads
 
 
@@ -319,7 +319,7 @@ def _divergences(pair, ids, field, outputs, steps, costs, s) -> dict:
     for c in field:
         if not c.ours or c.name == "autoregressive" or outputs[c.name] == plain:
             continue
-        d = divergence.explain_run(pair.target, CachedModel, ids, steps[c.name], plain, costs.logit_noise, s)
+        d = divergence.explain_run(pair.target, DynamicRollbackCache, ids, steps[c.name], plain, costs.logit_noise, s)
         out[c.name] = d.to_dict()
     return out
 
@@ -361,7 +361,7 @@ def main(argv: list[str]) -> int:
     ap.add_argument(
         "--passes",
         action="store_true",
-        help="ms per target pass by width in fp32, bf16 and int8, beside the memory bandwidth (passes.py)",
+        help="ms per target pass by width in fp32, bf16 and int8, beside the memory bandwidth (pass_costs.py)",
     )
     ap.add_argument(
         "--rules",
@@ -391,7 +391,7 @@ def main(argv: list[str]) -> int:
         )
     from app.bench import sizes
     from app.bench.card import card  # the model card's figures, timed with this module's prompts
-    from app.bench.passes import passes
+    from app.bench.pass_costs import passes
     from app.bench.rules import rules
     from app.bench.threads_check import threads_check  # it times this module's contenders
 
@@ -408,7 +408,7 @@ def main(argv: list[str]) -> int:
     # Several drafts are one interleaved run of the questions, a file's or a built-in suite's.
     mode = next((fn for chosen, fn in modes if chosen), specbench.specbench if from_file or args.drafts else bench)
     if from_file and mode is specbench.specbench:  # the file is read and checked before anything loads
-        questions.select(questions.read_questions(Path(args.suite)), args.categories, args.per_category)
+        category_runner.select(category_runner.read_questions(Path(args.suite)), args.categories, args.per_category)
     doc = mode(args)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     written = [args.out.with_suffix(".json")]

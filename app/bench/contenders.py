@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import torch
 from transformers import StoppingCriteria, StoppingCriteriaList
 
-from app import questions
+from app import category_runner
 from app.core import engine
 from app.core.config import RunConfig, SamplingConfig, Settings, SpecConfig
 from app.core.costs import Costs
@@ -34,7 +34,7 @@ class Contender:
 
 def ours(pair, s: SamplingConfig, sp: SpecConfig, r: RunConfig, speculative: bool, costs: Costs | None):
     """Our engine as a contender; the wall clock covers everything from prompt ids to the last token."""
-    return questions.timed(pair, Settings(s, sp, r), speculative, costs)
+    return category_runner.timed(pair, Settings(s, sp, r), speculative, costs)
 
 
 def hf(target, assistant=None, assistant_settings: dict | None = None, lookup: dict | None = None):
@@ -57,7 +57,7 @@ def hf(target, assistant=None, assistant_settings: dict | None = None, lookup: d
                 setattr(cfg, key, value)
             kw["assistant_model"] = assistant
         kw |= lookup or {}
-        threads.follow()  # its prefill too runs at the threads of now; _FollowThreads covers its rounds
+        threads.match_load()  # its prefill too runs at the threads of now; _FollowThreads covers its rounds
         try:
             with torch.inference_mode():
                 engine.sync(target.device)
@@ -77,7 +77,7 @@ class _FollowThreads(StoppingCriteria):
     """Never stops generate(); it gives transformers' rounds the same auto threads as ours (engine.py)."""
 
     def __call__(self, input_ids, scores, **kwargs):
-        threads.follow()
+        threads.match_load()
         return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
 
 

@@ -33,7 +33,7 @@ from app.core import divergence, engine
 from app.core.config import SHARED_NOISE, RunConfig, SamplingConfig, Settings, SpecConfig
 from app.drafts.model import ModelProposer
 from app.kv import static_cache
-from app.kv.cache import CachedModel
+from app.kv.cache import DynamicRollbackCache
 from app.models import threads
 
 SHAPES = {  # (hidden, intermediate, layers, heads, kv heads, vocab, tied embeddings)
@@ -121,7 +121,7 @@ def engine_run(target, tok, prompt: list[int], proposer, k: int, new_tokens: int
                 target_cache=cache,
                 spec=spec,
                 run=RunConfig(new_tokens),
-                before_round=threads.follow,
+                before_round=threads.match_load,
             )
         )
     tokens = sum(len(s.emitted) for s in steps)
@@ -149,7 +149,7 @@ def _kind_times(target, draft, tok, prompt, ks, n, new_tokens, max_len, compiled
     """Step times and engine runs with one cache kind: None is the dynamic cache every run uses;
     False/True the static cache, eager or compiled."""
     t0 = time.perf_counter()
-    cache = CachedModel if compiled is None else static_cache.StaticCaches(max_len, compiled)
+    cache = DynamicRollbackCache if compiled is None else static_cache.StaticCachePool(max_len, compiled)
     times = dict(
         target=step_times(target, prompt, ks, n, cache),
         draft_step_ms=step_times(draft, prompt, [], n, cache)["step_ms"],

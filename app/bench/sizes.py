@@ -6,7 +6,7 @@ from __future__ import annotations
 import html
 from pathlib import Path
 
-from app import models, questions, sweep
+from app import category_runner, models, sweep
 from app.args import settings, with_chat
 from app.bench import progress, specbench
 
@@ -16,8 +16,10 @@ PER_CATEGORY = 1  # questions of each category by default: the sweep runs every 
 def sizes(args) -> dict:
     """Every draft of the sweep on the sample's questions (PER_CATEGORY of each category unless
     --per-category says), plain decoding first, then each draft in rotating order on the same ids."""
-    suite = Path(args.suite) if specbench.is_file_suite(args.suite) else questions.SAMPLE
-    picked = questions.select(questions.read_questions(suite), args.categories, args.per_category or PER_CATEGORY)
+    suite = Path(args.suite) if specbench.is_file_suite(args.suite) else category_runner.SAMPLE
+    picked = category_runner.select(
+        category_runner.read_questions(suite), args.categories, args.per_category or PER_CATEGORY
+    )
     target_id = models.presets.id_of(args.target or models.DEFAULT_TARGET)
     progress.say("sizes", f"loading {target_id}")
     tok = models.load(target_id, args.device, args.dtype)[1]

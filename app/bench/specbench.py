@@ -1,5 +1,5 @@
 """The bench's `--suite FILE`: Spec-Bench's (and MT-bench's) question format, read, run turn by turn and
-reported per category the way its leaderboard reports (the runner is app/questions.py, which the
+reported per category the way its leaderboard reports (the runner is app/category_runner.py, which the
 app's "By kind of text" panel shares), as JSON, a text table and an HTML page with the bar chart.
 
 With --tree, each draft runs twice in the same interleaved run: as a chain and as a tree.
@@ -11,7 +11,7 @@ import dataclasses
 import html
 from pathlib import Path
 
-from app import models, questions, request
+from app import category_runner, models, request
 from app.args import settings, with_chat
 from app.bench import progress
 from app.core.config import Settings, settings_dict
@@ -26,21 +26,21 @@ def is_file_suite(suite: str) -> bool:
 def specbench(args) -> dict:
     """Every selected question, turn by turn: plain decoding first (its answer is the history), then
     each draft's speculative run (and its tree, with --tree) in rotating order, on the same ids."""
-    picked = questions.select(_questions(args.suite), args.categories, args.per_category)
+    picked = category_runner.select(_questions(args.suite), args.categories, args.per_category)
     drafts = _drafts(args)
     progress.say("bench", f"loading {args.target or models.DEFAULT_TARGET} and {len(drafts)} draft(s)")
     pairs = {d: models.load_pair(args.target, d, args.device, args.dtype) for d in drafts}
     first = next(iter(pairs.values()))
     st = with_chat(settings(args), args, first.tokenizer)
-    plain = questions.timed(first, st, False, None)
+    plain = category_runner.timed(first, st, False, None)
     field = {}
     for d, pair in pairs.items():
         for name, shape in _shapes(d, st):
-            field[name] = questions.timed(pair, shape, True, request.costs(pair, shape))
+            field[name] = category_runner.timed(pair, shape, True, request.costs(pair, shape))
     context = models.context_length(first.target)
     rows = []
     for n, q in progress.counted(enumerate(picked), "question", len(picked)):
-        rows.append(questions.answer(q, first.tokenizer, plain, field, st.run, context, n))
+        rows.append(category_runner.answer(q, first.tokenizer, plain, field, st.run, context, n))
     s = st.sampling
     return dict(
         format="spec-bench",
@@ -51,18 +51,18 @@ def specbench(args) -> dict:
         history="plain decoding's answers (greedy: the same conversation on both sides)"
         if s.greedy
         else "plain decoding's sampled answers: the speculative runs answer the same history",
-        summary=questions.summarize(rows, list(field)),
+        summary=category_runner.summarize(rows, list(field)),
         questions=rows,
         device=str(first.target.device),
         dtype=str(first.target.dtype),
     )
 
 
-def _questions(name: str) -> list[questions.Question]:
+def _questions(name: str) -> list[category_runner.Question]:
     """A question file's questions, or a built-in suite's requests as one-turn questions of its name."""
     if is_file_suite(name):
-        return questions.read_questions(Path(name))
-    return [questions.Question(str(i), name, (prompt,)) for i, prompt in enumerate(suite(name, chat=True), 1)]
+        return category_runner.read_questions(Path(name))
+    return [category_runner.Question(str(i), name, (prompt,)) for i, prompt in enumerate(suite(name, chat=True), 1)]
 
 
 def _shapes(draft: str, st: Settings) -> list[tuple[str, Settings]]:

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
-from app.core import teaching, verify
+from app.core import teaching_tables, verify
 from app.core.contracts import Proposal
 from app.core.events import BONUS, CORRECTED, TARGET, Decision, Step
 from app.core.text import Detokenizer
@@ -98,11 +98,11 @@ class Recorder:
     def _tables(self, r: Round) -> tuple[list, list]:
         if not self.teach or r.plain:
             return [], []
-        top = teaching.top_table(self.tokenizer, r.proposal, r.p_logits, r.p, r.verdict)
+        top = teaching_tables.top_table(self.tokenizer, r.proposal, r.p_logits, r.p, r.verdict)
         if r.verdict.noise is None:
             return top, []
         assert r.p is not None  # shared noise verifies on the processed p
-        return top, teaching.race_table(self.tokenizer, r.proposal, r.p, r.verdict)
+        return top, teaching_tables.race_table(self.tokenizer, r.proposal, r.p, r.verdict)
 
     def _tree(self, proposal: Proposal, v: verify.Verdict):
         """A tree round as its Step lists it: nodes reordered with the kept path first, their parents

@@ -20,7 +20,7 @@ from app.core import sampling
 from app.core.config import SamplingConfig
 from app.core.contracts import KVCache
 from app.drafts.draw import Proposal, draw
-from app.kv.cache import CachedModel
+from app.kv.cache import DynamicRollbackCache
 
 LOOKBEHIND = 4  # committed target tokens re-tokenised together with the draft's text at the seam
 PARTIAL = "\ufffd"  # what decode() shows for the bytes of a character that a token split
@@ -81,7 +81,7 @@ class CrossTokenizerProposer:
     def begin(self, prompt_ids: list[int], vocab_size: int) -> None:
         self.ids = list(prompt_ids)  # committed target ids
         self.vocab_size = vocab_size
-        self.lm = CachedModel(self.model)
+        self.lm = DynamicRollbackCache(self.model)
         self.fed: list[int] = []  # the draft-token ids in the draft's cache, in order
         self._drafts: list[int] = []
 

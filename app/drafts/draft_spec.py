@@ -214,12 +214,12 @@ def proposer_seconds_per_token(proposer: Proposer, target, prompt_ids: list[int]
     prompt and commits nothing new, so every round drafts from the same context. A proposer that
     reads features gets the target's over the prompt first, as after a first round."""
     from app.core import engine
-    from app.kv.cache import CachedModel
+    from app.kv.cache import DynamicRollbackCache
 
     proposer.begin(prompt_ids, target.get_output_embeddings().weight.shape[0])
     features = None
     if proposer.wants_features:
-        _, features = CachedModel(target, getattr(proposer, "feature_layers", ())).extend_with_features(
+        _, features = DynamicRollbackCache(target, getattr(proposer, "feature_layers", ())).extend_with_features(
             prompt_ids, keep=1
         )
         proposer.commit(0, int(prompt_ids[-1]), features)

@@ -1,6 +1,6 @@
 """The EAGLE-3 feature head: fused features from three of the target's layers, and a head of its own.
 
-The target's states entering a low, a middle and a high layer (passes.fused_layers) are concatenated
+The target's states entering a low, a middle and a high layer (decoder_layers.fused_layers) are concatenated
 to 3H and `fc` maps them to H: g_t. One decoder layer reads the token's embedding beside g (its
 attention projections take 2H: cat(input_norm(embed(x_{t+1})), hidden_norm(g_t))), with g as the
 residual, and returns h_{t+1}. A drafted step feeds h back as the next g, with no fc. q comes from the
@@ -24,7 +24,7 @@ from torch import nn
 from transformers import AutoModel, DynamicCache, PreTrainedModel
 
 from app.core.config import UserError
-from app.core.passes import fused_layers
+from app.core.decoder_layers import fused_layers
 from app.drafts.feature_head import HEAD_FIELDS, SUPPORTED, through_head
 from app.kv import growing_cache
 
@@ -34,7 +34,7 @@ FUSED_KEYS = ("fc.weight", "midlayer.hidden_norm.weight")  # a safetensors file 
 
 class FusedLayer(nn.Module):
     """A decoder layer whose attention reads cat(input_norm(embedding), hidden_norm(g)), (B, T, 2H),
-    with g as its residual; called as the target's own layers are (passes.through_masked)."""
+    with g as its residual; called as the target's own layers are (decoder_layers.through_masked)."""
 
     def __init__(self, layer: nn.Module, hidden_norm: nn.Module, hidden: int):
         super().__init__()

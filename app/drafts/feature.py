@@ -12,7 +12,7 @@ from typing import Any, cast
 import torch
 from transformers import PreTrainedModel
 
-from app.core import passes, sampling
+from app.core import decoder_layers, sampling
 from app.core.config import SamplingConfig, SpecConfig
 from app.core.contracts import KVCache, Proposer
 from app.core.tree_shape import siblings_per_depth
@@ -162,7 +162,7 @@ class FeatureProposer:
             tree.slots[node] = start + j
         sees = [[tree.slots[a] for a in tree.ancestry(node)] for node in new]
         device = tree.feeds[new[0]].device
-        mask = passes.tree_pass(sees, [self.pairs] * len(new), start + len(new), self.head.config, device)
+        mask = decoder_layers.tree_pass(sees, [self.pairs] * len(new), start + len(new), self.head.config, device)
         position = torch.full((1, len(new)), self.pairs - 1 + len(sees[0]), device=device)
         x = torch.tensor([[tree.tokens[i] for i in new]], device=device)
         pairs = torch.stack([tree.feeds[i] for i in new])[None]

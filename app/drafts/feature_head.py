@@ -23,7 +23,7 @@ from torch import nn
 from transformers import AutoModel, DynamicCache, PreTrainedModel
 
 from app.core.config import UserError
-from app.core.passes import through_layers, through_masked
+from app.core.decoder_layers import through_layers, through_masked
 from app.kv import growing_cache
 
 FUSION_KEYS = ("fc.weight",)  # a safetensors file with these is an EAGLE-style head
@@ -108,7 +108,7 @@ class FeatureHead(nn.Module):
         position: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """token_embeds, features: (B, T, H) for pairs (x_{t+1}, f_t); returns (B, T, H) f_{t+1}.
-        A tree's pairs come with their own mask and positions (passes.tree_pass)."""
+        A tree's pairs come with their own mask and positions (decoder_layers.tree_pass)."""
         fused = self.fuse(token_embeds, features)
         if cache is None:  # training: whole windows, no cache
             return self.body(inputs_embeds=fused, use_cache=False).last_hidden_state

@@ -19,7 +19,7 @@ from app.core.contracts import KVCache, Proposer
 from app.drafts.cross_tokenizer import CrossTokenizerProposer, TokenBridge
 from app.drafts.draft_spec import BaseDraft, BaseKind, Draft, DraftInfo, DraftSpec, Loading
 from app.drafts.draw import Branches, Proposal, draw
-from app.kv.cache import CachedModel, refuse_uncroppable
+from app.kv.cache import DynamicRollbackCache, refuse_uncroppable
 
 
 class ModelProposer:
@@ -34,7 +34,10 @@ class ModelProposer:
     wants_features = False
 
     def __init__(
-        self, model: PreTrainedModel, name: str, cache_factory: Callable[[PreTrainedModel], KVCache] = CachedModel
+        self,
+        model: PreTrainedModel,
+        name: str,
+        cache_factory: Callable[[PreTrainedModel], KVCache] = DynamicRollbackCache,
     ):
         self.model, self.name = model, name
         # Which KV cache the draft runs on: the request may give the static one (the GPU fast path).
@@ -134,7 +137,7 @@ def _shallow(module: M, config) -> M:
 def decode_seconds_per_token(model, prompt_ids: list[int], n: int = 64) -> float:
     """Batch-1 cached decode time per token, as the engine runs the model (direct passes where it
     is admitted, direct_pass.py)."""
-    lm = CachedModel(model)
+    lm = DynamicRollbackCache(model)
     logits = lm.extend(prompt_ids)
     tok = int(logits[-1].argmax())
     for _ in range(4):  # warm-up

@@ -11,7 +11,7 @@ from packaging.version import Version
 from transformers import DynamicCache, PreTrainedModel
 from transformers.cache_utils import DummyLayer, DynamicLayer
 
-from app.core import passes, verify
+from app.core import decoder_layers, verify
 from app.core.config import UserError
 from app.kv import direct_pass, growing_cache
 
@@ -27,7 +27,7 @@ if Version(transformers.__version__) < Version("5.24"):
 CROPPABLE = (DynamicLayer, DummyLayer)
 
 
-class ModelCache(abc.ABC):
+class RollbackCache(abc.ABC):
     """What every KV cache of a model shares: the embedding guard, the counters, and close().
 
     `length` is how many tokens the cache holds; `tokens_processed` counts every token
@@ -53,7 +53,7 @@ class ModelCache(abc.ABC):
 
     def _features(self, out, features: bool) -> torch.Tensor | None:
         """The (T, H) or fused (T, len(layers) H) features of a wrapper pass's output, if asked for."""
-        return passes.entering(out.hidden_states, self.feature_layers)[0] if features else None
+        return decoder_layers.entering(out.hidden_states, self.feature_layers)[0] if features else None
 
     def close(self) -> None:  # noqa: B027 (a pooled cache overrides it; nothing to give back here)
         """Nothing is pooled here; a static cache goes back to its pool."""
@@ -75,7 +75,7 @@ class ModelCache(abc.ABC):
         depth = verify.depths(parents)
         ahead = [base - 1 + d for d in depth] + [base] * pad
         position = torch.tensor([list(range(cached, base)) + ahead], device=self.device)
-        return position, passes.tree_pass(sees, prefix, kv, self.model.config, self.device)
+        return position, decoder_layers.tree_pass(sees, prefix, kv, self.model.config, self.device)
 
     def move_path(self, layers, base: int, path: list[int]) -> None:
         """The kept nodes' keys and values, from their slots base + path[j], to slots base + j."""
@@ -126,7 +126,7 @@ class ModelCache(abc.ABC):
     def _tree_forward(
         self, ids: list[int], tokens: list[int], parents: list[int], features: bool
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Committed ids, then a tree of drafts, in one pass (CachedModel, StaticCachedModel)."""
+        """Committed ids, then a tree of drafts, in one pass (DynamicRollbackCache, StaticRollbackCache)."""
         raise UserError("this KV cache cannot verify a draft tree: run it as a chain")
 
     @torch.inference_mode()
@@ -150,7 +150,7 @@ class ModelCache(abc.ABC):
         """Forget the cached positions at or after `length`."""
 
 
-class CachedModel(ModelCache):
+class DynamicRollbackCache(RollbackCache):
     """One request's view of a shared model on a dynamic cache: the cache is private, the weights are not."""
 
     def __init__(self, model: PreTrainedModel, feature_layers: tuple[int, ...] = ()):

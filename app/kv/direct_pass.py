@@ -22,7 +22,7 @@ from torch import nn
 from transformers import DynamicCache, PreTrainedModel
 from transformers.cache_utils import DynamicLayer
 
-from app.core.passes import through_layers, through_masked
+from app.core.decoder_layers import through_layers, through_masked
 from app.kv import growing_cache
 
 # Decoders whose forward is embed, mask, rotary, layers (hidden, position_embeddings, cache), final
@@ -95,7 +95,7 @@ def forward(
     """(keep, V) logits of the last `keep` of `ids` (0: all) fed after the cached positions, and
     with features=True the (len(ids), H) normed last hidden states (the wrapper's hidden_states[-1]),
     or with `layers` the (len(ids), len(layers) H) states entering those layers (passes.entering).
-    The cache grows by len(ids). A tree pass gives its own mask and positions (passes.tree_pass)."""
+    The cache grows by len(ids). A tree pass gives its own mask and positions (decoder_layers.tree_pass)."""
     if not _clocks:
         return _forward(p, cache, ids, keep, features, mask, position, layers)
     with _clocks[-1]():
@@ -134,7 +134,7 @@ def _step(p: Parts, cache: DynamicCache, token: int) -> torch.Tensor:
 def _agrees(model: PreTrainedModel, p: Parts) -> bool:
     """Probe passes (a prefill, several tokens, one token, a direct step, a pass after a rollback)
     against the model's own forward on transformers' own cache: the same logits and features, bit
-    for bit. The direct side runs on the growing cache that CachedModel gives admitted models."""
+    for bit. The direct side runs on the growing cache that DynamicRollbackCache gives admitted models."""
     device = p.embed.weight.device
     probe = [i % p.embed.weight.shape[0] for i in (11, 12, 13, 14, 15, 16, 17)]
     # Room for two positions, so the probe also reads buffers that have regrown (kernels may

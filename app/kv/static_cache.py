@@ -23,7 +23,7 @@ import torch
 from transformers import PreTrainedModel, StaticCache
 
 from app.core.config import K_MAX, TREE_MAX, UserError
-from app.kv.cache import ModelCache
+from app.kv.cache import RollbackCache
 
 BUCKETS = (1, 2, 3, 5, 9, 17)  # pass widths with a graph: a draft step, and verify over k+1 for k = 1, 2, 4, 8, 16
 LENGTH_STEP = 256  # cache lengths are rounded up to this, so requests of similar length share graphs
@@ -61,7 +61,7 @@ _pool: dict[tuple[int, int], list[StaticCache]] = {}
 _pool_lock = threading.Lock()
 
 
-class StaticCachedModel(ModelCache):
+class StaticRollbackCache(RollbackCache):
     """The KV cache contract (extend, rollback, length) over a static cache with a pointer.
 
     Caches are pooled per model and length and reused by later requests, so a compiled
@@ -177,12 +177,12 @@ def room(max_len: int) -> int:
 
 
 @dataclass(frozen=True)
-class StaticCaches:
+class StaticCachePool:
     """A target_cache for engine.generate: static caches of max_len tokens. Its length is known to
     whoever plans passes ahead of a request (calibrate.py), since a pass past the end is an error."""
 
     max_len: int
     compile: bool = False
 
-    def __call__(self, model: PreTrainedModel) -> StaticCachedModel:
-        return StaticCachedModel(model, self.max_len, self.compile)
+    def __call__(self, model: PreTrainedModel) -> StaticRollbackCache:
+        return StaticRollbackCache(model, self.max_len, self.compile)

@@ -246,7 +246,7 @@ def apply(requested: int | str | None = None, share: int = 1) -> int | str:
     if setting == AUTO:
         if _auto is None or _auto.share != share:  # already auto: keep its reading and its count
             _auto = _Auto(share)
-        follow()
+        match_load()
     else:
         _auto = None
         if torch.get_num_threads() != setting:
@@ -254,7 +254,7 @@ def apply(requested: int | str | None = None, share: int = 1) -> int | str:
     return setting
 
 
-def follow() -> int | None:
+def match_load() -> int | None:
     """Called by the engine before each round: under "auto", match the threads to the load now.
 
     Cheap between readings. torch keeps the count per OS thread for OpenMP, and a web server runs a

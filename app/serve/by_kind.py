@@ -1,6 +1,6 @@
 """The "By kind of text" panel: two bundled questions per category (the Spec-Bench-format sample, written
 for this project), answered by plain decoding and by the current pair and settings through the bench's
-own runner (app/questions.py), streamed question by question and drawn as the bench's bar chart."""
+own runner (app/category_runner.py), streamed question by question and drawn as the bench's bar chart."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import functools
 
 import gradio as gr
 
-from app import models, questions, request
+from app import category_runner, models, request
 from app.core.config import Settings
 from app.models import hosting
 from app.serve import queue_limits
@@ -61,7 +61,7 @@ def by_kind(form: Form, control=None, progress=gr.Progress()):
 
 
 def _stream(form: Form, control, progress):
-    picked = questions.select(questions.read_questions(questions.SAMPLE), None, PER_CATEGORY)
+    picked = category_runner.select(category_runner.read_questions(category_runner.SAMPLE), None, PER_CATEGORY)
     progress(0.0, desc=LOADING)
     pair = _pair(form.target, form.draft, form.dtype, progress)
     settings = panel_settings(form.settings, pair.tokenizer)
@@ -70,8 +70,8 @@ def _stream(form: Form, control, progress):
     progress(0.0, desc=MEASURING)
     costs = request.costs(pair, settings, report=measuring(progress))
     draft = hosting.shown(form.draft)  # as typed: a resolved name can be an install path on this host
-    plain = questions.timed(pair, settings, False, None, stop)
-    field = {draft: questions.timed(pair, settings, True, costs, stop)}
+    plain = category_runner.timed(pair, settings, False, None, stop)
+    field = {draft: category_runner.timed(pair, settings, True, costs, stop)}
     context = models.context_length(pair.target)
     rows: list[dict] = []
     summary: dict = {}  # per category, of the questions answered so far
@@ -81,11 +81,11 @@ def _stream(form: Form, control, progress):
         note = f"Question {n + 1} of {len(picked)} ({q.category}, {len(q.turns)} turn(s)): answering…"
         yield _status(summary, draft, note), gr.skip(), gr.skip()
         try:
-            rows.append(questions.answer(q, pair.tokenizer, plain, field, settings.run, context, n))
-        except questions.Stopped:
+            rows.append(category_runner.answer(q, pair.tokenizer, plain, field, settings.run, context, n))
+        except category_runner.Stopped:
             stopped = True
             break
-        summary = questions.summarize(rows, [draft])  # once per question, for the table and the chart
+        summary = category_runner.summarize(rows, [draft])  # once per question, for the table and the chart
         yield _status(summary, draft, None), _chart(summary, draft), gr.skip()
     doc = _doc(rows, summary, draft, settings, stopped, len(picked))
     ending = f"Stopped after {len(rows)} of {len(picked)} questions." if stopped else None
@@ -111,7 +111,7 @@ def _status(summary: dict, draft: str, note: str | None, final: Settings | None 
 def _doc(rows: list[dict], summary: dict, draft: str, settings: Settings, stopped: bool, total: int) -> dict:
     return dict(
         format="spec-bench",
-        file=questions.SAMPLE.name,
+        file=category_runner.SAMPLE.name,
         drafts=[draft],
         settings=settings.as_dict("bench"),
         stopped=stopped,

@@ -28,7 +28,7 @@ from app.serve.handlers import (  # noqa: F401 - the handlers are the app's API,
     list_presets,
     load_pair,
 )
-from app.serve.teaching import step_round  # noqa: F401
+from app.serve.one_round import step_round  # noqa: F401
 from app.serve.texts import CSS, EXAMPLES, EXPLANATION, KNOWS, TIMING_NOTE, example_row
 from app.views import render
 

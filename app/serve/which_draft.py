@@ -9,7 +9,7 @@ import functools
 
 import gradio as gr
 
-from app import models, questions, sweep
+from app import category_runner, models, sweep
 from app.core.config import Settings
 from app.serve import queue_limits
 from app.serve.form import Form, takes_form
@@ -64,7 +64,7 @@ def which_draft(form: Form, control=None, progress=gr.Progress()):
 
 
 def _stream(form: Form, control, progress):
-    picked = questions.select(questions.read_questions(questions.SAMPLE), None, PER_CATEGORY)
+    picked = category_runner.select(category_runner.read_questions(category_runner.SAMPLE), None, PER_CATEGORY)
     progress(0.0, desc=LOADING)
     first = _pair(form.target, models.PROMPT_LOOKUP, form.dtype, progress)
     settings = panel_settings(form.settings, first.tokenizer)

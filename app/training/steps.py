@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from transformers import DynamicCache, LlamaForCausalLM
 
-from app.core.passes import through_masked
+from app.core.decoder_layers import through_masked
 
 
 def next_logits(model, x: torch.Tensor) -> torch.Tensor:

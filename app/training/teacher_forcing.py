@@ -2,7 +2,7 @@
 
 Rows of text (the standard library's source, the installed packages' source and their descriptions)
 pass through the frozen target in batched forward passes, and every position yields the fused features
-a head reads (the states entering EAGLE-3's layers, passes.fused_layers) and the target's top-k
+a head reads (the states entering EAGLE-3's layers, decoder_layers.fused_layers) and the target's top-k
 next-token distribution, the head's soft label. Beside them, the target's own chat answers
 (target_text.build_rows, the rows the EAGLE-1 head trains on) are run through it once more for their
 fused features: the text a head drafts in the app. Shards are written one at a time, so a stopped build
@@ -23,7 +23,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
-from app.core.passes import entering, fused_layers
+from app.core.decoder_layers import entering, fused_layers
 from app.data.corpus import HELD_OUT, HELD_OUT_PACKAGES, _keep_package_file, package_closure, stdlib_files
 from app.training.target_text import TOP_K, lm_head_fp32, top_k_of
 

@@ -305,7 +305,7 @@ def race_markdown(step: Step) -> str:
 
 
 def category_table(summary: dict, drafts: Sequence[str]) -> str:
-    """The per-category figures (questions.summarize) as a Markdown table, a row per category and draft."""
+    """The per-category figures (category_runner.summarize) as a Markdown table, a row per category and draft."""
     lines = [
         "| kind of text | draft | questions | tokens per target pass | α | speedup (range) | same text |",
         "|---|---|---:|---:|---:|---:|---:|",
