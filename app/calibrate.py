@@ -189,15 +189,13 @@ class _Turns:
         self.pair, self.settings, self.cache, self.size = pair, settings, target_cache, len(ids)
         self.policy = policy
         self.contexts = {False: ids, True: ids}
-        # A static target cache (the GPU path) goes with a static draft cache, as in a real run.
-        self.draft_cache = target_cache if isinstance(target_cache, static_cache.StaticCachePool) else None
 
     def rounds(self, speculative: bool, n: int) -> list[tuple]:
         """(step, busy seconds) of n rounds after a first one, over more runs if EOS ends one early."""
         out = []
         for _ in range(8):
             context = self.contexts[speculative]
-            run = runs.Run(self.pair, context, self.settings, speculative, self.cache, self.draft_cache)
+            run = runs.prepare(self.pair, context, self.settings, speculative=speculative, caches=self.cache)
             policy = self.policy(self.settings.spec) if speculative else None
             steps = list(itertools.islice(run.steps(policy), n + 1))
             out += _busy(steps)

@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from app import runs
+from app import request
 from app.core import engine, metrics
 from app.core.config import RunConfig, Settings, UserError
 from app.core.costs import Costs
@@ -126,7 +126,8 @@ def timed(pair, settings: Settings, speculative: bool, costs: Costs | None, stop
     s, sp, r = settings.sampling, settings.spec, settings.run
 
     def run(ids: list[int], n: int):
-        job = runs.Run(pair, ids, Settings(s, sp, RunConfig(n, r.stop, r.chat)), speculative, costs=costs)
+        settings = Settings(s, sp, RunConfig(n, r.stop, r.chat))
+        job = request.start(pair, ids, settings, speculative=speculative, calibrated=False, measured=costs)
         policy = make_policy(sp, costs) if speculative else None
         start = time.perf_counter()
         steps = []

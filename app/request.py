@@ -1,10 +1,11 @@
 """One request, typed and validated once, turned into a calibrated Run.
 
 `open_request` is the whole path from a prompt and settings to a Run: the CLI's generate
-starts there. The UI, the model card and gpucheck already hold a loaded pair and encoded prompt, and
-call `start`, its second half, for every run they stream (plain runs too). The bench's timed
-contenders are the one exception: they build `runs.Run` with costs measured once per pair
-(calibrate.costs_for, as `start` does), so the timed loop repeats none of the set-up."""
+starts there. The UI, the bench's timed runs, its model card and rules, gpucheck and training's
+acceptance already hold a loaded pair and encoded prompt, and call `start`, its second half, for every
+run they stream (plain runs too); the bench's timed runs pass costs measured once per pair, so the
+timed loop repeats none of the set-up. Only calibrate, which `start` itself calls, builds its short
+runs one layer down (runs.prepare)."""
 
 from __future__ import annotations
 
@@ -45,12 +46,18 @@ def start(
     speculative: bool = True,
     compile: bool = False,
     calibrated: bool = True,
+    measured: Costs | None = None,
+    caches: Callable | None = None,
     report: Callable[[float], None] | None = None,
 ) -> runs.Run:
     """A Run whose policy is guided by this machine's measured costs (measured once per kind of request;
-    `report` hears a first measurement's progress)."""
-    run = runs.prepare(pair, ids, settings, speculative=speculative, compile=compile)
-    if speculative and calibrated:
+    `report` hears a first measurement's progress). `measured`: costs the caller measured already (a
+    timed loop repeats no set-up); calibrated=False: none (a fixed k plans nothing); `caches`: the
+    target's cache kind, where a check times each kind (runs.prepare)."""
+    run = runs.prepare(pair, ids, settings, speculative=speculative, compile=compile, caches=caches)
+    if speculative and measured is not None:
+        run.costs = measured
+    elif speculative and calibrated:
         run.costs = costs(pair, settings, run.target_cache, report)
     return run
 

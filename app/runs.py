@@ -63,8 +63,20 @@ class Run:
         )
 
 
-def prepare(pair: Pair, ids: list[int], settings: Settings, *, speculative: bool = True, compile: bool = False) -> Run:
-    """A Run on the usual caches, or on static caches and CUDA graphs where --compile asks and they run."""
+def prepare(
+    pair: Pair,
+    ids: list[int],
+    settings: Settings,
+    *,
+    speculative: bool = True,
+    compile: bool = False,
+    caches: Callable | None = None,
+) -> Run:
+    """A Run on the usual caches, or on static caches and CUDA graphs where --compile asks and they run.
+    `caches` names the target's cache instead (a measurement's own); a static pool serves the draft too."""
+    if caches is not None:
+        draft_cache = caches if isinstance(caches, static_cache.StaticCachePool) else None
+        return Run(pair, list(ids), settings, speculative, caches, draft_cache)
     ok, note = static_cache.available(compile, pair.target.device)
     if not ok:
         return Run(pair, list(ids), settings, speculative, note=note)

@@ -31,10 +31,12 @@ from app import models, request
 from app.bench import progress
 from app.core import divergence, engine
 from app.core.config import SHARED_NOISE, RunConfig, SamplingConfig, Settings, SpecConfig
-from app.drafts.model import ModelProposer
+from app.drafts import model as model_draft
+from app.drafts.draft_spec import DraftSpec
 from app.kv import static_cache
 from app.kv.cache import DynamicRollbackCache
 from app.models import threads
+from app.models.pair import Pair
 
 SHAPES = {  # (hidden, intermediate, layers, heads, kv heads, vocab, tied embeddings)
     "qwen2.5-7b": (3584, 18944, 28, 28, 4, 152064, False),
@@ -108,22 +110,20 @@ def step_times(model, context: list[int], ks: list[int], n: int, cache) -> dict:
     return out
 
 
-def engine_run(target, tok, prompt: list[int], proposer, k: int, new_tokens: int, cache) -> dict:
-    """One engine run (greedy, fixed k): tokens/s, alpha and the median round's busy time."""
-    spec = SpecConfig(k=k, k_policy="fixed")
+def self_pair(target, tok) -> Pair:
+    """The target drafting for itself with a full-depth model draft: a round's every pass is the target's,
+    so its overhead is read off the target's own step and verify times."""
+    spec = DraftSpec(model_draft.KIND, source="self")
+    return Pair(target, tok, "gpucheck", model_draft.ModelDraft(model_draft.KIND, spec, "self", model=target))
+
+
+def engine_run(pair: Pair, prompt: list[int], k: int, new_tokens: int, cache, speculative: bool = True) -> dict:
+    """One run through the request path (greedy, fixed k) on one cache kind: tokens/s, alpha and the
+    median round's busy time."""
+    settings = Settings(SamplingConfig(), SpecConfig(k=k, k_policy="fixed"), RunConfig(new_tokens))
+    run = request.start(pair, prompt, settings, speculative=speculative, calibrated=False, caches=cache)
     for _ in range(2):  # the first run warms up (and captures graphs); the second is timed
-        steps = list(
-            engine.generate(
-                target,
-                tok,
-                prompt,
-                proposer,
-                target_cache=cache,
-                spec=spec,
-                run=RunConfig(new_tokens),
-                before_round=threads.match_load,
-            )
-        )
+        steps = list(run.steps())
     tokens = sum(len(s.emitted) for s in steps)
     rounds = [b.elapsed - a.elapsed for a, b in itertools.pairwise(steps)]
     accepted = sum(s.accepted for s in steps)
@@ -154,12 +154,12 @@ def _kind_times(target, draft, tok, prompt, ks, n, new_tokens, max_len, compiled
         target=step_times(target, prompt, ks, n, cache),
         draft_step_ms=step_times(draft, prompt, [], n, cache)["step_ms"],
     )
-    ar = engine_run(target, tok, prompt, None, 1, new_tokens, cache)
+    pair = self_pair(target, tok)
+    ar = engine_run(pair, prompt, 1, new_tokens, cache, speculative=False)
     times["engine_autoregressive"] = ar | dict(overhead_ms=ar["round_ms"] - times["target"]["step_ms"])
     times["engine_self_draft"] = {}
     for k in ks:
-        proposer = ModelProposer(target, "self", cache)
-        run = engine_run(target, tok, prompt, proposer, k, new_tokens, cache)
+        run = engine_run(pair, prompt, k, new_tokens, cache)
         # A round drafts k tokens (k target steps) and verifies k + 1: the rest is the engine's own.
         model_ms = k * times["target"]["step_ms"] + times["target"]["verify_ms"][str(k)]
         run |= dict(

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import sys
 
-from app import models, runs
+from app import models, request
 from app.bench import progress
 from app.bench.card import family
 from app.core.config import RULES, RunConfig, SamplingConfig, Settings, SpecConfig
@@ -41,7 +41,7 @@ def _alpha(pair, prompts: list[str], chat: bool, rule: str, temperature: float, 
     for i, prompt in enumerate(progress.counted(prompts, f"prompt ({rule})")):
         s = SamplingConfig(temperature, args.top_k, args.top_p, args.seed + i, rule=rule)
         settings = Settings(s, SpecConfig(k=k, k_policy="fixed"), RunConfig(args.max_new_tokens, chat=chat))
-        steps = list(runs.Run(pair, pair.encode(prompt, chat), settings).steps())
+        steps = list(request.start(pair, pair.encode(prompt, chat), settings, calibrated=False).steps())
         accepted = sum(s.accepted for s in steps)
         counts.append((accepted, sum(s.accepted < len(s.drafted) for s in steps)))
     accepted, rejections = sum(a for a, _ in counts), sum(r for _, r in counts)

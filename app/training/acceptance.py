@@ -4,7 +4,7 @@ Not timed, so it is the same on any machine; the training command writes it into
 
 from __future__ import annotations
 
-from app import runs
+from app import request
 from app.core import metrics
 from app.core.config import RunConfig, SamplingConfig, Settings, SpecConfig
 from app.data import instructions
@@ -21,7 +21,7 @@ def _chat_ids(pair: Pair, turns: list[dict]) -> list[int]:
 
 def _run(pair: Pair, ids: list[int], new_tokens: int) -> tuple[dict, list[int]]:
     settings = Settings(SamplingConfig(), SpecConfig(k=K, k_policy="fixed"), RunConfig(new_tokens, chat=True))
-    steps = list(runs.Run(pair, ids, settings).steps(display=False))
+    steps = list(request.start(pair, ids, settings, calibrated=False).steps(display=False))
     return metrics.summarize(steps), [t for s in steps for t in s.emitted]
 
 
