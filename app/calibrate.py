@@ -17,13 +17,12 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 
-import numpy
 import torch
 
 from app import runs
-from app.core import divergence, engine
+from app.core import cost_fit, divergence, engine
 from app.core.config import RunConfig, SamplingConfig, Settings, SpecConfig
-from app.core.costs import Costs, by_width
+from app.core.costs import Costs
 from app.core.policy import FixedK
 from app.kv import static_cache
 from app.kv.cache import DynamicRollbackCache
@@ -78,7 +77,6 @@ MAX_CACHED = 16
 
 BLOCK = 4  # rounds in a row with the same k; the first of each block is not timed
 PARTS = 3  # turns of a short plain run and a short speculative run
-MIN_SEEN = 3  # rounds of one draft length or pass width before its time is used on its own
 
 
 def lengths(k_max: int) -> list[int]:
@@ -120,7 +118,7 @@ def verify_curve(
     else:
         # Beyond one token a pass costs about a + b n (one matrix product per layer, wider): a line
         # through all widths averages out a spike at any one of them.
-        a, b = _fit_line(dict(enumerate(fastest[1:], start=2)))
+        a, b = cost_fit.fit_line(dict(enumerate(fastest[1:], start=2)))
         curve = [fastest[0]] + [max(fastest[0], a + b * n) for n in range(2, widths + 1)]
     wide = wide_widths(widths, widest)
     if not wide:
@@ -128,7 +126,7 @@ def verify_curve(
     # Past the widths a chain verifies, a pass is flat while the hardware has room and then grows:
     # no line fits both, so a tree's widths are timed and joined piecewise.
     points = {widths: curve[-1], **dict(zip(wide, pass_widths(target, context, wide, cache, reps), strict=True))}
-    joined = _interpolate(points, widest + 1)[widths + 1 :]
+    joined = cost_fit.interpolate(points, widest + 1)[widths + 1 :]
     return list(itertools.accumulate(curve + joined, max))
 
 
@@ -234,75 +232,57 @@ def measure(
     report(0.3)
     # A round's pass feeds the last kept token again after len(ids) - 1 cached ones, so the curve's
     # passes after n cached tokens stand for rounds that begin at n + 1 (Step.context).
-    at = _AtReference(per_context, n + 1)
+    at = cost_fit.AtReference(per_context, n + 1)
     spec = SpecConfig(k=1, k_policy="fixed", k_max=k_max)
     turns = _Turns(
         pair, ids, Settings(sampling or SamplingConfig(), spec, RunConfig(max_new_tokens=new_tokens)), target_cache
     )
     ks = lengths(k_max)
-    plain, speculative, trees = [], [], []
     tree_turns = _tree_turns(pair, ids, turns.settings, target_cache, k_max, tree)
-    for part in range(PARTS):
-        plain += turns.rounds(False, 4)
-        speculative += turns.rounds(True, len(ks) * BLOCK)  # each run must hold one whole block of each length
-        for t in tree_turns:
-            trees += t.rounds(True, BLOCK)
-        report(0.3 + 0.6 * (part + 1) / PARTS)
-    drafts, verifies, outside = _split_rounds(speculative, at)
+    plain, speculative, trees = _take_turns(turns, tree_turns, len(ks), report)
+    drafts, verifies, outside = cost_fit.split_rounds(speculative, at)
     verifies[1] = [at(1, s.verify_time, s.context) for s, _ in plain] + verifies.get(1, [])
     draft_points = {k: statistics.median(t) for k, t in drafts.items()} or {0: 0.0}
-    draft_round, draft_token = _fit_line(draft_points)
-    verify = _verify_levels(curve, verifies)
+    draft_round, draft_token = cost_fit.fit_line(draft_points)
+    verify = cost_fit.verify_levels(curve, verifies)
     costs = Costs(
         verify_s=tuple(verify),
         draft_round_s=draft_round,
         draft_token_s=draft_token,
         overhead_s=max(0.0, statistics.median(outside or [0.0])),
-        plain_round_s=max(verify[0], _lower_quartile([at(1, t, s.context) for s, t in plain])),
-        draft_s=tuple(_draft_curve(drafts, draft_points, ks, k_max, draft_round)),
+        plain_round_s=max(verify[0], cost_fit.lower_quartile([at(1, t, s.context) for s, t in plain])),
+        draft_s=tuple(cost_fit.draft_curve(drafts, draft_points, ks, k_max, draft_round)),
         verify_per_context_s=per_context,
         context=at.reference,
         logit_noise=divergence.noise_floor(pair.target, ids, k_max + 1, target_cache),
     )
     if not trees:
         return costs
-    fixed, per_node = _tree_seconds(trees, costs, at)
+    fixed, per_node = cost_fit.tree_seconds(trees, costs, at)
     return replace(costs, tree_fixed_s=fixed, draft_node_s=per_node)
+
+
+def _take_turns(turns: _Turns, tree_turns: list[_Turns], lengths: int, report: Callable) -> tuple[list, list, list]:
+    """(plain, chain, tree) rounds, PARTS turns of each in a row, so a burst of load slows some of each."""
+    plain, speculative, trees = [], [], []
+    for part in range(PARTS):
+        plain += turns.rounds(False, 4)
+        speculative += turns.rounds(True, lengths * BLOCK)  # each run must hold one whole block of each length
+        for t in tree_turns:
+            trees += t.rounds(True, BLOCK)
+        report(0.3 + 0.6 * (part + 1) / PARTS)
+    return plain, speculative, trees
 
 
 def _tree_turns(pair, ids: list[int], settings: Settings, target_cache: Callable, k_max: int, tree: int) -> list:
     """Turns of rounds drafting trees k_max deep, a small one and the widest a run may choose (none
     without trees): what their rounds cost beyond a chain's drafting and a pass of their width is a
-    tree's own cost (_tree_seconds)."""
+    tree's own cost (cost_fit.tree_seconds)."""
     if tree <= k_max:
         return []
     sizes = sorted({min(tree, k_max + 2), tree})
     specs = [SpecConfig(k=k_max, k_policy="fixed", k_max=k_max, tree=n) for n in sizes]
     return [_Turns(pair, ids, replace(settings, spec=spec), target_cache, policy=FixedK) for spec in specs]
-
-
-def _tree_seconds(trees: list[tuple], costs: Costs, at: _AtReference) -> tuple[float, float]:
-    """(fixed seconds, seconds per node past the chain) that a tree round adds to a chain's drafting
-    of its depth and a pass of its width: growing the tree, its mask, moving the kept path. A line
-    through the tree rounds' medians by nodes past the chain; (0, 0) without tree rounds."""
-    extra: dict[int, list[float]] = {}
-    for s, _ in trees:
-        if s.round <= 2:  # a run's first round after its prefill re-reads the prompt (_split_rounds)
-            continue
-        depth = _depth(s.parents) if s.parents else len(s.drafted)
-        width = len(s.drafted) + 1
-        spent = s.draft_time + at(width, s.verify_time, s.context)
-        extra.setdefault(len(s.drafted) - depth, []).append(spent - costs.draft_time(depth) - costs.verify_time(width))
-    points = {n: statistics.median(t) for n, t in extra.items()}
-    return _fit_line(points) if points else (0.0, 0.0)
-
-
-def _depth(parents: list[int]) -> int:
-    """How deep a tree with these parents goes."""
-    depths: list[int] = []
-    for parent in parents:
-        depths.append(1 + (depths[parent] if parent >= 0 else 0))
-    return max(depths, default=0)
 
 
 def _window(pair, k_max: int, target_cache: Callable) -> tuple[int, int]:
@@ -318,64 +298,6 @@ def _window(pair, k_max: int, target_cache: Callable) -> tuple[int, int]:
         limit = min(limit, static_cache.room(target_cache.max_len))
         new_tokens = min(new_tokens, limit - limit // 2)
     return limit, new_tokens
-
-
-class _AtReference:
-    """A pass timed in a round that began at `context`, as it would have cost at the reference context:
-    the runs' contexts grow past it, and the curve's level must not rise with them."""
-
-    def __init__(self, per_context: tuple[float, ...], reference: int):
-        self.per_context, self.reference = per_context, reference
-
-    def __call__(self, width: int, seconds: float, context: int | None) -> float:
-        if not self.per_context or context is None:
-            return seconds
-        return seconds - by_width(self.per_context, width) * (context - self.reference)
-
-
-def _split_rounds(speculative: list[tuple], at: _AtReference) -> tuple[dict, dict, list]:
-    """Draft times by drafts made, pass times by width, and each round's time outside both."""
-    drafts: dict[int, list[float]] = {}
-    verifies: dict[int, list[float]] = {}
-    outside, previous_k = [], None
-    for s, busy in speculative:
-        # A run's second round is the first after its prefill, and a feature head re-reads the whole
-        # prompt in it: that draft time is no round's. So is any round after a change of k.
-        if s.round > 2 and s.k == previous_k:
-            drafts.setdefault(len(s.drafted), []).append(s.draft_time)
-        previous_k = s.k
-        width = len(s.drafted) + 1
-        verifies.setdefault(width, []).append(at(width, s.verify_time, s.context))
-        outside.append(busy - s.draft_time - s.verify_time)
-    return drafts, verifies, outside
-
-
-def _verify_levels(curve: list[float], verifies: dict[int, list[float]]) -> list[float]:
-    """The curve's shape at the level the rounds show, width by width, never falling as width grows.
-
-    Passes timed back to back run faster than the same pass inside a round, after the draft has had
-    the caches, and the round adds the verify rule and rollback to it. Prompt lookup drafts any length
-    up to k, so only widths seen often enough count: one slowed round must not lift every wider pass.
-    """
-    seen = {
-        n - 1: _lower_quartile(t) - curve[n - 1] for n, t in verifies.items() if len(t) >= MIN_SEEN and n <= len(curve)
-    }
-    level = _interpolate(seen, len(curve))  # [width - 1]
-    return list(itertools.accumulate((max(0.0, c + d) for c, d in zip(curve, level, strict=True)), max))
-
-
-def _draft_curve(drafts: dict, draft_points: dict, ks: list[int], k_max: int, draft_round: float) -> list[float]:
-    """Seconds to draft 0..k_max tokens, interpolated between the lengths the calibration ran (not the
-    line; see Costs.draft_s) and never falling as k grows; [] where too few lengths were seen. A call
-    that drafts nothing costs what such calls cost when seen (prompt lookup's search without a match),
-    else the line's fixed part."""
-    seen = {n for n, t in drafts.items() if len(t) >= MIN_SEEN}
-    ran = {n: draft_points[n] for n in ks if n in seen}
-    if not len(ran) == len(ks) > 2:
-        return []
-    draft = list(itertools.accumulate(_interpolate(ran, k_max + 1)[1:], max))
-    draft.insert(0, draft_points[0] if 0 in seen else draft_round)
-    return draft
 
 
 def context_slopes(
@@ -406,36 +328,6 @@ def context_slopes(
 def _repeat(probe: list[int], n: int) -> list[int]:
     """The last n tokens of the probe repeated: a context of n tokens."""
     return (probe * (n // len(probe) + 1))[-n:]
-
-
-def _interpolate(points: dict[int, float], n: int) -> list[float]:
-    """Values at 0..n-1, piecewise linear through `points` and level beyond the outermost ones (0 without any)."""
-    if not points:
-        return [0.0] * n
-    xs = sorted(points)
-    return [float(v) for v in numpy.interp(range(n), xs, [points[x] for x in xs])]
-
-
-def _lower_quartile(values: list[float]) -> float:
-    """The first quartile, between the smallest and largest value however few there are (0 for none)."""
-    if len(values) < 2:
-        return values[0] if values else 0.0
-    return statistics.quantiles(values, n=4, method="inclusive")[0]
-
-
-def _fit_line(points: dict[int, float]) -> tuple[float, float]:
-    """(fixed, per-token) seconds of drafting by least squares over (tokens drafted, seconds).
-
-    Both are kept >= 0; with a single draft length all the time is put per token.
-    """
-    if len(points) == 1:
-        ((k, t),) = points.items()
-        return (t, 0.0) if k == 0 else (0.0, t / k)
-    ks, ts = list(points), list(points.values())
-    mk, mt = statistics.fmean(ks), statistics.fmean(ts)
-    slope = sum((k - mk) * (t - mt) for k, t in zip(ks, ts, strict=True)) / sum((k - mk) ** 2 for k in ks)
-    slope = max(slope, 0.0)
-    return max(mt - slope * mk, 0.0), slope
 
 
 def costs_for(

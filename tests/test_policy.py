@@ -8,7 +8,7 @@ import pytest
 from conftest import pair_of, run
 
 from app import calibrate, request
-from app.core import engine, metrics
+from app.core import cost_fit, engine, metrics
 from app.core.config import RunConfig, SamplingConfig, Settings, SpecConfig
 from app.core.costs import Costs
 from app.core.policy import AdaptiveK
@@ -243,10 +243,10 @@ def test_calibration_takes_round_times_as_rounds_spend_them(target, near_draft, 
 
 
 def test_interpolation_is_level_beyond_its_points_and_zero_without_any():
-    assert calibrate._interpolate({1: 1.0, 4: 2.2, 8: 3.0}, 9) == pytest.approx(
+    assert cost_fit.interpolate({1: 1.0, 4: 2.2, 8: 3.0}, 9) == pytest.approx(
         [1.0, 1.0, 1.4, 1.8, 2.2, 2.4, 2.6, 2.8, 3.0]
     )
-    assert calibrate._interpolate({}, 3) == [0.0, 0.0, 0.0]
+    assert cost_fit.interpolate({}, 3) == [0.0, 0.0, 0.0]
 
 
 def test_a_longer_context_makes_rounds_dearer_and_k_shorter():

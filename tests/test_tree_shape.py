@@ -10,7 +10,7 @@ import pytest
 from conftest import hf_greedy_until_eos, pair_of, run
 
 from app import calibrate
-from app.core import tree_shape
+from app.core import cost_fit, tree_shape
 from app.core.config import SpecConfig, UserError
 from app.core.costs import Costs, expected_tokens_per_pass
 from app.core.policy import TreeShape, make_policy
@@ -122,9 +122,9 @@ def test_greedy_auto_trees_give_the_targets_own_output(target, near_draft, token
 
 def test_calibration_with_trees_prices_a_node_and_times_the_wide_passes(target, near_draft, tokenizer, monkeypatch):
     pair = pair_of(target, tokenizer, "tiny", near_draft)
-    sizes, real = [], calibrate._tree_seconds
+    sizes, real = [], cost_fit.tree_seconds
     monkeypatch.setattr(
-        calibrate, "_tree_seconds", lambda trees, *a: sizes.extend(len(s.drafted) for s, _ in trees) or real(trees, *a)
+        cost_fit, "tree_seconds", lambda trees, *a: sizes.extend(len(s.drafted) for s, _ in trees) or real(trees, *a)
     )
     costs = calibrate.measure(pair, 4, tree=24)
     assert set(sizes) == {6, 24}, "tree rounds of a small and the widest tree, k_max deep"
