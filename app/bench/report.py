@@ -9,7 +9,7 @@ import statistics
 
 from app.core import metrics
 from app.core.costs import Costs
-from app.views import plots
+from app.views import bench_figures
 
 
 def prompt_row(i, ids, field, times, outputs, steps, costs, lookup_costs, k: int) -> dict:
@@ -58,7 +58,7 @@ def prompt_row(i, ids, field, times, outputs, steps, costs, lookup_costs, k: int
         if ours_name in got and hf_name in got:
             ratios[key] = got[ours_name]["tokens_per_s"] / got[hf_name]["tokens_per_s"]
     row["ours_over_hf"] = ratios
-    if "hf_plain" in got and "hf_assisted_default" in got:  # what plots.bench_figure draws beside ours
+    if "hf_plain" in got and "hf_assisted_default" in got:  # what bench_figures.bench_figure draws beside ours
         row["hf"] = dict(assisted_speedup=got["hf_assisted_default"]["tokens_per_s"] / got["hf_plain"]["tokens_per_s"])
     return row
 
@@ -213,7 +213,7 @@ def html_report(doc: dict) -> str:
         for name, v in sm["contenders"].items()
     )
     facts = {k: v for k, v in sm.items() if k != "contenders"}
-    figure = plots.bench_figure(doc).to_html(full_html=False, include_plotlyjs=True)  # opens offline
+    figure = bench_figures.bench_figure(doc).to_html(full_html=False, include_plotlyjs=True)  # opens offline
     return f"""<!doctype html><html><head><meta charset="utf-8"><title>bench: {html.escape(doc["suite"])}</title>
 <style>body{{font-family:sans-serif;margin:2em}} td,th{{padding:2px 8px;text-align:left}}
 tr:nth-child(even){{background:#f4f4f4}}</style>
