@@ -34,7 +34,6 @@ def cmd_generate(args) -> int:
     from app import models, request
     from app.core import metrics
     from app.models import threads
-    from app.views import render
 
     _quiet_transformers()
 
@@ -67,15 +66,27 @@ def cmd_generate(args) -> int:
         print()
         return 0
     colour = sys.stdout.isatty() or args.colour
+    _print_text(args.prompt, steps, doc["text"], colour)
+    print(_stats_line(doc["stats"], draft, colour), file=sys.stderr)
+    return 0
+
+
+def _print_text(prompt: str, steps: list, text: str, colour: bool) -> None:
+    """Print the generation to stdout: coloured rounds after the prompt, or the plain text."""
+    from app.views import render
+
     if colour:  # the prompt, then each round with its rejected drafts struck through
-        print(args.prompt, end="")
+        print(prompt, end="")
         for step in steps:
             for piece, kind in step.spans():  # rejected whitespace as · and ↵, so the layout holds
                 print(f"{COLOURS[kind]}{render.visible(piece) if kind == REJECTED else piece}{RESET}", end="")
         print()
     else:  # exactly the generated text, as --json's "text", so it can be piped
-        print(doc["text"])
-    st = doc["stats"]
+        print(text)
+
+
+def _stats_line(st: dict, draft: str | None, colour: bool) -> str:
+    """The run's figures for stderr: tokens, time and passes, and with a draft its acceptance and speedups."""
     line = (
         f"\n{st['new_tokens']} tokens in {st['elapsed_s']:.2f}s ({st['tokens_per_s']:.1f} tok/s), "
         f"{st['target_passes']} target passes"
@@ -90,8 +101,7 @@ def cmd_generate(args) -> int:
         )
         if colour:
             line += "\n" + " ".join(f"{COLOURS[kind]}{label}{RESET}" for kind, label in KIND_LABELS.items())
-    print(line, file=sys.stderr)
-    return 0
+    return line
 
 
 def _phases():

@@ -9,7 +9,7 @@ import statistics
 
 from app.core import metrics
 from app.core.costs import Costs
-from app.views import plots
+from app.views import bench_figures
 
 
 def prompt_row(i, ids, field, times, outputs, steps, costs, lookup_costs, k: int) -> dict:
@@ -58,7 +58,7 @@ def prompt_row(i, ids, field, times, outputs, steps, costs, lookup_costs, k: int
         if ours_name in got and hf_name in got:
             ratios[key] = got[ours_name]["tokens_per_s"] / got[hf_name]["tokens_per_s"]
     row["ours_over_hf"] = ratios
-    if "hf_plain" in got and "hf_assisted_default" in got:  # what plots.bench_figure draws beside ours
+    if "hf_plain" in got and "hf_assisted_default" in got:  # what bench_figures.bench_figure draws beside ours
         row["hf"] = dict(assisted_speedup=got["hf_assisted_default"]["tokens_per_s"] / got["hf_plain"]["tokens_per_s"])
     return row
 
@@ -91,69 +91,79 @@ def summary_table(doc: dict, target: str = "") -> str:
 
 def summarize_rows(rows: list[dict], names: list[str], k: int) -> dict:
     """Medians over prompts (with their min and max), and the targets this benchmark checks."""
-
-    def med(values):
-        values = [v for v in values if v is not None]
-        return dict(median=statistics.median(values), min=min(values), max=max(values)) if values else None
-
-    per = {
-        n: dict(
-            speedup=med([r["contenders"][n]["speedup"] for r in rows]),
-            tokens_per_s=med([r["contenders"][n]["tokens_per_s"] for r in rows]),
-            rep_spread=med([r["contenders"][n]["spread"] for r in rows]),
-            predicted_speedup=med([r["contenders"][n].get("predicted_speedup") for r in rows]),
-            identical=all(r["contenders"][n]["identical"] for r in rows),
-        )
-        for n in names
-    }
-    fixed = {n: v["speedup"]["median"] for n, v in per.items() if n.startswith("k=")}
-    best = max(fixed, key=fixed.get) if len(fixed) > 1 else None  # one fixed k is no sweep to pick from
-    adaptive = per["adaptive"]["speedup"]["median"]
+    per = _per_contender(rows, names)
     out = dict(
         prompts=len(rows),
         contenders=per,
-        median_speedup=adaptive,
+        median_speedup=per["adaptive"]["speedup"]["median"],
         all_identical=all(r["identical"] for r in rows),
         # Greedy outputs that differ from plain decoding, by verdict: rounding (near-tie) or a bug.
         divergences={
             kind: sum(d["kind"] == kind for r in rows for d in r.get("divergences", {}).values())
             for kind in ("near-tie", "mismatch")
         },
-        achieved_over_predicted=med(
+        achieved_over_predicted=_med(
             [r["speedup"] / r["adaptive"]["predicted_speedup"] for r in rows if r["adaptive"].get("predicted_speedup")]
         ),
-        outside_forward_share=med([r["outside_forward"]["share"] for r in rows]),
-        outside_forward_ms_per_round=med([r["outside_forward"]["ms_per_round"] for r in rows]),
+        outside_forward_share=_med([r["outside_forward"]["share"] for r in rows]),
+        outside_forward_ms_per_round=_med([r["outside_forward"]["ms_per_round"] for r in rows]),
     )
-    if best:
-        # Paired per prompt, as every other comparison here: a ratio of two medians over prompts
-        # compares whichever prompts land in the middle of each list (0.94 against a paired 0.99 in
-        # one run of the code suite). Both are kept.
-        paired = med(
-            [r["contenders"]["adaptive"]["tokens_per_s"] / r["contenders"][best]["tokens_per_s"] for r in rows]
-        )
-        out |= dict(
-            best_fixed_k=best,
-            best_fixed_speedup=fixed[best],
-            adaptive_over_best_fixed=paired,
-            adaptive_over_best_fixed_of_medians=adaptive / fixed[best],
-        )
+    out |= _best_fixed(rows, per)
     if all("costs" in r for r in rows):
-        out["calibrations"] = calibration_spread([Costs(**r["costs"]) for r in rows], med)
+        out["calibrations"] = calibration_spread([Costs(**r["costs"]) for r in rows], _med)
     if all("hf_passes" in r for r in rows):
         out |= dict(
-            hf_assisted_passes_share=med([r["hf_passes"]["share"] for r in rows]),
-            ours_over_hf_ceiling=med([r["hf_passes"]["ceiling"] for r in rows]),
+            hf_assisted_passes_share=_med([r["hf_passes"]["share"] for r in rows]),
+            ours_over_hf_ceiling=_med([r["hf_passes"]["ceiling"] for r in rows]),
         )
     # Paired per prompt: the tree against the chain of the same draft and depth, and each round shaped
     # by the cost model against adaptive k's chain.
-    out |= _paired(rows, "tree", f"k={k}", ("tree", "chain"), med)
-    out |= _paired(rows, "tree_auto", "adaptive", ("tree_auto", "adaptive"), med)
+    out |= _paired(rows, "tree", f"k={k}", ("tree", "chain"), _med)
+    out |= _paired(rows, "tree_auto", "adaptive", ("tree_auto", "adaptive"), _med)
     for key in ("defaults", "fixed_k", "lookup_defaults", "lookup_fixed_k"):
         values = [r["ours_over_hf"].get(key) for r in rows]
         if any(v is not None for v in values):
-            out[f"ours_over_hf_{key}"] = med(values)
+            out[f"ours_over_hf_{key}"] = _med(values)
     return out
+
+
+def _med(values):
+    """{median, min, max} of the values that are not None, or None where none are."""
+    values = [v for v in values if v is not None]
+    return dict(median=statistics.median(values), min=min(values), max=max(values)) if values else None
+
+
+def _per_contender(rows: list[dict], names: list[str]) -> dict:
+    """Each contender's medians over prompts (speedup, tokens/s, rep spread, predicted speedup) and
+    whether every one of its outputs was plain decoding's."""
+    return {
+        n: dict(
+            speedup=_med([r["contenders"][n]["speedup"] for r in rows]),
+            tokens_per_s=_med([r["contenders"][n]["tokens_per_s"] for r in rows]),
+            rep_spread=_med([r["contenders"][n]["spread"] for r in rows]),
+            predicted_speedup=_med([r["contenders"][n].get("predicted_speedup") for r in rows]),
+            identical=all(r["contenders"][n]["identical"] for r in rows),
+        )
+        for n in names
+    }
+
+
+def _best_fixed(rows: list[dict], per: dict) -> dict:
+    """The fastest fixed k and adaptive k against it; {} unless there are several fixed k to pick from."""
+    fixed = {n: v["speedup"]["median"] for n, v in per.items() if n.startswith("k=")}
+    if len(fixed) <= 1:  # one fixed k is no sweep to pick from
+        return {}
+    best = max(fixed, key=fixed.get)
+    # Paired per prompt, as every other comparison here: a ratio of two medians over prompts
+    # compares whichever prompts land in the middle of each list (0.94 against a paired 0.99 in
+    # one run of the code suite). Both are kept.
+    paired = _med([r["contenders"]["adaptive"]["tokens_per_s"] / r["contenders"][best]["tokens_per_s"] for r in rows])
+    return dict(
+        best_fixed_k=best,
+        best_fixed_speedup=fixed[best],
+        adaptive_over_best_fixed=paired,
+        adaptive_over_best_fixed_of_medians=per["adaptive"]["speedup"]["median"] / fixed[best],
+    )
 
 
 def _paired(rows: list[dict], tree: str, chain: str, names: tuple[str, str], med) -> dict:
@@ -203,7 +213,7 @@ def html_report(doc: dict) -> str:
         for name, v in sm["contenders"].items()
     )
     facts = {k: v for k, v in sm.items() if k != "contenders"}
-    figure = plots.bench_figure(doc).to_html(full_html=False, include_plotlyjs=True)  # opens offline
+    figure = bench_figures.bench_figure(doc).to_html(full_html=False, include_plotlyjs=True)  # opens offline
     return f"""<!doctype html><html><head><meta charset="utf-8"><title>bench: {html.escape(doc["suite"])}</title>
 <style>body{{font-family:sans-serif;margin:2em}} td,th{{padding:2px 8px;text-align:left}}
 tr:nth-child(even){{background:#f4f4f4}}</style>

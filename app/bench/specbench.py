@@ -120,9 +120,9 @@ def _f(x, width: int = 8) -> str:
 
 def html_report(doc: dict) -> str:
     """A self-contained page: the table and the grouped bar chart by category."""
-    from app.views import plots
+    from app.views import bench_figures
 
-    figure = plots.category_figure(doc).to_html(full_html=False, include_plotlyjs=True)
+    figure = bench_figures.category_figure(doc).to_html(full_html=False, include_plotlyjs=True)
     return f"""<!doctype html><html><head><meta charset="utf-8"><title>bench: {html.escape(doc["file"])}</title>
 <style>body{{font-family:sans-serif;margin:2em}}</style></head><body>
 <h1>{html.escape(doc["target"])} on {html.escape(doc["file"])}</h1>

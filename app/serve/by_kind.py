@@ -16,7 +16,7 @@ from app.serve import queue_limits
 from app.serve.form import Form, takes_form
 from app.serve.handlers import LOADING, MEASURING, _pair, guarded, measuring, panel_stream
 from app.serve.zerogpu import gpu
-from app.views import plots, render
+from app.views import bench_figures, render
 
 PER_CATEGORY = 2  # questions of each category (the whole sample): the run fits one visitor's run limit
 TOKENS = 40  # new tokens a turn at most, for the same reason
@@ -93,7 +93,7 @@ def _stream(form: Form, control, progress):
 
 
 def _chart(summary: dict, draft: str):
-    return plots.category_figure(dict(summary=summary, drafts=[draft])) if summary else gr.skip()
+    return bench_figures.category_figure(dict(summary=summary, drafts=[draft])) if summary else gr.skip()
 
 
 def _status(summary: dict, draft: str, note: str | None, final: Settings | None = None) -> str:

@@ -106,15 +106,7 @@ def train(target, folder: Path, vocab: torch.Tensor, steps: int, seed: int, log,
         chat_repeats=CHAT_REPEATS,
     )
     checkpoint = work / "eagle3-checkpoint.pt" if work is not None else None
-    first, spent = 0, 0.0
-    if checkpoint is not None and checkpoint.is_file():
-        saved = torch.load(checkpoint, weights_only=False)
-        if saved["settings"] == settings:
-            head.load_state_dict(saved["head"])
-            opt.load_state_dict(saved["opt"])
-            sched.load_state_dict(saved["sched"])
-            first, spent = saved["step"], saved["seconds"]
-            log(dict(model="eagle-3 head", resumed_at=first))
+    first, spent = _resume(checkpoint, settings, head, opt, sched, log)
     data, start = batches(folder, BATCH, CROP, gen), time.time()
     for _ in range(first):  # a resumed run replays the seeded order past the batches it has seen
         next(data)
@@ -126,14 +118,39 @@ def train(target, folder: Path, vocab: torch.Tensor, steps: int, seed: int, log,
         if step % 50 == 0 or step == steps - 1:
             log_step(log, "eagle-3 head", step, value, parts, start)
         if checkpoint is not None and (step + 1) % CHECKPOINT_EVERY == 0 and step + 1 < steps:
-            state = dict(settings=settings, step=step + 1, head=head.state_dict(), opt=opt.state_dict())
-            state |= dict(sched=sched.state_dict(), seconds=spent + time.time() - start)
-            torch.save(state, checkpoint.with_suffix(".tmp"))
-            checkpoint.with_suffix(".tmp").replace(checkpoint)
+            _save(checkpoint, settings, step + 1, head, opt, sched, spent, start)
     head.eval()
     if checkpoint is not None:
         checkpoint.unlink(missing_ok=True)
-    info = dict(
+    return head, _info(head, vocab, steps, spent, start, parts)
+
+
+def _resume(checkpoint: Path | None, settings: dict, head, opt, sched, log) -> tuple[int, float]:
+    """(first step, seconds spent): from a checkpoint of a run with the same settings, loaded into the
+    head, optimiser and schedule; (0, 0.0) where there is none."""
+    first, spent = 0, 0.0
+    if checkpoint is not None and checkpoint.is_file():
+        saved = torch.load(checkpoint, weights_only=False)
+        if saved["settings"] == settings:
+            head.load_state_dict(saved["head"])
+            opt.load_state_dict(saved["opt"])
+            sched.load_state_dict(saved["sched"])
+            first, spent = saved["step"], saved["seconds"]
+            log(dict(model="eagle-3 head", resumed_at=first))
+    return first, spent
+
+
+def _save(checkpoint: Path, settings: dict, step: int, head, opt, sched, spent: float, start: float) -> None:
+    """Write the checkpoint to resume at `step`: to a .tmp file first, so a stop mid-write keeps the last one."""
+    state = dict(settings=settings, step=step, head=head.state_dict(), opt=opt.state_dict())
+    state |= dict(sched=sched.state_dict(), seconds=spent + time.time() - start)
+    torch.save(state, checkpoint.with_suffix(".tmp"))
+    checkpoint.with_suffix(".tmp").replace(checkpoint)
+
+
+def _info(head, vocab: torch.Tensor, steps: int, spent: float, start: float, parts: dict) -> dict:
+    """The training record written with the head: settings, seconds spent, size and the last step's losses."""
+    return dict(
         steps=steps,
         lr=LR,
         batch=BATCH,
@@ -147,7 +164,6 @@ def train(target, folder: Path, vocab: torch.Tensor, steps: int, seed: int, log,
         params=sum(p.numel() for p in head.parameters()),
         last=parts,
     )
-    return head, info
 
 
 def build(source, tokenizer, work: Path, out: Path, args, command: str, log, measure) -> dict:

@@ -181,22 +181,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         default=None,
         help="where the models are written (default assets/models, with --target smollm2 assets/models/smollm2)",
     )
-    ap.add_argument("--seed", type=int, default=0, help="seed of the data's order, sampled answers and weights")
-    ap.add_argument("--vocab-size", type=int, default=4096)
-    ap.add_argument("--ctx", type=int, default=512, help="training context length")
-    ap.add_argument("--batch", type=int, default=4, help="the tiny family's batch size")
-    ap.add_argument(
-        "--scale",
-        type=float,
-        default=None,
-        help="multiplies every model's step count; with --target its whole part multiplies the sampled "
-        "answers too (default 1; with --target on a GPU, 4)",
-    )
-    ap.add_argument(
-        "--device",
-        default=None,
-        help="with --target: where the target writes and the drafts train (default cuda when present, else cpu)",
-    )
+    _add_training_args(ap)
     ap.add_argument("--max-files", type=int, default=0, help="use only the first N corpus files (0: all)")
     ap.add_argument(
         "--no-packages",
@@ -213,6 +198,32 @@ def parse_args(argv=None) -> argparse.Namespace:
         "against greedy loops, half of them on its own continuations (model card, Repetition; "
         "not multiplied by --scale; 0: none, as shipped)",
     )
+    _add_member_args(ap)
+    return ap.parse_args(argv)
+
+
+def _add_training_args(ap: argparse.ArgumentParser) -> None:
+    """Add how every model trains: the seed, the tiny family's sizes, the step count and the device."""
+    ap.add_argument("--seed", type=int, default=0, help="seed of the data's order, sampled answers and weights")
+    ap.add_argument("--vocab-size", type=int, default=4096)
+    ap.add_argument("--ctx", type=int, default=512, help="training context length")
+    ap.add_argument("--batch", type=int, default=4, help="the tiny family's batch size")
+    ap.add_argument(
+        "--scale",
+        type=float,
+        default=None,
+        help="multiplies every model's step count; with --target its whole part multiplies the sampled "
+        "answers too (default 1; with --target on a GPU, 4)",
+    )
+    ap.add_argument(
+        "--device",
+        default=None,
+        help="with --target: where the target writes and the drafts train (default cuda when present, else cpu)",
+    )
+
+
+def _add_member_args(ap: argparse.ArgumentParser) -> None:
+    """Add which members are trained, for which target, and where that target's data is kept."""
     ap.add_argument(
         "--only",
         nargs="*",
@@ -232,7 +243,6 @@ def parse_args(argv=None) -> argparse.Namespace:
         default=None,
         help="with --target: where the target's answers and features are kept (default OUT/work)",
     )
-    return ap.parse_args(argv)
 
 
 class _Family:

@@ -133,17 +133,7 @@ def train_head(target, rows: list[Row], vocab: torch.Tensor, steps: int, seed: i
     settings = dict(steps=steps, depth=TTT_DEPTH, rows=len(rows), vocab=len(vocab), seed=seed)
     checkpoint = work / "head-checkpoint.pt" if work is not None else None
     if checkpoint is not None and checkpoint.is_file():
-        saved = torch.load(checkpoint, weights_only=False, map_location="cpu")  # load_state_dict moves it
-        if saved["settings"] == settings:
-            head.load_state_dict(saved["head"])
-            opt.load_state_dict(saved["opt"])
-            sched.load_state_dict(saved["sched"])
-            gen.set_state(saved["gen"])
-            torch.set_rng_state(saved["rng"])
-            if device.type == "cuda" and "cuda_rng" in saved:
-                torch.cuda.set_rng_state(saved["cuda_rng"], device)
-            first, spent = saved["step"], saved.get("seconds", 0.0)
-            log(dict(model="feature head", resumed_at=first))
+        first, spent = _resume_head(checkpoint, settings, head, opt, sched, gen, device, log)
     head.train()
     for step in tqdm(range(first, steps), desc="feature head", mininterval=10, initial=first, total=steps):
         b = next(data)
@@ -164,7 +154,29 @@ def train_head(target, rows: list[Row], vocab: torch.Tensor, steps: int, seed: i
     head.eval()
     if checkpoint is not None:
         checkpoint.unlink(missing_ok=True)
-    info = dict(
+    return head, _head_info(head, vocab, steps, spent, start, parts)
+
+
+def _resume_head(checkpoint: Path, settings: dict, head, opt, sched, gen, device, log) -> tuple[int, float]:
+    """(first step, seconds spent) from a checkpoint of the same settings, every state restored; else (0, 0.0)."""
+    saved = torch.load(checkpoint, weights_only=False, map_location="cpu")  # load_state_dict moves it
+    if saved["settings"] != settings:
+        return 0, 0.0
+    head.load_state_dict(saved["head"])
+    opt.load_state_dict(saved["opt"])
+    sched.load_state_dict(saved["sched"])
+    gen.set_state(saved["gen"])
+    torch.set_rng_state(saved["rng"])
+    if device.type == "cuda" and "cuda_rng" in saved:
+        torch.cuda.set_rng_state(saved["cuda_rng"], device)
+    first, spent = saved["step"], saved.get("seconds", 0.0)
+    log(dict(model="feature head", resumed_at=first))
+    return first, spent
+
+
+def _head_info(head, vocab: torch.Tensor, steps: int, spent: float, start: float, parts: dict) -> dict:
+    """The head's training record: its settings, seconds spent, size and the last step's losses."""
+    return dict(
         steps=steps,
         lr=HEAD_LR,
         batch=HEAD_BATCH,
@@ -177,7 +189,6 @@ def train_head(target, rows: list[Row], vocab: torch.Tensor, steps: int, seed: i
         params=sum(p.numel() for p in head.parameters()),
         last=parts,
     )
-    return head, info
 
 
 def small_model(target, tokenizer) -> LlamaForCausalLM:
@@ -346,31 +357,41 @@ def main(args, command: str) -> dict:
         sample_temperature=SAMPLE_TEMPERATURE,
     )
     if "feature-head" in only:
-        special = [i for i in (tokenizer.eos_token_id, tokenizer.bos_token_id, tokenizer.pad_token_id) if i is not None]
-        vocab = draft_vocabulary(rows, min(DRAFT_VOCAB, target.config.vocab_size), target.config.vocab_size, special)
-        steps = max(1, round(HEAD_STEPS * args.scale))
-        head, info = train_head(target, rows, vocab, steps, args.seed, log, work)
-        info |= dict(data=data, reads=args.target, command=command, scale=args.scale, device=args.device)
-        head.cpu()
-        head.draft_vocab = vocab
-        head.save(out / "draft-feature", info)
-        info["acceptance"] = measured_acceptance(source, out / "draft-feature", args.scale, args.device)
-        head.save(out / "draft-feature", info)
-        log(dict(model="feature head", acceptance=info["acceptance"]))
-        results["draft-feature"] = info
+        results["draft-feature"] = _feature_head(source, target, tokenizer, rows, data, args, command, work, log)
     if "small" in only:
-        model, info = train_small(target, tokenizer, rows, max(1, round(SMALL_STEPS * args.scale)), args.seed, log)
-        info |= dict(data=data, teacher=args.target, command=command, scale=args.scale, device=args.device)
-        dest = out / "draft-small"
-        model.generation_config = GenerationConfig(
-            bos_token_id=tokenizer.bos_token_id,
-            eos_token_id=tokenizer.eos_token_id,
-            pad_token_id=target.config.pad_token_id,
-            do_sample=False,
-        )
-        model.cpu().to(torch.float16).save_pretrained(dest)
-        tokenizer.save_pretrained(dest)
-        (dest / "training.json").write_text(json.dumps(info, indent=1) + "\n")
-        results["draft-small"] = info
+        results["draft-small"] = _small_draft(target, tokenizer, rows, data, args, command, log)
     log_file.close()
     return results
+
+
+def _feature_head(source, target, tokenizer, rows: list[Row], data: dict, args, command: str, work: Path, log) -> dict:
+    """Train the feature head, write it to OUT/draft-feature with its acceptance; returns its record."""
+    special = [i for i in (tokenizer.eos_token_id, tokenizer.bos_token_id, tokenizer.pad_token_id) if i is not None]
+    vocab = draft_vocabulary(rows, min(DRAFT_VOCAB, target.config.vocab_size), target.config.vocab_size, special)
+    steps = max(1, round(HEAD_STEPS * args.scale))
+    head, info = train_head(target, rows, vocab, steps, args.seed, log, work)
+    info |= dict(data=data, reads=args.target, command=command, scale=args.scale, device=args.device)
+    head.cpu()
+    head.draft_vocab = vocab
+    head.save(args.out / "draft-feature", info)
+    info["acceptance"] = measured_acceptance(source, args.out / "draft-feature", args.scale, args.device)
+    head.save(args.out / "draft-feature", info)
+    log(dict(model="feature head", acceptance=info["acceptance"]))
+    return info
+
+
+def _small_draft(target, tokenizer, rows: list[Row], data: dict, args, command: str, log) -> dict:
+    """Distil the small draft and write it to OUT/draft-small in fp16; returns its record."""
+    model, info = train_small(target, tokenizer, rows, max(1, round(SMALL_STEPS * args.scale)), args.seed, log)
+    info |= dict(data=data, teacher=args.target, command=command, scale=args.scale, device=args.device)
+    dest = args.out / "draft-small"
+    model.generation_config = GenerationConfig(
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=target.config.pad_token_id,
+        do_sample=False,
+    )
+    model.cpu().to(torch.float16).save_pretrained(dest)
+    tokenizer.save_pretrained(dest)
+    (dest / "training.json").write_text(json.dumps(info, indent=1) + "\n")
+    return info

@@ -196,70 +196,7 @@ def tree_figure(step: Step) -> go.Figure:
     order = render.tree_order(step.parents)
     row = {node: i + 1 for i, (node, _) in enumerate(order)}  # row 0: the committed text
     depth = dict(order)
-    by_node = {d.node: d for d in step.decisions}
-    xs, ys = [], []
-    for node, parent in enumerate(step.parents):
-        xs += [depth.get(parent, 0), depth[node], None]
-        ys += [row.get(parent, 0), row[node], None]
-    path_end = (step.accepted, row[step.accepted - 1] if step.accepted else 0)
-    edges = go.Scatter(
-        x=xs, y=ys, mode="lines", line=dict(color="#c8ccd2", width=1), hoverinfo="skip", showlegend=False
-    )
-    groups = {"kept path": [], "rejected": [], "not judged": []}
-    for node, _ in order:
-        d = by_node.get(node)
-        group = "kept path" if node < step.accepted else "rejected" if d is not None else "not judged"
-        groups[group].append(node)
-    colours = {"kept path": COLOURS["accepted"], "rejected": COLOURS["rejected"], "not judged": "#dde0e4"}
-    data = [edges]
-    for group, nodes in groups.items():
-        if not nodes:
-            continue
-        hover = []
-        for node in nodes:
-            d = by_node.get(node)
-            hover.append(
-                f"q {d.q:.3f} · p {d.p:.3f} · {'accept' if d.accepted else 'reject'}"
-                if d is not None and d.p is not None
-                else "not judged"
-            )
-        data.append(
-            go.Scatter(
-                x=[depth[n] for n in nodes],
-                y=[row[n] for n in nodes],
-                mode="markers+text",
-                text=[visible(step.draft_text[n]) or f"#{step.drafted[n]}" for n in nodes],
-                textposition="middle right",
-                hovertext=hover,
-                hoverinfo="text",
-                marker=dict(size=10, color=colours[group]),
-                name=group,
-            )
-        )
-    data.append(
-        go.Scatter(
-            x=[path_end[0] + 1],
-            y=[path_end[1]],
-            mode="markers+text",
-            text=[visible(step.token_text)],
-            textposition="middle right",
-            marker=dict(size=12, symbol="diamond", color=COLOURS[step.token_kind]),
-            name=f"the target's token ({KIND_LABELS[step.token_kind]})",
-            hoverinfo="name",
-        )
-    )
-    data.append(
-        go.Scatter(
-            x=[0],
-            y=[0],
-            mode="markers+text",
-            text=["committed text"],
-            textposition="top right",  # above its row: the target's token may sit right beside it
-            marker=dict(size=10, color=COLOURS["target"]),
-            showlegend=False,
-            hoverinfo="skip",
-        )
-    )
+    data = [_tree_edges(step.parents, row, depth), *_tree_nodes(step, order, row, depth), *_tree_ends(step, row)]
     width = max(depth.values(), default=1) + 2
     figure = _figure(
         data,
@@ -279,6 +216,73 @@ def tree_figure(step: Step) -> go.Figure:
     # phone) fit between it and the plot.
     figure.update_layout(title=dict(y=1, yref="container", yanchor="top", pad=dict(t=40)))
     return figure
+
+
+def _tree_edges(parents: list[int], row: dict, depth: dict) -> go.Scatter:
+    """One grey line from each node to its parent; the committed text (-1) sits at depth 0, row 0."""
+    xs, ys = [], []
+    for node, parent in enumerate(parents):
+        xs += [depth.get(parent, 0), depth[node], None]
+        ys += [row.get(parent, 0), row[node], None]
+    return go.Scatter(x=xs, y=ys, mode="lines", line=dict(color="#c8ccd2", width=1), hoverinfo="skip", showlegend=False)
+
+
+def _tree_nodes(step: Step, order: list, row: dict, depth: dict) -> list[go.Scatter]:
+    """One trace per group of nodes that has any (kept path, rejected, not judged), each node labelled by its text."""
+    by_node = {d.node: d for d in step.decisions}
+    groups: dict[str, list[int]] = {"kept path": [], "rejected": [], "not judged": []}
+    for node, _ in order:
+        d = by_node.get(node)
+        group = "kept path" if node < step.accepted else "rejected" if d is not None else "not judged"
+        groups[group].append(node)
+    colours = {"kept path": COLOURS["accepted"], "rejected": COLOURS["rejected"], "not judged": "#dde0e4"}
+    return [
+        go.Scatter(
+            x=[depth[n] for n in nodes],
+            y=[row[n] for n in nodes],
+            mode="markers+text",
+            text=[visible(step.draft_text[n]) or f"#{step.drafted[n]}" for n in nodes],
+            textposition="middle right",
+            hovertext=[_node_hover(by_node.get(n)) for n in nodes],
+            hoverinfo="text",
+            marker=dict(size=10, color=colours[group]),
+            name=group,
+        )
+        for group, nodes in groups.items()
+        if nodes
+    ]
+
+
+def _node_hover(d) -> str:
+    """A node's hover text: q, p and the decision where the target judged it, else "not judged"."""
+    if d is None or d.p is None:
+        return "not judged"
+    return f"q {d.q:.3f} · p {d.p:.3f} · {'accept' if d.accepted else 'reject'}"
+
+
+def _tree_ends(step: Step, row: dict) -> list[go.Scatter]:
+    """The target's own token, one depth past the kept path, and the committed text the tree grows from."""
+    token = go.Scatter(
+        x=[step.accepted + 1],
+        y=[row[step.accepted - 1] if step.accepted else 0],
+        mode="markers+text",
+        text=[visible(step.token_text)],
+        textposition="middle right",
+        marker=dict(size=12, symbol="diamond", color=COLOURS[step.token_kind]),
+        name=f"the target's token ({KIND_LABELS[step.token_kind]})",
+        hoverinfo="name",
+    )
+    committed = go.Scatter(
+        x=[0],
+        y=[0],
+        mode="markers+text",
+        text=["committed text"],
+        textposition="top right",  # above its row: the target's token may sit right beside it
+        marker=dict(size=10, color=COLOURS["target"]),
+        showlegend=False,
+        hoverinfo="skip",
+    )
+    return [token, committed]
 
 
 def decision_figure(step: Step, greedy: bool = False, shared_noise: bool = False) -> go.Figure:
@@ -334,67 +338,3 @@ def decision_figure(step: Step, greedy: bool = False, shared_noise: bool = False
         "probability",
         barmode="group",
     )
-
-
-def bench_figure(doc: dict) -> go.Figure:
-    """Per-prompt speedup of a benchmark document (and HF assisted when measured)."""
-    rows = doc["prompts"]
-    xs = [f"prompt {r['prompt']}" for r in rows]
-    data = [
-        go.Bar(
-            x=xs,
-            y=[r["speedup"] for r in rows],
-            name="ours: speculative / autoregressive",
-            marker_color=COLOURS["speculative"],
-        )
-    ]
-    if any("hf" in r for r in rows):
-        data.append(
-            go.Bar(
-                x=xs,
-                y=[r.get("hf", {}).get("assisted_speedup") for r in rows],
-                name="transformers assisted / plain",
-                marker_color=COLOURS["bonus"],
-            )
-        )
-    title = f"speedup on {doc['suite']} prompts: {doc['target']} + {doc['draft']}"
-    fig = _figure(data, title, "", "speedup (x)", barmode="group")
-    fig.add_hline(y=1.0, line_dash="dot")
-    return fig
-
-
-def category_figure(doc: dict) -> go.Figure:
-    """Spec-Bench's two figures by category, one colour per draft: the speedup over plain decoding
-    (median over questions) above, mean tokens per target pass below."""
-    from plotly.subplots import make_subplots
-
-    categories = list(doc["summary"])
-    fig = make_subplots(rows=2, cols=1, shared_xaxes=True, subplot_titles=("speedup", "tokens per target pass"))
-    palette = ["#2e9d57", "#3a74c9", "#d9534f", "#e0a030", "#7a5cc4", "#555555"]
-    for i, draft in enumerate(doc["drafts"]):
-        colour = palette[i % len(palette)]
-        entries = [doc["summary"][c][draft] for c in categories]
-        fig.add_trace(
-            go.Bar(x=categories, y=[e["speedup"]["median"] for e in entries], name=draft, marker_color=colour),
-            row=1,
-            col=1,
-        )
-        fig.add_trace(
-            go.Bar(
-                x=categories,
-                y=[e["tokens_per_pass"] for e in entries],
-                name=draft,
-                marker_color=colour,
-                showlegend=False,
-            ),
-            row=2,
-            col=1,
-        )
-    fig.update_layout(
-        template=TEMPLATE,
-        barmode="group",
-        height=520,
-        margin=dict(l=45, r=10, t=40, b=40),
-        legend=dict(orientation="h", y=-0.12, x=0, xanchor="left", yanchor="top"),
-    )
-    return fig

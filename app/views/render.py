@@ -137,6 +137,26 @@ def summary_markdown(
     """
     a, b = metrics.summarize(ar), metrics.summarize(spec, costs)
     cmp = metrics.compare(b, a) if spec and ar else {"achieved_speedup": None}
+    table = _figures_table(b, a)
+    theory = _theory(b)
+    few = min(len(spec), len(ar)) < LIVE_MIN_ROUNDS
+    if stopped:
+        head = "### Stopped: partial figures\nOnly the rounds before Stop are counted. " + (
+            "Too few rounds for a speedup."
+            if few
+            else f"Speedup so far {_fmt(cmp['achieved_speedup'], '.2f', '×')} · {theory}"
+        )
+    elif not done and few:
+        head = f"### Speedup: measuring…\nShown after {LIVE_MIN_ROUNDS} rounds: the first rounds' ratio swings widely."
+    elif not done:
+        head = f"### Speedup {_fmt(cmp['achieved_speedup'], '.2f', '×')} so far (live) · {theory}"
+    else:
+        head = f"### Speedup {_fmt(cmp['achieved_speedup'], '.2f', '×')} achieved · {theory}{_ending(spec, ar)}"
+    return head + "\n\n" + table
+
+
+def _figures_table(b: dict, a: dict) -> str:
+    """The markdown table of the speculative (b) and autoregressive (a) summaries' figures, a row each."""
     pct = lambda x: _fmt(None if x is None else 100 * x, ".1f", "%")  # noqa: E731
     rows = [
         ("tokens", b["new_tokens"], a["new_tokens"]),
@@ -156,9 +176,14 @@ def summary_markdown(
         ("measured cost ratio c (draft token ÷ target pass)", _fmt(b["cost_ratio_c"], ".3f"), "–"),
         ("rounds that drafted nothing", b["rounds_by_kind"][TARGET], "–"),
     ]
-    table = "| | speculative | autoregressive |\n|---|---|---|\n" + "\n".join(
+    return "| | speculative | autoregressive |\n|---|---|---|\n" + "\n".join(
         f"| {name} | {x} | {y} |" for name, x, y in rows
     )
+
+
+def _theory(b: dict) -> str:
+    """What theory expects of this run: Leviathan's idealised speedup (and the one predicted for this
+    machine where there are costs), or a tree's tokens per pass."""
     theory = f"{_fmt(b['theoretical_speedup'], '.2f', '×')} Leviathan's idealised"
     if b["tree_rounds"]:
         # Leviathan's formulas are a chain's: one guess per depth. A tree is judged by its tokens per pass.
@@ -176,20 +201,7 @@ def summary_markdown(
             "(the same α over this machine's measured verify and draft times, "
             "plus this run's prefill as measured)"
         )
-    few = min(len(spec), len(ar)) < LIVE_MIN_ROUNDS
-    if stopped:
-        head = "### Stopped: partial figures\nOnly the rounds before Stop are counted. " + (
-            "Too few rounds for a speedup."
-            if few
-            else f"Speedup so far {_fmt(cmp['achieved_speedup'], '.2f', '×')} · {theory}"
-        )
-    elif not done and few:
-        head = f"### Speedup: measuring…\nShown after {LIVE_MIN_ROUNDS} rounds: the first rounds' ratio swings widely."
-    elif not done:
-        head = f"### Speedup {_fmt(cmp['achieved_speedup'], '.2f', '×')} so far (live) · {theory}"
-    else:
-        head = f"### Speedup {_fmt(cmp['achieved_speedup'], '.2f', '×')} achieved · {theory}{_ending(spec, ar)}"
-    return head + "\n\n" + table
+    return theory
 
 
 def _ending(spec: Sequence[Step], ar: Sequence[Step]) -> str:
