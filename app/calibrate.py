@@ -262,12 +262,12 @@ def measure(
     return replace(costs, tree_fixed_s=fixed, draft_node_s=per_node)
 
 
-def _take_turns(turns: _Turns, tree_turns: list[_Turns], lengths: int, report: Callable) -> tuple[list, list, list]:
+def _take_turns(turns: _Turns, tree_turns: list[_Turns], n_lengths: int, report: Callable) -> tuple[list, list, list]:
     """(plain, chain, tree) rounds, PARTS turns of each in a row, so a burst of load slows some of each."""
     plain, speculative, trees = [], [], []
     for part in range(PARTS):
         plain += turns.rounds(False, 4)
-        speculative += turns.rounds(True, lengths * BLOCK)  # each run must hold one whole block of each length
+        speculative += turns.rounds(True, n_lengths * BLOCK)  # each run must hold one whole block of each length
         for t in tree_turns:
             trees += t.rounds(True, BLOCK)
         report(0.3 + 0.6 * (part + 1) / PARTS)

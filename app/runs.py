@@ -58,7 +58,7 @@ class Run:
             spec=s.spec,
             run=s.run,
             policy=policy or self.policy(),
-            recorder=Recorder(self.pair.tokenizer, self.ids, display=display, teach=teach),
+            recorder=Recorder(self.pair.tokenizer, display=display, teach=teach),
             before_round=threads.match_load,
         )
 

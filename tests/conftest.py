@@ -203,7 +203,7 @@ def run(target, tokenizer, prompt, proposer=None, **kw):
             sampling_cfg=sampling,
             spec=spec,
             run=cfg,
-            recorder=Recorder(tokenizer, ids, display=display, teach=teach),
+            recorder=Recorder(tokenizer, display=display, teach=teach),
             before_round=threads.match_load,  # the thread governor, as the request path passes it
             policy=policy,
             **cache,

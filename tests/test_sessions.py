@@ -30,7 +30,7 @@ def _start(target, draft, tokenizer, s, sp, r):
         spec=sp,
         run=r,
         policy=policy,
-        recorder=Recorder(tokenizer, ids, teach=True),
+        recorder=Recorder(tokenizer, teach=True),
         target_cache=DynamicRollbackCache,
     )
 

@@ -87,9 +87,9 @@ def generate(
     for cfg in (sampling_cfg, spec, run):
         cfg.validate()
     _check_prompt(target, prompt_ids)
-    recorder = recorder or Recorder(tokenizer, prompt_ids)
-    loop = _Loop(target, tokenizer, proposer, sampling_cfg, run, policy or make_policy(spec))
-    loop.greedy_p = recorder.teach  # p(x) of greedy drafts is teaching data: computed only when read
+    recorder = recorder or Recorder(tokenizer)
+    # p(x) of greedy drafts is teaching data: computed only when the recorder reads it
+    loop = _Loop(target, tokenizer, proposer, sampling_cfg, run, policy or make_policy(spec), recorder.teach)
     loop.start(prompt_ids)
     loop.lm = target_cache(target)
     if proposer is not None and proposer.wants_features:  # which of the target's states the draft reads
@@ -117,9 +117,9 @@ def generate(
 class _Loop:
     """One request's state: the committed ids, the output, the caches, the policy and the generator."""
 
-    def __init__(self, target, tokenizer, proposer, sampling_cfg, run, policy) -> None:
+    def __init__(self, target, tokenizer, proposer, sampling_cfg, run, policy, greedy_p: bool) -> None:
         self.target, self.tokenizer, self.proposer = target, tokenizer, proposer
-        self.cfg, self.run, self.policy = sampling_cfg, run, policy
+        self.cfg, self.run, self.policy, self.greedy_p = sampling_cfg, run, policy, greedy_p
         self.gen = torch.Generator().manual_seed(sampling_cfg.seed)
         # The target's window ends the run, as it ends plain decoding; a draft with a shorter window
         # only drafts less (down to plain steps), so the text stays the target's own.
@@ -131,7 +131,6 @@ class _Loop:
         self.vocab = target.get_output_embeddings().weight.shape[0]
         self.lm: KVCache | None = None
         self.ids: list[int] = []
-        self.greedy_p = False
 
     def start(self, prompt_ids: list[int]) -> None:
         self.out = _Output(self.tokenizer, prompt_ids, self.run, self.eos)
@@ -206,18 +205,20 @@ class _Loop:
         assert self.lm is not None, "generate() sets the target's cache before the first round"
         sync(self.lm.device)
         t1 = time.perf_counter()
-        v, p_logits, p, base = self._verify(proposal, tree=nodes > 0 and bool(proposal.tokens))
+        tree = nodes > 0 and bool(proposal.tokens)  # asked for a tree: one, whatever shape it took
+        v, p_logits, p, base = self._verify(proposal, tree)
         sync(self.lm.device)
         t2 = time.perf_counter()
         n, parents = v.accepted, proposal.parents
         self.policy.update(len(proposal.tokens), n, context=base + n + 1, parents=parents, path=v.path)
         kept = [proposal.tokens[i] for i in v.path] + [v.token]
+        window = self.out.detok.window()  # before the push: the drafts' text follows it
         emitted, text = self.out.push(kept)
         self.ids += kept
         if not self.out.stop_reason and len(self.ids) >= self.limit:
             self.out.stop_reason = "context_full"
-        stop, plain = self.out.stop_reason, self.proposer is None
-        return Round(number, k, nodes, proposal, v, base, emitted, text, stop, t1 - t0, t2 - t1, p_logits, p, plain)
+        stop, plain, times = self.out.stop_reason, self.proposer is None, (t1 - t0, t2 - t1)
+        return Round(number, k, nodes, tree, proposal, v, base, emitted, text, stop, *times, p_logits, p, plain, window)
 
 
 def _check_prompt(target: PreTrainedModel, prompt_ids: list[int]) -> None:

@@ -23,6 +23,7 @@ class Round:
     number: int
     k: int  # the draft length asked for (0: plain decoding, or no room left)
     nodes: int  # the node budget the round's draft was given (0: a chain of k)
+    tree: bool  # asked for a tree, and drafted one (whatever its shape: its branches may be empty)
     proposal: Proposal
     verdict: verify.Verdict
     base: int  # committed tokens when the round began
@@ -34,11 +35,7 @@ class Round:
     p_logits: torch.Tensor
     p: torch.Tensor | None  # None under greedy
     plain: bool  # plain decoding: no draft source at all
-
-    @property
-    def tree(self) -> bool:
-        """A round asked for a tree is one, whatever shape it took (its branches may be empty)."""
-        return self.nodes > 0 and bool(self.proposal.tokens)
+    window: list[int]  # the output's decode window when the round began: its drafts' text follows it
 
 
 class Recorder:
@@ -46,25 +43,21 @@ class Recorder:
     empty (only a view reads them), so a benchmark decodes nothing beyond the output; teach fills the
     teaching tables (p, q and the residual where the target chose; the shared-noise race)."""
 
-    def __init__(self, tokenizer, prompt_ids: list[int], *, display: bool = True, teach: bool = False) -> None:
+    def __init__(self, tokenizer, *, display: bool = True, teach: bool = False) -> None:
         self.tokenizer, self.teach = tokenizer, teach
-        # Its own copy of the output's decoding state, one round behind: a draft's text is what it
-        # would read after the text committed before the round.
-        self.detok = Detokenizer(tokenizer, prompt_ids) if display else None
+        # Decodes only, after each round's window (Round.window): the output's own state moves on.
+        self.detok = Detokenizer(tokenizer, []) if display else None
 
     def step(self, r: Round) -> Step:
         v, proposal, n = r.verdict, r.proposal, r.verdict.accepted
         if r.tree:  # listed with its kept path first, so drafts[:n] are the accepted drafts
-            drafts, parents, judged, texts, token_text = self._tree(proposal, v)
+            drafts, parents, judged, texts, token_text = self._tree(proposal, v, r.window)
             bonus = not any(parent == (v.path[-1] if v.path else -1) for parent in proposal.parents)
         else:
             drafts, parents, judged = proposal.tokens, None, v.judged
-            texts, token_text = self._peek(drafts, n, v.token)
+            texts, token_text = self._peek(drafts, n, v.token, r.window)
             bonus = n == len(drafts)
         top, race = self._tables(r)
-        if self.detok is not None:
-            for t in r.emitted:
-                self.detok.push(t)
         return Step(
             round=r.number,
             k=r.k,
@@ -90,10 +83,10 @@ class Recorder:
             nodes=r.nodes,
         )
 
-    def _peek(self, drafts: list[int], accepted: int, token: int) -> tuple[list[str], str]:
+    def _peek(self, drafts: list[int], accepted: int, token: int, window: list[int]) -> tuple[list[str], str]:
         if self.detok is None:
             return [""] * len(drafts), ""
-        return self.detok.peek(drafts, accepted, token)
+        return self.detok.peek(drafts, accepted, token, window)
 
     def _tables(self, r: Round) -> tuple[list, list]:
         if not self.teach or r.plain:
@@ -104,7 +97,7 @@ class Recorder:
         assert r.p is not None  # shared noise verifies on the processed p
         return top, teaching_tables.race_table(self.tokenizer, r.proposal, r.p, r.verdict)
 
-    def _tree(self, proposal: Proposal, v: verify.Verdict):
+    def _tree(self, proposal: Proposal, v: verify.Verdict, window: list[int]):
         """A tree round as its Step lists it: nodes reordered with the kept path first, their parents
         in that order, the judged nodes by their new index, and each node's text after its own branch."""
         tokens, parents, path = proposal.tokens, proposal.parents, v.path
@@ -115,7 +108,7 @@ class Recorder:
         if self.detok is None:
             return [tokens[i] for i in order], shown_parents, judged, [""] * len(tokens), ""
         texts_by_node: dict[int, str] = {}
-        path_texts, token_text = self.detok.peek([tokens[i] for i in path], len(path), v.token)
+        path_texts, token_text = self.detok.peek([tokens[i] for i in path], len(path), v.token, window)
         texts_by_node.update(zip(path, path_texts, strict=True))
         for i in order[len(path) :]:
             branch: list[int] = []
@@ -123,7 +116,7 @@ class Recorder:
             while at >= 0:
                 branch.insert(0, tokens[at])
                 at = parents[at]
-            texts_by_node[i] = self.detok.peek(branch, 0, branch[0])[0][-1]
+            texts_by_node[i] = self.detok.peek(branch, 0, branch[0], window)[0][-1]
         return [tokens[i] for i in order], shown_parents, judged, [texts_by_node[i] for i in order], token_text
 
 

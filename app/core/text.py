@@ -59,11 +59,17 @@ class Detokenizer:
             return after[len(before) :]
         return ""
 
-    def peek(self, drafts: list[int], accepted: int, token: int) -> tuple[list[str], str]:
-        """Each draft's text if it followed the current ids, and the text of `token` after the
-        first `accepted` drafts; nothing is committed. One decode per prefix: each draft's
-        "before" is the previous one's "after"."""
-        ids = self.ids[self.prefix :]
+    def window(self) -> list[int]:
+        """The ids the next piece of text is decoded after: what peek reads of the current state."""
+        return self.ids[self.prefix :]
+
+    def peek(
+        self, drafts: list[int], accepted: int, token: int, window: list[int] | None = None
+    ) -> tuple[list[str], str]:
+        """Each draft's text if it followed the current ids (or a `window` taken earlier), and the text
+        of `token` after the first `accepted` drafts; nothing is committed. One decode per prefix: each
+        draft's "before" is the previous one's "after"."""
+        ids = self.window() if window is None else window
         texts = [self._decode(ids)]
         for i in range(len(drafts)):
             texts.append(self._decode(ids + drafts[: i + 1]))
