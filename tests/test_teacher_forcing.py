@@ -47,3 +47,8 @@ def test_teacher_forced_shards_hold_the_targets_fused_features_and_top_k_and_res
     teacher_forcing.build(target, tokenizer, tmp_path, **build)
     assert shards[0].stat().st_mtime_ns == before[0] and shards[1].is_file()
     assert [r.get("text_rows", r.get("chat_rows")) for r in logged] == [2, 3, 5, 5]  # only the lost one again
+
+    # No text (--text-tokens 0): the chats alone, with no source read.
+    alone = teacher_forcing.build(target, tokenizer, tmp_path / "alone", **(build | dict(tokens=0)))
+    assert alone["rows"] == 0 and alone["sources"] == {} and alone["chat"]["rows"] == 2
+    assert teacher_forcing.built(tmp_path / "alone") == dict(chat=64)

@@ -82,7 +82,10 @@ def _text(doc: Path | str) -> str | None:
 
 def rows(tokenizer, limit: int, seed: int) -> tuple[torch.Tensor, dict]:
     """(n, ROW) ids of documents drawn in a seeded order and packed, about `limit` tokens in all, and
-    the manifest: each source's record with its documents and tokens. Duplicates are read once."""
+    the manifest: each source's record with its documents and tokens. Duplicates are read once. A
+    `limit` of 0 reads no text: the chats alone."""
+    if limit <= 0:
+        return torch.zeros(0, ROW, dtype=torch.int32), dict(sources={}, documents=0, row=ROW)
     docs = documents()
     random.Random(seed).shuffle(docs)  # sources mix within every shard
     seen: set[str] = set()

@@ -238,6 +238,13 @@ def _add_member_args(ap: argparse.ArgumentParser) -> None:
         "wheel's SmolLM2-135M-Instruct) or a local model directory",
     )
     ap.add_argument(
+        "--text-tokens",
+        type=int,
+        default=None,
+        help="with --only teacher-data: the teacher-forced positions of text beside the target's answers "
+        "(default 4M times --scale; 0: the answers alone)",
+    )
+    ap.add_argument(
         "--work",
         type=Path,
         default=None,

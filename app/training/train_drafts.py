@@ -286,8 +286,8 @@ def _by_kind(rows: list[Row]) -> dict[str, int]:
 
 
 def teacher_data(source, tokenizer, work: Path, args, device: torch.device, log) -> dict:
-    """The teacher-forced shards (teacher_forcing.py) in work/teacher: TEACHER_TOKENS times --scale of
-    text, and the target's own answers (build_rows, shared with the EAGLE-1 head and kept in work/),
+    """The teacher-forced shards (teacher_forcing.py) in work/teacher: --text-tokens (by default
+    TEACHER_TOKENS times --scale) of text, and the target's own answers (build_rows, shared with the EAGLE-1 head and kept in work/),
     through the fp32 target, whose features the drafts train against."""
     from app.training import teacher_forcing
 
@@ -301,7 +301,8 @@ def teacher_data(source, tokenizer, work: Path, args, device: torch.device, log)
         del writer
         target = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32, use_safetensors=True)
         target = target.to(device).eval()
-    tokens = max(teacher_forcing.ROW, round(TEACHER_TOKENS * args.scale))
+    tokens = args.text_tokens if args.text_tokens is not None else round(TEACHER_TOKENS * args.scale)
+    tokens = tokens and max(teacher_forcing.ROW, tokens)
     about = dict(sampled_passes=TEACHER_SAMPLED, tokens_by_kind=_by_kind(rows), instructions="app/data/instructions.py")
     return teacher_forcing.build(target, tokenizer, work / "teacher", tokens, args.seed, log, chats, about)
 
