@@ -287,8 +287,8 @@ def _by_kind(rows: list[Row]) -> dict[str, int]:
 
 def teacher_data(source, tokenizer, work: Path, args, device: torch.device, log) -> dict:
     """The teacher-forced shards (teacher_forcing.py) in work/teacher: --text-tokens (by default
-    TEACHER_TOKENS times --scale) of text, and the target's own answers (build_rows, shared with the EAGLE-1 head and kept in work/),
-    through the fp32 target, whose features the drafts train against."""
+    TEACHER_TOKENS times --scale) of text, and the target's own answers (build_rows, shared with the
+    EAGLE-1 head and kept in work/), through the fp32 target, whose features the drafts train against."""
     from app.training import teacher_forcing
 
     dtype = writing_dtype(device)
