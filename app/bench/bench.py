@@ -33,7 +33,7 @@ from app.args import settings, with_chat
 from app.bench import progress, specbench
 from app.bench.bench_args import parser
 from app.bench.contenders import CONSTANT, SWEEP, TREE, TREE_AUTO, Contender, adaptive_k, fixed_k, hf, llama_cpp, ours
-from app.bench.report import _f, _x, html_report, prompt_row, summarize_rows, summary_table  # noqa: F401
+from app.bench.report import fixed3, html_report, prompt_row, ratio_x, summarize_rows, summary_table  # noqa: F401
 from app.core import divergence, engine, metrics
 from app.core.config import settings_dict
 from app.data.prompts import suite
@@ -304,9 +304,9 @@ def _prompt(args, pair, lookup_pair, st, i: int, prompt: str, of: int) -> dict:
     versus_hf = row["ours_over_hf"].get("fixed_k")  # only where transformers' assisted run was timed
     progress.say(
         "bench",
-        f"prompt {i + 1}/{of}: adaptive {_x(row['speedup'])}, "
-        f"alpha {_f(row['adaptive']['alpha'])}, predicted {_x(row['adaptive']['predicted_speedup'])}"
-        + (f", ours/HF at k = {sp.k} {_x(versus_hf)}" if versus_hf is not None else ""),
+        f"prompt {i + 1}/{of}: adaptive {ratio_x(row['speedup'])}, "
+        f"alpha {fixed3(row['adaptive']['alpha'])}, predicted {ratio_x(row['adaptive']['predicted_speedup'])}"
+        + (f", ours/HF at k = {sp.k} {ratio_x(versus_hf)}" if versus_hf is not None else ""),
     )
     return row
 

@@ -194,11 +194,11 @@ def calibration_spread(draws: list[Costs], med) -> dict:
     )
 
 
-def _f(x):
+def fixed3(x):
     return "n/a" if x is None else f"{x:.3f}"
 
 
-def _x(x):
+def ratio_x(x):
     return "n/a" if x is None else f"{x:.2f}x"
 
 
@@ -207,9 +207,11 @@ def html_report(doc: dict) -> str:
     sm = doc["summary"]
     rows = "".join(
         f"<tr><td>{html.escape(name)}</td><td>{html.escape(doc['contenders'][name])}</td>"
-        f"<td>{_x(v['speedup']['median'])}</td><td>{_x(v['speedup']['min'])} .. {_x(v['speedup']['max'])}</td>"
+        f"<td>{ratio_x(v['speedup']['median'])}</td>"
+        f"<td>{ratio_x(v['speedup']['min'])} .. {ratio_x(v['speedup']['max'])}</td>"
         f"<td>{v['tokens_per_s']['median']:.1f}</td><td>{100 * v['rep_spread']['median']:.1f}%</td>"
-        f"<td>{_x((v['predicted_speedup'] or {}).get('median'))}</td><td>{'yes' if v['identical'] else 'NO'}</td></tr>"
+        f"<td>{ratio_x((v['predicted_speedup'] or {}).get('median'))}</td>"
+        f"<td>{'yes' if v['identical'] else 'NO'}</td></tr>"
         for name, v in sm["contenders"].items()
     )
     facts = {k: v for k, v in sm.items() if k != "contenders"}

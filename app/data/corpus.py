@@ -100,7 +100,7 @@ def package_closure(roots=ROOT_PACKAGES) -> list[md.Distribution]:
     return sorted(seen.values(), key=lambda d: d.metadata["Name"].lower())
 
 
-def _keep_package_file(rel: Path, text: str) -> bool:
+def keep_package_file(rel: Path, text: str) -> bool:
     parts = rel.parts
     if any(p in SKIP_DIRS or p.startswith("test_") for p in parts[:-1]):
         return False
@@ -128,7 +128,7 @@ def package_corpus(seen: set[str], limit: int = 0) -> tuple[dict[str, list[str]]
                 text = Path(dist.locate_file(rel)).read_text(encoding="utf-8")
             except (UnicodeDecodeError, OSError):
                 continue
-            if not _keep_package_file(Path(rel), text):
+            if not keep_package_file(Path(rel), text):
                 continue
             digest = hashlib.sha256(text.encode()).hexdigest()
             if digest in seen:

@@ -268,7 +268,7 @@ _heads: dict[tuple, object] = {}
 _heads_lock = threading.Lock()  # heads only: loading one never keeps a model lookup waiting
 
 
-def _load_head(name: str, target: PreTrainedModel):
+def cached_head(name: str, target: PreTrainedModel):
     """A feature head for this target, loaded once; a Hub id fetches config + safetensors only."""
     key = (name, id(target))
     with _heads_lock:

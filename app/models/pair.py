@@ -14,7 +14,7 @@ from app.core.contracts import Proposer
 from app.drafts import kinds
 from app.drafts.draft_spec import Draft, DraftSpec
 from app.kv.cache import refuse_uncroppable
-from app.models.loading import _load_head, load, precision_of, resolve
+from app.models.loading import cached_head, load, precision_of, resolve
 from app.models.presets import DEFAULT_TARGET, default_draft
 
 # Text any draft tokenizer must spell back exactly before it may draft for another tokenizer.
@@ -103,7 +103,7 @@ class _Loading:
         return load(self.typed, str(first), self.dtype, role="draft")
 
     def head(self, source: str):
-        return _load_head(source, self.target)
+        return cached_head(source, self.target)
 
     def shares_vocabulary(self, draft_tokenizer) -> bool:
         return check_compatible(self.tokenizer, draft_tokenizer, self.target_name, self.name)

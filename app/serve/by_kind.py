@@ -14,7 +14,7 @@ from app.core.config import Settings
 from app.models import hosting
 from app.serve import queue_limits
 from app.serve.form import Form, takes_form
-from app.serve.handlers import LOADING, MEASURING, _pair, guarded, measuring, panel_stream
+from app.serve.handlers import LOADING, MEASURING, guarded, loaded_pair, measuring, panel_stream
 from app.serve.zerogpu import gpu
 from app.views import bench_figures, render
 
@@ -63,7 +63,7 @@ def by_kind(form: Form, control=None, progress=gr.Progress()):
 def _stream(form: Form, control, progress):
     picked = category_runner.select(category_runner.read_questions(category_runner.SAMPLE), None, PER_CATEGORY)
     progress(0.0, desc=LOADING)
-    pair = _pair(form.target, form.draft, form.dtype, progress)
+    pair = loaded_pair(form.target, form.draft, form.dtype, progress)
     settings = panel_settings(form.settings, pair.tokenizer)
     stop = queue_limits.stopper(control)
 

@@ -15,7 +15,7 @@ from app.core.config import UserError
 from app.models import threads
 from app.serve import heap, queue_limits
 from app.serve.form import Form, fill_seed, takes_form
-from app.serve.handlers import LOADING, MEASURING, _user_error, guarded, measuring, new_click, prepared
+from app.serve.handlers import LOADING, MEASURING, as_user_error, guarded, measuring, new_click, prepared
 from app.serve.texts import EXAMPLES, example_row  # noqa: F401 - the API's examples
 from app.serve.zerogpu import gpu
 from app.views import check as check_line
@@ -61,10 +61,10 @@ def generate_both(form: Form, control=None, progress=gr.Progress()):
     try:
         yield from _stream(form, control, progress)
     except UserError as e:
-        raise _user_error(e) from None
+        raise as_user_error(e) from None
     except torch.cuda.OutOfMemoryError:
         torch.cuda.empty_cache()
-        raise _user_error(
+        raise as_user_error(
             UserError("out of memory: try a smaller model, fewer new tokens or a shorter prompt")
         ) from None
     finally:

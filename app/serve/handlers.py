@@ -24,7 +24,7 @@ from app.serve.texts import EXAMPLES, example_row  # noqa: F401 - the API's exam
 log = logging.getLogger(__name__)
 
 
-def _user_error(e: Exception) -> gr.Error:
+def as_user_error(e: Exception) -> gr.Error:
     """A user error: one line in the server log, the message in the browser, no traceback. Gradio
     renders a message as HTML, and messages quote what a visitor typed: it goes out as text."""
     log.warning("user error: %s", e)
@@ -32,10 +32,10 @@ def _user_error(e: Exception) -> gr.Error:
 
 
 # Every handler a client can call: inputs checked by name, no raw exception text out (boundary.py).
-guarded = boundary.guarded(_user_error, passthrough=(gr.Error,))
+guarded = boundary.guarded(as_user_error, passthrough=(gr.Error,))
 
 
-def _pair(target: str, draft: str, dtype: str = "auto", progress=None) -> models.Pair:
+def loaded_pair(target: str, draft: str, dtype: str = "auto", progress=None) -> models.Pair:
     """The loaded pair; while a first load waits on the wheel's GGUF conversion, `progress` (the
     page's tracker) hears how far it is."""
     waiting = None if progress is None else lambda: _converting(progress)
@@ -43,7 +43,7 @@ def _pair(target: str, draft: str, dtype: str = "auto", progress=None) -> models
         key = (target, draft, dtype)
         return queue_limits.within_load_time(key, lambda: models.load_pair(target, draft, dtype=dtype), waiting=waiting)
     except UserError as e:
-        raise _user_error(e) from None
+        raise as_user_error(e) from None
 
 
 @dataclass(frozen=True)
@@ -60,7 +60,7 @@ def panel_stream(stream: Callable, form: Form, control, progress):
     try:
         yield from stream(form, control, progress)
     except UserError as e:
-        raise _user_error(e) from None
+        raise as_user_error(e) from None
     finally:
         heap.release()
 
@@ -90,7 +90,7 @@ def prepared(form: Form, control: dict | None = None, last: bool = False, progre
         control["click"] = None
     if click is not None and click.ids is not None and click.pair is not None:
         return Prepared(click.pair, click.ids)  # type: ignore[arg-type]
-    pair = _pair(form.target, form.draft, form.dtype, progress)
+    pair = loaded_pair(form.target, form.draft, form.dtype, progress)
     ready = Prepared(pair, pair.encode(form.prompt, form.settings.run.chat))
     if click is not None and not last:
         # A click that never reaches its last handler holds its pair until the session's next click.
@@ -122,7 +122,7 @@ def check_request(form: Form, control=None, progress=gr.Progress()) -> str:
         progress(0.0, desc=loading_note(form.target))
         prepared(form, control, progress=progress)
     except UserError as e:
-        raise _user_error(e) from None
+        raise as_user_error(e) from None
     return ""
 
 
@@ -168,7 +168,7 @@ def load_pair(target, custom_target, draft, custom_draft, dtype="auto", progress
     """Load (or fetch from the shared cache) a pair and say what was loaded."""
     target, draft = model_ids(target, custom_target, draft, custom_draft)
     progress(0.1, desc=f"loading {target}")
-    pair = _pair(target, draft, dtype, progress)
+    pair = loaded_pair(target, draft, dtype, progress)
     progress(1.0, desc="ready")
     t = pair.target
     # Preset names as the user picked them; a custom id or directory as given.
@@ -198,7 +198,7 @@ def export_for(form: Form, control=None) -> str:
 @guarded
 def cap_for_loaded(target, custom_target, draft, custom_draft, dtype, value) -> gr.Slider:
     """After a load: cap Max new tokens to the loaded target's context (the pair is cached by then)."""
-    pair = _pair(*model_ids(target, custom_target, draft, custom_draft), dtype)
+    pair = loaded_pair(*model_ids(target, custom_target, draft, custom_draft), dtype)
     return _cap_box(min(MAX_NEW_TOKENS_CAP, models.context_length(pair.target)), value)
 
 

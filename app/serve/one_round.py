@@ -9,7 +9,7 @@ from app.core.config import UserError
 from app.core.events import KIND_LABELS, TARGET
 from app.serve import heap, sessions
 from app.serve.form import Form, takes_form
-from app.serve.handlers import LOADING, MEASURING, _user_error, guarded, measuring, prepared
+from app.serve.handlers import LOADING, MEASURING, as_user_error, guarded, measuring, prepared
 from app.serve.texts import EXAMPLES, example_row  # noqa: F401 - the API's examples
 from app.serve.zerogpu import gpu
 from app.views import plots, render
@@ -37,7 +37,7 @@ def step_round(session, form: Form, control=None, progress=gr.Progress()):
         run = request.start(pair, ids, form.settings, report=measuring(progress))  # the policy Generate's runs have
         session, steps, step = sessions.advance(session, key, lambda policy: run.steps(policy, teach=True), run.policy)
     except UserError as e:
-        raise _user_error(e) from None
+        raise as_user_error(e) from None
     finally:
         heap.release()  # what the round allocated and freed goes back to the OS
     if step is None:

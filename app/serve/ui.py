@@ -283,7 +283,7 @@ def launch(host: str | None = None, port: int | None = None, share: bool = False
     from transformers.utils import logging as hf_logging
 
     from app.serve import boundary
-    from app.serve.handlers import _user_error
+    from app.serve.handlers import as_user_error
 
     models.hosting.serving()  # ids typed into this server are visitors', whoever the proxy makes them look like
     hf_logging.disable_progress_bar()  # the server log is for requests and real errors, not load bars
@@ -301,7 +301,7 @@ def launch(host: str | None = None, port: int | None = None, share: bool = False
     # /run/ route would skip the fair queue, its per-visitor cap and its rate limit.
     demo.queue(max_size=queue_limits.MAX_QUEUED, default_concurrency_limit=queue_limits.concurrency(), api_open=False)
     queue_limits.install(demo)  # no visitor holds more than a few places in it
-    boundary.gate(demo, _user_error)  # every raw input checked before Gradio's preprocessing
+    boundary.gate(demo, as_user_error)  # every raw input checked before Gradio's preprocessing
     demo.delete_cache = (3600, 3600)  # Gradio's temporary files (the app itself writes none) go after an hour
     demo.launch(
         server_name=host or os.environ.get("GRADIO_SERVER_NAME", "127.0.0.1"),

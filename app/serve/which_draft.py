@@ -13,7 +13,7 @@ from app import category_runner, models, sweep
 from app.core.config import Settings
 from app.serve import queue_limits
 from app.serve.form import Form, takes_form
-from app.serve.handlers import LOADING, _pair, guarded, panel_stream
+from app.serve.handlers import LOADING, guarded, loaded_pair, panel_stream
 from app.serve.zerogpu import gpu
 from app.views import draft_size
 
@@ -66,12 +66,12 @@ def which_draft(form: Form, control=None, progress=gr.Progress()):
 def _stream(form: Form, control, progress):
     picked = category_runner.select(category_runner.read_questions(category_runner.SAMPLE), None, PER_CATEGORY)
     progress(0.0, desc=LOADING)
-    first = _pair(form.target, models.PROMPT_LOOKUP, form.dtype, progress)
+    first = loaded_pair(form.target, models.PROMPT_LOOKUP, form.dtype, progress)
     settings = panel_settings(form.settings, first.tokenizer)
     stop = queue_limits.stopper(control)
 
     def load(draft: str) -> models.Pair:
-        return _pair(form.target, draft, form.dtype)
+        return loaded_pair(form.target, draft, form.dtype)
 
     target_id = models.presets.id_of(form.target)
     doc: dict = {}

@@ -24,7 +24,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from app.core.decoder_layers import entering, fused_layers
-from app.data.corpus import HELD_OUT, HELD_OUT_PACKAGES, _keep_package_file, package_closure, stdlib_files
+from app.data.corpus import HELD_OUT, HELD_OUT_PACKAGES, keep_package_file, package_closure, stdlib_files
 from app.training.target_text import TOP_K, lm_head_fp32, top_k_of
 
 ROW = 256  # tokens a row: the attention a head learns spans the contexts it drafts in
@@ -77,7 +77,7 @@ def _text(doc: Path | str) -> str | None:
     except (UnicodeDecodeError, OSError):
         return None
     is_package = "site-packages" in doc.parts or "dist-packages" in doc.parts
-    return text if not is_package or _keep_package_file(Path(doc.name), text) else None
+    return text if not is_package or keep_package_file(Path(doc.name), text) else None
 
 
 def rows(tokenizer, limit: int, seed: int) -> tuple[torch.Tensor, dict]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import plotly.graph_objects as go
 
-from app.views.plots import COLOURS, TEMPLATE, _figure
+from app.views.plots import COLOURS, TEMPLATE, laid_out_figure
 
 
 def bench_figure(doc: dict) -> go.Figure:
@@ -30,7 +30,7 @@ def bench_figure(doc: dict) -> go.Figure:
             )
         )
     title = f"speedup on {doc['suite']} prompts: {doc['target']} + {doc['draft']}"
-    fig = _figure(data, title, "", "speedup (x)", barmode="group")
+    fig = laid_out_figure(data, title, "", "speedup (x)", barmode="group")
     fig.add_hline(y=1.0, line_dash="dot")
     return fig
 

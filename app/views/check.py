@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from app.core.config import SHARED_NOISE
 from app.core.divergence import IDENTICAL, NEAR_TIE, Divergence
 from app.core.events import Step
-from app.views.render import GREEDY, _cell, _ending, _mark
+from app.views.render import GREEDY, cell_text, status_mark, stop_note
 
 
 def _tokens(n: int) -> str:
@@ -39,8 +39,9 @@ def identity_check(
             "gives the same text on both sides."
         )
         if stopped:
-            return f"{_mark('stop', 'Stopped')} after {len(b)} speculative and {len(a)} autoregressive tokens. {text}"
-        return text + (_ending(spec, ar) if done else "")
+            stop = status_mark("stop", "Stopped")
+            return f"{stop} after {len(b)} speculative and {len(a)} autoregressive tokens. {text}"
+        return text + (stop_note(spec, ar) if done else "")
     name = "Greedy check" if rule == GREEDY else "Same-seed check (shared noise)"
     n = min(len(a), len(b))
     if divergence is not None and divergence.kind != IDENTICAL:
@@ -50,27 +51,27 @@ def identity_check(
         # no verdict before both runs have ended: a branch may be a near-tie within the precision's rounding
         if stopped:
             return (
-                f"{_mark('stop', 'Stopped')} after {_tokens(n)}: the outputs were identical up to token "
+                f"{status_mark('stop', 'Stopped')} after {_tokens(n)}: the outputs were identical up to token "
                 f"{first}; a stopped run gets no verdict on where they part."
             )
         if not done:
             return (
-                f"{_mark('run', name + ' checking')}: identical up to token {first}, where the two runs part; "
+                f"{status_mark('run', name + ' checking')}: identical up to token {first}, where the two runs part; "
                 "the verdict comes once both have ended."
             )
-        return f"{_mark('fail', name + ' failed')}: the outputs differ at token {first}."
+        return f"{status_mark('fail', name + ' failed')}: the outputs differ at token {first}."
     if stopped:
         return (
-            f"{_mark('stop', 'Stopped')} after {_tokens(n)}: the outputs were identical up to there "
+            f"{status_mark('stop', 'Stopped')} after {_tokens(n)}: the outputs were identical up to there "
             f"(speculative {len(b)}, autoregressive {len(a)})."
         )
     if not done:
-        return f"{_mark('run', name + ' running')}: identical so far ({n} tokens)."
+        return f"{status_mark('run', name + ' running')}: identical so far ({n} tokens)."
     if len(a) != len(b):
-        return f"{_mark('fail', name + ' failed')}: {len(b)} speculative tokens against {len(a)} autoregressive."
+        return f"{status_mark('fail', name + ' failed')}: {len(b)} speculative tokens against {len(a)} autoregressive."
     return (
-        f"{_mark('ok', name + ' passed')}: the two outputs are identical, token for token "
-        f"({n} tokens){_ending(spec, ar)}."
+        f"{status_mark('ok', name + ' passed')}: the two outputs are identical, token for token "
+        f"({n} tokens){stop_note(spec, ar)}."
     )
 
 
@@ -87,7 +88,7 @@ def branch_point(d: Divergence, decode) -> str:
         who = "plain decoding's" if token == d.plain_token else "speculative's" if token == d.spec_token else ""
         other = wide.get(token)
         shown = "–" if other is None else f"{other:.3f}"
-        text = html.escape(_cell(decode(token))).replace("|", "&#124;")
+        text = html.escape(cell_text(decode(token))).replace("|", "&#124;")
         rows.append(f"| {text} | {value:.3f} | {shown} | {who} |")
     return (
         f"**Branch point, token {d.position}**: top two {abs(d.margin):.3g} apart in the one-token pass; "
@@ -118,7 +119,7 @@ def divergence_line(name: str, d: Divergence, below: str = "") -> str:
             f"{best} within that noise."
         )
         return (
-            f"{_mark('ok', name + ': rounding')}: {lead}"
+            f"{status_mark('ok', name + ': rounding')}: {lead}"
             f"<details><summary>The figures</summary>\n\n{detail}\n\n{below}\n\n</details>"
         )
     if d.plain_token is None or d.spec_token is None:
@@ -134,5 +135,5 @@ def divergence_line(name: str, d: Divergence, below: str = "") -> str:
             f"token {d.worst_at} of the speculative output is {d.worst_shortfall:.3g} below {best}, "
             f"above the {d.noise:.3g} rounding reaches"
         )
-    line = f"{_mark('fail', name + ' failed')}: {where}, and {detail} ({d.dtype}): a bug, not rounding."
+    line = f"{status_mark('fail', name + ' failed')}: {where}, and {detail} ({d.dtype}): a bug, not rounding."
     return line + (f"\n\n{below}" if below else "")

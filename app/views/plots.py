@@ -47,7 +47,7 @@ TEMPLATE = go.layout.Template(
 )
 
 
-def _figure(data, title: str, x: str, y: str, y_range=None, **layout) -> go.Figure:
+def laid_out_figure(data, title: str, x: str, y: str, y_range=None, **layout) -> go.Figure:
     """A figure with its whole layout given at construction (updating a layout afterwards costs more)."""
     # The legend sits under the plot, left-aligned: above it, it collides with the title on narrow screens.
     base = dict(
@@ -114,8 +114,8 @@ def k_per_round(steps: Sequence[Step]) -> go.Figure:
                 marker=dict(color=COLOURS["accepted"], symbol="triangle-up", size=9),
             )
         )
-        return _figure(data, "k and nodes per round", "round", "k (depth) · nodes")
-    return _figure(data, "k per round", "round", "k")
+        return laid_out_figure(data, "k and nodes per round", "round", "k (depth) · nodes")
+    return laid_out_figure(data, "k per round", "round", "k")
 
 
 def acceptance_per_round(steps: Sequence[Step]) -> go.Figure:
@@ -127,7 +127,7 @@ def acceptance_per_round(steps: Sequence[Step]) -> go.Figure:
         if s.drafted:
             acc, drafted = acc + s.accepted, drafted + len(s.drafted)
             running.append(acc / drafted)
-    return _figure(
+    return laid_out_figure(
         [
             go.Bar(
                 x=rounds, y=per, name="accepted / drafted this round", marker_color=COLOURS["accepted"], opacity=0.5
@@ -156,13 +156,13 @@ def tokens_vs_time(spec: Sequence[Step], ar: Sequence[Step]) -> go.Figure:
             total += len(s.emitted)
             xs.append(s.elapsed), ys.append(total)
         data.append(go.Scatter(x=xs, y=ys, name=name, mode="lines", line=dict(color=COLOURS[name], width=2)))
-    return _figure(data, "tokens generated over time", "seconds", "tokens")
+    return laid_out_figure(data, "tokens generated over time", "seconds", "tokens")
 
 
 def acceptance_by_position(steps: Sequence[Step]) -> go.Figure:
     rates = metrics.acceptance_by_position(steps)
     bars = go.Bar(x=list(range(1, len(rates) + 1)), y=rates, marker_color=COLOURS["accepted"])
-    return _figure(
+    return laid_out_figure(
         bars, "acceptance by draft position", "position in the draft (1..k)", "share accepted", y_range=[0, 1.05]
     )
 
@@ -182,7 +182,7 @@ def tokens_per_round(steps: Sequence[Step]) -> go.Figure:
                     marker_color=COLOURS[kind],
                 )
             )
-    return _figure(data, "tokens per round (per target pass)", "tokens emitted", "rounds", barmode="stack")
+    return laid_out_figure(data, "tokens per round (per target pass)", "tokens emitted", "rounds", barmode="stack")
 
 
 REJECTED_MARK = " (rejected draft)"  # the label of the draft token the target turned down
@@ -198,7 +198,7 @@ def tree_figure(step: Step) -> go.Figure:
     depth = dict(order)
     data = [_tree_edges(step.parents, row, depth), *_tree_nodes(step, order, row, depth), *_tree_ends(step, row)]
     width = max(depth.values(), default=1) + 2
-    figure = _figure(
+    figure = laid_out_figure(
         data,
         f"round {step.round}: a tree of {len(step.drafted)} nodes, kept {step.accepted}",
         "depth",
@@ -330,7 +330,7 @@ def decision_figure(step: Step, greedy: bool = False, shared_noise: bool = False
         )
     missing = step.token not in [t[0] for t in step.top]
     # A short title: plotly never wraps one, and the plot may be a phone's width.
-    return _figure(
+    return laid_out_figure(
         data,
         f"round {step.round}: where “{visible(step.token_text)}” came from"
         + (" (not in the top tokens)" if missing else ""),

@@ -52,7 +52,7 @@ def code(piece: str, in_table: bool = False) -> str:
     return out.replace("|", "\\|") if in_table else out
 
 
-def _mark(kind: str, word: str) -> str:
+def status_mark(kind: str, word: str) -> str:
     """A status word with a CSS dot before it: no emoji, so no missing-glyph boxes."""
     return f'<span class="mark {kind}">{word}</span>'
 
@@ -151,7 +151,7 @@ def summary_markdown(
     elif not done:
         head = f"### Speedup {_fmt(cmp['achieved_speedup'], '.2f', '×')} so far (live) · {theory}"
     else:
-        head = f"### Speedup {_fmt(cmp['achieved_speedup'], '.2f', '×')} achieved · {theory}{_ending(spec, ar)}"
+        head = f"### Speedup {_fmt(cmp['achieved_speedup'], '.2f', '×')} achieved · {theory}{stop_note(spec, ar)}"
     return head + "\n\n" + table
 
 
@@ -204,7 +204,7 @@ def _theory(b: dict) -> str:
     return theory
 
 
-def _ending(spec: Sequence[Step], ar: Sequence[Step]) -> str:
+def stop_note(spec: Sequence[Step], ar: Sequence[Step]) -> str:
     """' · stopped: context full' when a run ended because the model's context was full."""
     reasons = {steps[-1].stop_reason for steps in (spec, ar) if steps}
     return " · stopped: context full" if "context_full" in reasons else ""
@@ -240,7 +240,7 @@ def _indent(depth: int) -> str:
     return "" if depth <= 1 else "\u2003\u2003" * (depth - 2) + "└\u2009"
 
 
-def _cell(text: str) -> str:
+def cell_text(text: str) -> str:
     return visible(text) or "(no text yet)"  # a byte of a multi-byte character has none
 
 
@@ -262,16 +262,16 @@ def decision_rows(step: Step, rule: str = REJECTION) -> list[list]:
         by_node = {d.node: d for d in step.decisions}
         rows = []
         for node, depth in tree_order(step.parents):
-            label = _indent(depth) + _cell(step.draft_text[node])
+            label = _indent(depth) + cell_text(step.draft_text[node])
             d = by_node.get(node)
             if d is None:
                 rows.append([label, "–", "–", "–", "–", "not judged (its parent or a sibling before it decided)"])
             else:
                 rows.append(row(label, d) + ["accept · kept path" if d.accepted else "reject"])
     else:
-        rows = [row(_cell(d.text), d) + ["accept" if d.accepted else "reject"] for d in step.decisions]
+        rows = [row(cell_text(d.text), d) + ["accept" if d.accepted else "reject"] for d in step.decisions]
         rows += [
-            [_cell(step.draft_text[i]), "–", "–", "–", "–", "never judged (after a rejection)"]
+            [cell_text(step.draft_text[i]), "–", "–", "–", "–", "never judged (after a rejection)"]
             for i in range(len(step.decisions), len(step.drafted))
         ]
     why = {
@@ -279,7 +279,7 @@ def decision_rows(step: Step, rule: str = REJECTION) -> list[list]:
         BONUS: "drawn after every draft was kept",
         TARGET: "nothing was drafted this round",
     }.get(step.token_kind, "")
-    rows.append([_cell(step.token_text), "–", "–", "–", "–", f"{step.token_kind}: the target's own token ({why})"])
+    rows.append([cell_text(step.token_text), "–", "–", "–", "–", f"{step.token_kind}: the target's own token ({why})"])
     return rows
 
 
