@@ -96,9 +96,15 @@ def _stats_line(st: dict, draft: str | None, colour: bool) -> str:
     if draft:
         line += (
             f"; acceptance {_pct(st['acceptance_rate'])} of drafts, alpha {_pct(st['alpha'])}, "
-            f"{st['tokens_per_pass']:.2f} tokens/pass (mean acceptance length), speedup predicted for this machine "
-            f"{_times(st['predicted_speedup'])} (Leviathan's idealised {_times(st['theoretical_speedup'])})"
+            f"{st['tokens_per_pass']:.2f} tokens/pass (mean acceptance length)"
         )
+        if st["tree_rounds"]:  # Leviathan's formulas are a chain's: a tree is judged by its tokens per pass
+            line += ", with trees (no speedup predicted: the formulas are a chain's)"
+        else:
+            line += (
+                f", speedup predicted for this machine {_times(st['predicted_speedup'])} "
+                f"(Leviathan's idealised {_times(st['theoretical_speedup'])})"
+            )
         if colour:
             line += "\n" + " ".join(f"{COLOURS[kind]}{label}{RESET}" for kind, label in KIND_LABELS.items())
     return line
