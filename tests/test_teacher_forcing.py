@@ -3,8 +3,10 @@
 import itertools
 import json
 
+import pytest
 import torch
 
+from app.core.config import UserError
 from app.core.decoder_layers import fused_layers
 from app.models import TINY_TARGET, load
 from app.training import teacher_forcing
@@ -52,3 +54,7 @@ def test_teacher_forced_shards_hold_the_targets_fused_features_and_top_k_and_res
     alone = teacher_forcing.build(target, tokenizer, tmp_path / "alone", **(build | dict(tokens=0)))
     assert alone["rows"] == 0 and alone["sources"] == {} and alone["chat"]["rows"] == 2
     assert teacher_forcing.built(tmp_path / "alone") == dict(chat=64)
+    # A build planned otherwise is refused, not mixed with the shards already written.
+    with pytest.raises(UserError, match="planned otherwise.*rows 5 -> 0"):
+        teacher_forcing.build(target, tokenizer, tmp_path, **(build | dict(tokens=0)))
+    assert teacher_forcing.shards(tmp_path, "text") == shards

@@ -23,6 +23,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
+from app.core.config import UserError
 from app.core.decoder_layers import entering, fused_layers
 from app.data.corpus import HELD_OUT, HELD_OUT_PACKAGES, keep_package_file, package_closure, stdlib_files
 from app.training.target_text import TOP_K, lm_head_fp32, top_k_of
@@ -167,11 +168,33 @@ def build(target, tokenizer, out: Path, tokens: int, seed: int, log=print, chats
     manifest["chat"] = (
         dict(chats=len(chats), rows=len(talk), tokens=talk.numel()) | (about or {}) if talk is not None else None
     )
+    _check_resume(out / "manifest.json", manifest)
     (out / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
     if talk is not None:  # first: the smaller part, and the one nearest the app's text
         _write(target, talk, out, "chat", log)
     _write(target, packed, out, "text", log)
     return manifest
+
+
+def _plan(manifest: dict) -> dict:
+    """What decides a build's shards: a resumed build keeps those already written only if it is the same."""
+    chat = manifest.get("chat") or {}
+    return {k: manifest.get(k) for k in ("layers", "top_k", "rows", "tokens", "seed")} | dict(
+        chat_rows=chat.get("rows"), chat_tokens=chat.get("tokens")
+    )
+
+
+def _check_resume(path: Path, manifest: dict) -> None:
+    """Refuse to add to a build planned otherwise: its finished shards would be trained on beside the new."""
+    if not path.is_file():
+        return
+    old, new = _plan(json.loads(path.read_text())), _plan(manifest)
+    if old != new:
+        differ = ", ".join(f"{k} {old[k]} -> {new[k]}" for k in new if old[k] != new[k])
+        raise UserError(
+            f"{path.parent} holds teacher data planned otherwise ({differ}): remove that folder, or give "
+            "another --work, to build it anew"
+        )
 
 
 def shards(folder: Path, prefix: str = "*") -> list[Path]:

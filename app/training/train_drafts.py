@@ -39,9 +39,6 @@ HEAD_STEPS, HEAD_LR, HEAD_BATCH = 2000, 1e-3, 8
 HEAD_WEIGHTS = (1.0, 0.1)  # (feature regression, token cross-entropy), EAGLE-1's weights
 HEAD_NOISE = 0.1  # uniform noise on input features, in units of their standard deviation
 TEACHER_TOKENS = 4_000_000  # teacher-forced positions (teacher_forcing.py), beside the target's answers
-# Sampled answer passes the teacher data takes (its chats): generation is the slow part of the build,
-# and the chats are a small part of its positions beside the text.
-TEACHER_SAMPLED = 1
 CHECKPOINT_EVERY = 100  # head steps between checkpoints in the work folder (a stopped run resumes there)
 SMALL = dict(hidden=192, layers=2, ffn=512, heads=3, kv_heads=1)
 SMALL_STEPS, SMALL_LR, SMALL_BATCH = 600, 2e-3, 8
@@ -293,7 +290,8 @@ def teacher_data(source, tokenizer, work: Path, args, device: torch.device, log)
 
     dtype = writing_dtype(device)
     writer = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, use_safetensors=True).to(device).eval()
-    rows = build_rows(writer, tokenizer, work, args.seed, args.scale, log, TEACHER_SAMPLED)
+    # The EAGLE-1 head's answers: the target's own text moves α, where human-written text did not.
+    rows = build_rows(writer, tokenizer, work, args.seed, args.scale, log)
     chats = [r.ids for r in rows]
     if dtype == torch.float32:  # the writer is the fp32 target already: no second load
         target = writer
@@ -303,7 +301,11 @@ def teacher_data(source, tokenizer, work: Path, args, device: torch.device, log)
         target = target.to(device).eval()
     tokens = args.text_tokens if args.text_tokens is not None else round(TEACHER_TOKENS * args.scale)
     tokens = tokens and max(teacher_forcing.ROW, tokens)
-    about = dict(sampled_passes=TEACHER_SAMPLED, tokens_by_kind=_by_kind(rows), instructions="app/data/instructions.py")
+    about = dict(
+        sampled_passes=sampled_passes(args.scale),
+        tokens_by_kind=_by_kind(rows),
+        instructions="app/data/instructions.py",
+    )
     return teacher_forcing.build(target, tokenizer, work / "teacher", tokens, args.seed, log, chats, about)
 
 
