@@ -275,13 +275,15 @@ def _take_turns(turns: _Turns, tree_turns: list[_Turns], n_lengths: int, report:
 
 
 def _tree_turns(pair, ids: list[int], settings: Settings, target_cache: Callable, k_max: int, tree: int) -> list:
-    """Turns of rounds drafting trees k_max deep, a small one and the widest a run may choose (none
-    without trees): what their rounds cost beyond a chain's drafting and a pass of their width is a
-    tree's own cost (cost_fit.tree_seconds)."""
-    if tree <= k_max:
+    """Turns of rounds drafting trees, a small one and the widest a run may choose (none without trees):
+    what their rounds cost beyond a chain's drafting and a pass of their width is a tree's own cost
+    (cost_fit.tree_seconds). They go k_max deep, or half the budget deep where the budget is no wider
+    than k_max: the cost model chooses such trees too, and unmeasured they would cost nothing extra."""
+    depth = k_max if tree > k_max else tree // 2
+    if depth < 1:
         return []
-    sizes = sorted({min(tree, k_max + 2), tree})
-    specs = [SpecConfig(k=k_max, k_policy="fixed", k_max=k_max, tree=n) for n in sizes]
+    sizes = sorted({min(tree, depth + 2), tree})
+    specs = [SpecConfig(k=depth, k_policy="fixed", k_max=k_max, tree=n) for n in sizes]
     return [_Turns(pair, ids, replace(settings, spec=spec), target_cache, policy=FixedK) for spec in specs]
 
 

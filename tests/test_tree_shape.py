@@ -132,3 +132,7 @@ def test_calibration_with_trees_prices_a_node_and_times_the_wide_passes(target, 
     assert list(costs.verify_s) == sorted(costs.verify_s)
     assert costs.verify_time(25) >= costs.verify_time(5) > 0  # a tiny model's pass can be flat out to 25
     assert calibrate.wide_widths(5, 25) == [12, 16, 24, 25]
+    # A budget no wider than k_max is measured too, with trees half as deep: the model chooses them.
+    sizes.clear()
+    costs = calibrate.measure(pair, 4, tree=4)
+    assert set(sizes) == {4}, sizes
