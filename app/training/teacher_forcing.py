@@ -87,6 +87,7 @@ def rows(tokenizer, limit: int, seed: int) -> tuple[torch.Tensor, dict]:
     `limit` of 0 reads no text: the chats alone."""
     if limit <= 0:
         return torch.zeros(0, ROW, dtype=torch.int32), dict(sources={}, documents=0, row=ROW)
+    limit = max(limit, ROW)  # at least one whole row
     docs = documents()
     random.Random(seed).shuffle(docs)  # sources mix within every shard
     seen: set[str] = set()

@@ -300,7 +300,6 @@ def teacher_data(source, tokenizer, work: Path, args, device: torch.device, log)
         target = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32, use_safetensors=True)
         target = target.to(device).eval()
     tokens = args.text_tokens if args.text_tokens is not None else round(TEACHER_TOKENS * args.scale)
-    tokens = tokens and max(teacher_forcing.ROW, tokens)
     about = dict(
         sampled_passes=sampled_passes(args.scale),
         tokens_by_kind=_by_kind(rows),
