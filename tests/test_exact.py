@@ -92,19 +92,16 @@ def test_each_operation_of_the_pass_keeps_a_rows_bits_at_every_width():
 
     g = torch.Generator().manual_seed(0)
     x = torch.randn(33, 576, generator=g) * 3
+    gate = torch.randn(33, 1536, generator=g) * 3  # SiLU's own rows: a float product to make them would vary by width
     linear = exact.Int8Linear(torch.randn(1536, 576, generator=g))
     norm = LlamaRMSNorm(576)
     norm.weight.data = torch.rand(576, generator=g) + 0.5
     rotary = LlamaRotaryEmbedding(tiny_llama(vocab=64).config)
-    ops = {
-        "int8 linear": lambda r: linear(r),
-        "SiLU": lambda r: exact.silu(r @ torch.ones(576, 1536) / 50),
-        "RMSNorm": lambda r: norm(r),
-    }
-    for name, op in ops.items():
-        one = torch.cat([op(x[i : i + 1]) for i in range(33)])
+    ops = {"int8 linear": (linear, x), "SiLU": (exact.silu, gate), "RMSNorm": (norm, x)}
+    for name, (op, rows) in ops.items():
+        one = torch.cat([op(rows[i : i + 1]) for i in range(33)])
         for width in WIDTHS[1:]:
-            assert torch.equal(torch.cat([op(part) for part in x.split(width)]), one), f"{name} at width {width}"
+            assert torch.equal(torch.cat([op(part) for part in rows.split(width)]), one), f"{name} at width {width}"
     positions = torch.arange(300)[None]
     cos, sin = rotary(x[None, :1], positions)
     for width in WIDTHS[1:]:
@@ -261,3 +258,21 @@ def test_an_int8_layers_sums_are_the_exact_integers(width):
     assert (ints.long() - exact.split(rows, 1, halves=False)[0].long()).abs().max() <= 1  # within a level
     ints, step = exact.split(rows, 1, halves=False)
     assert torch.equal(plain(rows), (ints.long() @ plain.weight_t.long()).mul(step).mul_(plain.scale))
+
+
+@pytest.mark.parametrize("split", [True, False])
+def test_an_int8_layers_sums_beyond_float32s_exact_integers_are_still_exact(split):
+    """Rows and weights of one sign, so the sums pass 2**24, where float32 keeps only even integers:
+    only integer sums (not a float matrix product) give these bits."""
+    g = torch.Generator().manual_seed(1)
+    layer = exact.Int8Linear(torch.rand(48, 4096, generator=g) + 1, split=split)
+    rows = torch.rand(5, 4096, generator=g) + 1
+    if split:
+        halves, step = exact.split(rows, layer.half)
+        parts = halves.long() @ layer.weight_t.long()
+        sums = parts[5:] + parts[:5] * layer.half
+    else:
+        ints, step = exact.split(rows, 1, halves=False)
+        sums = ints.long() @ layer.weight_t.long()
+    assert sums.max() > 2**24 and (sums % 2).any(), "the case must hold odd sums past float32's exact integers"
+    assert torch.equal(layer(rows), sums.mul(step).mul_(layer.scale))
