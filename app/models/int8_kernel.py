@@ -1,0 +1,100 @@
+"""The exact int8 linear layer as one compiled call (int8_kernel.cpp), built at first use.
+
+The build takes torch's extension tools (a C++ compiler and ninja) about a minute once per machine and
+torch version; the library is kept on disk beside the converted GGUF, named by its source's digest. Where
+it cannot be built or the CPU lacks AVX-512 VNNI, the int8 precision keeps its pure-torch path, which
+gives the same bits, and says why once on stderr.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import sys
+import threading
+import time
+from pathlib import Path
+from types import ModuleType
+
+import torch
+
+SOURCE = Path(__file__).with_name("int8_kernel.cpp")
+OFF = "SPECDEC_NO_KERNEL"  # set (to anything but 0) to keep the pure-torch int8 path
+# at::parallel_for runs on torch's OpenMP threads only in code built with OpenMP (Linux's gcc);
+# elsewhere the kernel runs on one thread
+OPENMP = ["-fopenmp"] if sys.platform.startswith("linux") else []
+BUILDING = "building the int8 kernel (once per machine and torch version, under a minute)"
+
+_lock = threading.Lock()
+_state: dict[str, object] = {}  # "module": the loaded extension or None; "why": why not; "seconds": the build's
+
+
+def build_dir() -> Path:
+    """Where the built library lives: the app's cache, one folder per source digest and torch version."""
+    from app.models.gguf_target import cache_root
+
+    digest = hashlib.sha256(SOURCE.read_bytes()).hexdigest()[:12]
+    return cache_root() / "kernels" / f"int8-{digest}-torch{torch.__version__.replace('+', '-')}"
+
+
+def built() -> bool:
+    """Whether the library is on disk already (a first start would not build)."""
+    return any(build_dir().glob("specdec_int8*.so"))
+
+
+def pending() -> bool:
+    """Whether the next int8 conversion here would build the kernel first (on a CPU-only machine,
+    where the auto precision may pick int8)."""
+    if "module" in _state or os.environ.get(OFF, "0") not in ("", "0") or sys.platform == "win32":
+        return False
+    return not torch.cuda.is_available() and not built()
+
+
+def module() -> ModuleType | None:
+    """The loaded kernel, building it on first use; None where it cannot run here (why() says why)."""
+    with _lock:
+        if "module" not in _state:
+            _state["module"] = _load()
+        return _state["module"]  # type: ignore[return-value]
+
+
+def why() -> str | None:
+    """Why the pure-torch path runs, or None while the kernel runs (or before it was asked for)."""
+    return _state.get("why")  # type: ignore[return-value]
+
+
+def _load() -> ModuleType | None:
+    if os.environ.get(OFF, "0") not in ("", "0"):
+        _state["why"] = f"{OFF} is set"
+        return None
+    if sys.platform == "win32":
+        _state["why"] = "the kernel is built for Linux and macOS"
+        return None
+    from torch.utils import cpp_extension
+
+    path = build_dir()
+    path.mkdir(parents=True, exist_ok=True)
+    fresh = not built()
+    if fresh:
+        print(f"specdec: {BUILDING}", file=sys.stderr, flush=True)
+    began = time.perf_counter()
+    try:
+        mod = cpp_extension.load(
+            name="specdec_int8",
+            sources=[str(SOURCE)],
+            extra_cflags=["-O3", "-ffp-contract=off", "-fno-fast-math", *OPENMP],
+            extra_ldflags=OPENMP,
+            build_directory=str(path),
+            verbose=False,
+        )
+    except Exception as exc:  # no compiler, no ninja, a failed build: the torch path gives the same bits
+        _state["why"] = f"it could not be built here ({type(exc).__name__}: {str(exc).splitlines()[0][:160]})"
+        print(f"specdec: the int8 precision runs its pure-torch path: {_state['why']}", file=sys.stderr)
+        return None
+    if fresh:
+        _state["seconds"] = time.perf_counter() - began
+        print(f"specdec: built the int8 kernel in {_state['seconds']:.0f} s", file=sys.stderr, flush=True)
+    if not mod.available():
+        _state["why"] = "this CPU has no AVX-512 VNNI"
+        return None
+    return mod

@@ -1,0 +1,108 @@
+"""The compiled int8 kernel (models/int8_kernel.cpp) gives the pure-torch int8 path's bits: each linear
+layer and the attention at every width, mask and head grouping, and a whole model's logits. Where it
+cannot run the int8 precision keeps the torch path and says why. CI sets REQUIRE_KERNEL: both of its
+CPUs (Xeon with VNNI, EPYC with AVX-512) run the kernel, so there these tests must not skip."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+from torch import nn
+
+from app.kv.cache import DynamicRollbackCache
+from app.models import exact, int8_kernel
+
+WIDTHS = (1, 2, 5, 8, 9, 17, 33, 130)
+
+
+@pytest.fixture(scope="module")
+def kernel():
+    found = int8_kernel.module()
+    if found is None:
+        if os.environ.get("REQUIRE_KERNEL"):
+            raise RuntimeError(f"REQUIRE_KERNEL is set but the int8 kernel does not run: {int8_kernel.why()}")
+        pytest.skip(f"the int8 kernel does not run here: {int8_kernel.why()}")
+    return found
+
+
+@pytest.fixture
+def torch_path(monkeypatch):
+    """Inside the test, whatever is built or called takes the pure-torch path."""
+
+    def off():
+        monkeypatch.setitem(int8_kernel._state, "module", None)
+
+    return off
+
+
+@pytest.mark.parametrize(
+    ("outputs", "inputs", "split", "bias"),
+    [(960, 576, True, False), (1536, 576, False, False), (37, 100, True, True), (50, 4096, True, False)],
+    ids=["qkv", "gate-up (int8 rows)", "odd shape with bias", "int64 sums"],
+)
+def test_a_linear_layer_gives_the_torch_paths_bits_at_every_width(kernel, torch_path, outputs, inputs, split, bias):
+    g = torch.Generator().manual_seed(outputs)
+    weight = torch.randn(outputs, inputs, generator=g)
+    b = torch.randn(outputs, generator=g) if bias else None
+    fused = exact.Int8Linear(weight, b, split=split)
+    assert fused.packed is not None and fused._weight_t is None, "one copy of the weights, the kernel's"
+    assert fused.wide == (inputs == 4096)
+    inputs_by_width = [torch.randn(width, inputs, generator=g) * 5 for width in WIDTHS]
+    got = [fused(rows) for rows in inputs_by_width]
+    torch_path()
+    plain = exact.Int8Linear(weight, b, split=split)
+    assert plain.packed is None and torch.equal(plain.weight_t, fused.weight_t)
+    for width, rows, out in zip(WIDTHS, inputs_by_width, got, strict=True):
+        assert torch.equal(out, plain(rows)), f"width {width}"
+
+
+@pytest.mark.parametrize(("heads", "kv_heads"), [(9, 3), (4, 4), (8, 2)])
+def test_the_attention_gives_the_torch_paths_bits_under_every_mask(kernel, torch_path, heads, kv_heads):
+    g = torch.Generator().manual_seed(heads)
+    layer = nn.Module()
+    fused, plain = [], []
+    for width in WIDTHS:
+        s = 200 + width
+        keys = exact.stored(torch.randn(1, kv_heads, s, 64, generator=g))
+        values = exact.stored(torch.randn(1, kv_heads, s, 64, generator=g))
+        queries = torch.randn(1, heads, width, 64, generator=g) * 3
+        tree = torch.ones(1, 1, width, s, dtype=torch.bool)
+        tree[..., s - width :] = torch.rand(width, width, generator=g) > 0.5
+        tree[0, 0, torch.arange(width), s - width + torch.arange(width)] = True  # each node sees itself
+        for mask in (None, tree):
+            fused.append(exact.attention(layer, queries, keys, values, mask)[0])
+            plain.append((queries, keys, values, mask))
+    torch_path()
+    for got, (queries, keys, values, mask) in zip(fused, plain, strict=True):
+        want = exact.attention(layer, queries, keys, values, mask)[0]
+        assert torch.equal(got, want), f"width {queries.shape[2]}, mask {mask is not None}"
+
+
+def test_a_models_logits_are_the_torch_paths_on_every_row(kernel, torch_path):
+    from tests.conftest import tiny_llama
+
+    fp32 = tiny_llama(vocab=96).eval()
+    ids = [(7 * i + 3) % 96 for i in range(80)]
+
+    def rows(model, width: int) -> torch.Tensor:
+        cache = DynamicRollbackCache(model)
+        cache.extend(ids[:30], keep=1)
+        return torch.cat([cache.extend(ids[i : i + width]) for i in range(30, 63, width)])
+
+    fused = exact.convert(fp32)
+    got = {width: rows(fused, width) for width in (1, 4, 9, 33)}
+    torch_path()
+    plain = exact.convert(fp32)
+    for width, out in got.items():
+        assert torch.equal(out, rows(plain, width)), f"width {width}"
+
+
+def test_without_the_kernel_the_int8_path_runs_and_says_why(monkeypatch):
+    monkeypatch.setattr(int8_kernel, "_state", {})
+    monkeypatch.setenv(int8_kernel.OFF, "1")
+    assert int8_kernel.module() is None
+    assert int8_kernel.OFF in (int8_kernel.why() or "")
+    layer = exact.Int8Linear(torch.randn(32, 64))
+    assert layer.packed is None and layer(torch.randn(3, 64)).shape == (3, 32)
