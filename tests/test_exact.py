@@ -276,3 +276,15 @@ def test_an_int8_layers_sums_beyond_float32s_exact_integers_are_still_exact(spli
         sums = ints.long() @ layer.weight_t.long()
     assert sums.max() > 2**24 and (sums % 2).any(), "the case must hold odd sums past float32's exact integers"
     assert torch.equal(layer(rows), sums.mul(step).mul_(layer.scale))
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_an_int8_model_counts_the_parameters_of_its_fp32_original(tied):
+    """The load line's figure: int8 layers hold their weights as buffers, which num_parameters() misses."""
+    from tests.conftest import tiny_llama
+
+    fp32 = tiny_llama(vocab=96)
+    if not tied:
+        fp32.lm_head.weight = nn.Parameter(fp32.lm_head.weight.detach().clone())
+    int8 = exact.convert(fp32)
+    assert exact.parameter_count(int8) == fp32.num_parameters() > int8.num_parameters()

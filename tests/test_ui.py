@@ -4,6 +4,7 @@ answers gradio_client and a real browser with the bundled models."""
 import dataclasses
 import logging
 import os
+import re
 import subprocess
 import time
 from pathlib import Path
@@ -429,6 +430,9 @@ def test_gradio_client_greedy_generation(served):
         assert '"x"' in str(fig) and '"y"' in str(fig), "each figure carries data"
     status = client.predict("stdlib-code target (bundled)", "", "weak draft (bundled)", "", api_name="/load_pair")
     assert "Loaded target" in status
+    # the precision as typed (int8, not the float32 its embedding keeps) and the models the server keeps
+    assert re.search(r"M parameters, \d+ layers, context \d+ tokens, (int8|fp32|bf16), cpu\)", status), status
+    assert "keeps the 4 models loaded last" in status
     with pytest.raises(Exception, match="could not load"):
         client.predict(
             "stdlib-code target (bundled)", "/no/such/model", "distilled draft (bundled)", "", api_name="/load_pair"

@@ -326,6 +326,85 @@ def silu(x: torch.Tensor) -> torch.Tensor:
     return by_rows(nn.functional.silu, x)
 
 
+class FusedLayer(nn.Module):
+    """A decoder layer of the exact precision in two kernel calls (int8_kernel.cpp) and the cache's
+    update between them, where the kernel runs: the same operations in the same order as its modules,
+    the same bits. Mixed into the model's own layer class, whose forward runs where it does not."""
+
+    def forward(
+        self,
+        hidden_states,
+        attention_mask=None,
+        position_ids=None,
+        cache=None,
+        use_cache=False,
+        position_embeddings=None,
+        **kwargs,
+    ):
+        attn, mlp = self.self_attn, self.mlp
+        kernel = int8_kernel.module() if attn.qkv.packed is not None and position_embeddings is not None else None
+        if kernel is None or hidden_states.dtype != torch.float32:
+            return super().forward(
+                hidden_states, attention_mask, position_ids, cache, use_cache, position_embeddings, **kwargs
+            )
+        heads, kv_heads = (n // attn.head_dim for n in attn.sizes[:2])
+        norm, qkv = self.input_layernorm, attn.qkv
+        q, k, v = kernel.attention_in(
+            hidden_states,
+            norm.weight,
+            norm.variance_epsilon,
+            qkv.packed,
+            qkv.scale,
+            qkv.bias,
+            qkv.half,
+            qkv.wide,
+            heads,
+            kv_heads,
+            *position_embeddings,
+        )
+        if cache is not None:
+            k, v = cache.update(k, v, attn.layer_idx)
+        b, t, s = q.shape[0], q.shape[2], k.shape[2]
+        first, blocked = (s, None) if attention_mask is None and t == 1 else _blocked(attention_mask, b, t, s, q.device)
+        o, norm, up, down = attn.o_proj, self.post_attention_layernorm, mlp.gate_up, mlp.down_proj
+        return kernel.attention_out(
+            hidden_states,
+            q,
+            k,
+            v,
+            first,
+            blocked,
+            attn.scaling,
+            attn.weight_levels,
+            o.packed,
+            o.scale,
+            o.bias,
+            o.half,
+            o.wide,
+            norm.weight,
+            norm.variance_epsilon,
+            up.packed,
+            up.scale,
+            up.bias,
+            up.out_features,
+            down.packed,
+            down.scale,
+            down.bias,
+            down.half,
+            down.wide,
+        )
+
+
+_fused: dict[type, type] = {}
+
+
+def _fused_class(base: type) -> type:
+    """The model's decoder layer class with FusedLayer's forward first (one class per base)."""
+    if base not in _fused:
+        _fused[base] = type(f"Exact{base.__name__}", (FusedLayer, base), {})
+    return _fused[base]
+
+
 MLP_NAMES = ("gate_proj", "up_proj", "down_proj")
 # Families whose attention is exactly the one ExactAttention computes (full rotary on q and k with
 # transformers' rotate_half, no q/k norms or clipping): others that look alike (StableLM's partial
@@ -371,6 +450,7 @@ def convert(model: nn.Module) -> nn.Module:
         new._modules = dict(layer._modules)
         new.self_attn = ExactAttention(layer.self_attn, model.config)
         new.mlp = ExactMLP(layer.mlp)
+        new.__class__ = _fused_class(type(layer))  # still the model's own layer class to transformers' hooks
         layers.append(new)
     base.layers = layers
     exact.model = base
@@ -382,6 +462,16 @@ def convert(model: nn.Module) -> nn.Module:
     exact.config._attn_implementation = ATTENTION
     base.config = exact.config
     return exact
+
+
+def parameter_count(model: nn.Module) -> int:
+    """The model's parameters as its fp32 original counts them: int8 layers count their weights, and
+    an LM head that keeps the tied embedding's rows is not counted twice."""
+    count = sum(p.numel() for p in model.parameters())
+    for layer in model.modules():
+        if isinstance(layer, Int8Linear) and layer.weight is None:
+            count += layer.in_features * layer.out_features
+    return count
 
 
 def weight_bytes(model: nn.Module) -> int:

@@ -28,6 +28,9 @@ namespace {
 constexpr int64_t COLS = 16;  // output columns a block: one zmm of int32 sums
 constexpr int64_t DEPTH = 4;  // inner products per lane per vpdpbusd
 constexpr int CHUNK = 8;  // tokens whose sums share one pass over a block's weights (16 zmm with hi and lo)
+constexpr double FIXED = 1048576.0;  // exact.FIXED: queries', keys' and values' fixed-point levels
+constexpr int64_t GRAIN = 32768;  // exact.GRAIN
+constexpr int64_t LANES = 32;  // exact.LANES
 
 int64_t blocks(int64_t n) { return (n + COLS - 1) / COLS; }
 int64_t depth(int64_t k) { return (k + DEPTH - 1) / DEPTH; }
@@ -269,9 +272,6 @@ torch::Tensor linear(torch::Tensor x, torch::Tensor packed, torch::Tensor scale,
 #ifdef SPECDEC_X86
 namespace {
 
-constexpr double FIXED = 1048576.0;  // exact.FIXED: queries', keys' and values' fixed-point levels
-constexpr int64_t GRAIN = 32768;  // exact.GRAIN
-constexpr int64_t LANES = 32;  // exact.LANES
 
 // Scores of one query row against keys j0..j0+7, integers in float64: Σ_c q[c]·Kt[c][j]. Every
 // partial sum is an integer below 2**53, so the order (and fusing each product) cannot change it.
@@ -517,9 +517,140 @@ torch::Tensor attention(torch::Tensor query, torch::Tensor key, torch::Tensor va
 #endif
 }
 
+// A Llama RMSNorm with ATen's own kernels, as LlamaRMSNorm.forward calls them (the mean's order is
+// ATen's, so these are its bits).
+torch::Tensor rms_norm(const torch::Tensor& h, const torch::Tensor& weight, double eps) {
+  auto x = h.to(torch::kFloat32);
+  auto variance = x.pow(2).mean(-1, true);
+  x = x * at::rsqrt(variance + eps);
+  return weight * x;
+}
+
+#ifdef SPECDEC_X86
+namespace {
+
+// exact.fixed's rows with their step as a last column (exact.stored), from float32 rows of d.
+void stored_row(const float* x, int64_t d, double* out) {
+  double peak = 1e-300;
+  for (int64_t c = 0; c < d; ++c) {
+    const double m = std::fabs(static_cast<double>(x[c]));
+    peak = m > peak ? m : peak;
+  }
+  volatile double inv = 1.0 / peak;
+  volatile double per = inv * FIXED;
+  for (int64_t c = 0; c < d; ++c) {
+    volatile double scaled = static_cast<double>(x[c]) * per;
+    out[c] = std::nearbyint(static_cast<double>(scaled));
+  }
+  out[d] = peak * (1.0 / FIXED);
+}
+
+}  // namespace
+#endif
+
+// The first half of an exact decoder layer: RMSNorm, the q, k, v layer (one int8 layer), the model's
+// rotary embedding on queries and keys (x·cos + rotate_half(x)·sin, each product rounded, as
+// ExactAttention.forward), and keys and values in fixed point. (B, T, H) hidden states ->
+// [(B, heads, T, D) float32 queries, (B, kv_heads, T, D + 1) float64 keys, values].
+std::vector<torch::Tensor> attention_in(torch::Tensor h, torch::Tensor norm_weight, double eps, torch::Tensor packed,
+                                        torch::Tensor scale, c10::optional<torch::Tensor> bias, int64_t half,
+                                        bool wide, int64_t heads, int64_t kv_heads, torch::Tensor cos,
+                                        torch::Tensor sin) {
+#ifndef SPECDEC_X86
+  TORCH_CHECK(false, "the int8 kernel needs an x86-64 CPU with AVX-512 VNNI");
+#else
+  const int64_t b = h.size(0), t = h.size(1), d = cos.size(-1), width = heads + 2 * kv_heads;
+  auto x = rms_norm(h, norm_weight, eps);
+  auto qkv = linear(x.reshape({b * t, h.size(2)}), packed, scale, bias, width * d, half, wide);  // (B·T, width·D)
+  auto c = cos.to(torch::kFloat32).expand({b, t, d}).contiguous();
+  auto sn = sin.to(torch::kFloat32).expand({b, t, d}).contiguous();
+  auto q = torch::empty({b, heads, t, d}, h.options().dtype(torch::kFloat32));
+  auto k = torch::empty({b, kv_heads, t, d + 1}, h.options().dtype(torch::kFloat64));
+  auto v = torch::empty({b, kv_heads, t, d + 1}, h.options().dtype(torch::kFloat64));
+  const float* src = qkv.data_ptr<float>();
+  const float* cs = c.data_ptr<float>();
+  const float* ss = sn.data_ptr<float>();
+  float* qs = q.data_ptr<float>();
+  double* ks = k.data_ptr<double>();
+  double* vs = v.data_ptr<double>();
+  const int64_t half_d = d / 2;
+  std::vector<float> turned(static_cast<size_t>(d));
+  for (int64_t bb = 0; bb < b; ++bb) {
+    for (int64_t i = 0; i < t; ++i) {
+      const float* row = src + (bb * t + i) * width * d;
+      const float* ci = cs + (bb * t + i) * d;
+      const float* si = ss + (bb * t + i) * d;
+      for (int64_t head = 0; head < width; ++head) {
+        const float* x_h = row + head * d;
+        if (head >= heads + kv_heads) {  // a value: fixed point as it is
+          stored_row(x_h, d, vs + ((bb * kv_heads + head - heads - kv_heads) * t + i) * (d + 1));
+          continue;
+        }
+        for (int64_t e = 0; e < d; ++e) {
+          volatile float a = x_h[e] * ci[e];
+          volatile float r = (e < half_d ? -x_h[e + half_d] : x_h[e - half_d]) * si[e];
+          turned[e] = a + r;
+        }
+        if (head < heads) {
+          std::copy(turned.begin(), turned.end(), qs + ((bb * heads + head) * t + i) * d);
+        } else {
+          stored_row(turned.data(), d, ks + ((bb * kv_heads + head - heads) * t + i) * (d + 1));
+        }
+      }
+    }
+  }
+  return {q, k, v};
+#endif
+}
+
+// The second half: attention over the cached keys and values, the output layer, the residual, RMSNorm,
+// the MLP (gate and up as one int8 layer on int8 rows, SiLU on whole-row slices below ATen's grain, as
+// exact.silu, times up, down) and its residual. -> (B, T, H) hidden states.
+torch::Tensor attention_out(torch::Tensor h, torch::Tensor q, torch::Tensor k, torch::Tensor v, int64_t first,
+                            c10::optional<torch::Tensor> blocked, double scaling, double levels, torch::Tensor o_packed,
+                            torch::Tensor o_scale, c10::optional<torch::Tensor> o_bias, int64_t o_half, bool o_wide,
+                            torch::Tensor norm_weight, double eps, torch::Tensor up_packed, torch::Tensor up_scale,
+                            c10::optional<torch::Tensor> up_bias, int64_t up_n, torch::Tensor down_packed,
+                            torch::Tensor down_scale, c10::optional<torch::Tensor> down_bias, int64_t down_half,
+                            bool down_wide) {
+  const int64_t b = h.size(0), t = h.size(1), hidden = h.size(2);
+  auto rows_of = [&](const torch::Tensor& x) { return x.reshape({b * t, x.size(-1)}); };
+  // ROWS query rows a call, as exact.attention
+  constexpr int64_t ROWS = 128;
+  std::vector<torch::Tensor> parts;
+  for (int64_t i = 0; i < t; i += ROWS) {
+    const int64_t n = std::min(ROWS, t - i);
+    c10::optional<torch::Tensor> mask;
+    if (blocked.has_value()) mask = blocked->narrow(2, i, n);
+    parts.push_back(attention(q.narrow(2, i, n), k, v, first, mask, scaling, levels));
+  }
+  auto attended = parts.size() == 1 ? parts[0] : torch::cat(parts, 1);  // (B, T, H, D)
+  auto o = linear(rows_of(attended.reshape({b, t, -1})), o_packed, o_scale, o_bias, hidden, o_half, o_wide);
+  auto h1 = h + o.view({b, t, hidden});
+  auto x = rms_norm(h1, norm_weight, eps);
+  auto gate_up = linear(rows_of(x), up_packed, up_scale, up_bias, up_n, 0, false).view({b, t, up_n});
+  auto chunks = gate_up.chunk(2, -1);
+  auto gate = chunks[0].contiguous();
+  const int64_t inner = gate.size(-1), per = std::max<int64_t>(1, GRAIN / inner);
+  auto flat = gate.reshape({-1, inner});
+  torch::Tensor act;
+  if (flat.size(0) <= per) {
+    act = at::silu(gate);
+  } else {
+    std::vector<torch::Tensor> slices;
+    for (auto& part : flat.split(per)) slices.push_back(at::silu(part));
+    act = torch::cat(slices).reshape(gate.sizes());
+  }
+  act.mul_(chunks[1]);
+  auto down = linear(rows_of(act), down_packed, down_scale, down_bias, hidden, down_half, down_wide);
+  return h1 + down.view({b, t, hidden});
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("available", &available, "whether this CPU runs the kernel (AVX-512 VNNI)");
   m.def("pack", &pack, "(N, K) int8 rows in the kernel's layout, shifted into uint8");
   m.def("linear", &linear, "the exact int8 linear layer");
   m.def("attention", &attention, "the exact attention over fixed-point keys and values");
+  m.def("attention_in", &attention_in, "an exact decoder layer up to its keys and values");
+  m.def("attention_out", &attention_out, "an exact decoder layer from its attention on");
 }

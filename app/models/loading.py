@@ -135,12 +135,6 @@ DTYPE_NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp
 DTYPE_ENV = "SPECDEC_DTYPE"  # the dtype a load without one uses: auto, or fp32, bf16, fp16
 
 
-def is_cached(model: PreTrainedModel) -> bool:
-    """Whether the model cache still holds this very model (it drops the oldest past MAX_CACHED)."""
-    with _lock:
-        return any(cached is model for cached, _ in _cache.values())
-
-
 def default_dtype() -> str:
     """auto (the dtype whose passes run fastest here), unless SPECDEC_DTYPE names another."""
     return os.environ.get(DTYPE_ENV, "").strip().lower() or "auto"
