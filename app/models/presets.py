@@ -64,7 +64,9 @@ DRAFT_PRESETS = {
 def id_of(model_id: str) -> str:
     """A preset label's id, else the id itself (stripped)."""
     model_id = (model_id or "").strip()
-    if model_id.lower() == "smollm2":  # the short name `train --target` documents
+    # the short name `train --target` documents, and the model's own name as the README and the page
+    # write it: the installed wheel's copy (or, without the wheel, the Hub's original)
+    if model_id.lower() in ("smollm2", SMOLLM2.lower()):
         return SMOLLM2
     return TARGET_PRESETS.get(model_id) or DRAFT_PRESETS.get(model_id) or model_id
 
