@@ -322,8 +322,9 @@ namespace {
 
 struct Attend {
   const float* qs;  // (B, H, T, D) queries
-  const double* ks;  // (B·Hkv, S, D + 1) keys in fixed point, their step last
+  const double* ks;  // (B, Hkv, S, D + 1) keys in fixed point, their step last: the cache's view, strided
   const double* vs;  // values, as keys
+  int64_t k_strides[3], v_strides[3];  // the views' strides over B, Hkv and S (D + 1 is contiguous)
   const bool* mask;  // (B, 1, T, S - first), or null
   double* sc;  // (B·Hkv, group·T, S) scores, then their exp
   double* kts;  // (B·Hkv, D, S8) keys' integers transposed
@@ -339,11 +340,12 @@ struct Attend {
 
 void transpose_keys(const Attend& a, int64_t n0, int64_t n1) {
   for (int64_t nn = n0; nn < n1; ++nn) {
+    const int64_t bb = nn / a.kv_heads, head = nn % a.kv_heads;
     for (int64_t j = 0; j < a.s; ++j) {
-      const double* kj = a.ks + (nn * a.s + j) * (a.d + 1);
+      const double* kj = a.ks + bb * a.k_strides[0] + head * a.k_strides[1] + j * a.k_strides[2];
       for (int64_t c = 0; c < a.d; ++c) a.kts[(nn * a.d + c) * a.s8 + j] = kj[c];
       a.k_steps[nn * a.s8 + j] = kj[a.d];
-      const double* vj = a.vs + (nn * a.s + j) * (a.d + 1);
+      const double* vj = a.vs + bb * a.v_strides[0] + head * a.v_strides[1] + j * a.v_strides[2];
       std::copy(vj, vj + a.d, a.v_ints + (nn * a.s + j) * a.d);
       a.v_steps[nn * a.s8 + j] = vj[a.d];
     }
@@ -468,8 +470,10 @@ torch::Tensor attention(torch::Tensor query, torch::Tensor key, torch::Tensor va
   const int64_t kv_heads = key.size(1), s = key.size(2), group = heads / kv_heads, n = b * kv_heads;
   TORCH_CHECK(key.size(3) == d + 1 && value.size(3) == d + 1, "keys and values carry their step as a last column");
   auto q = query.contiguous();
-  auto k = key.contiguous();
-  auto v = value.contiguous();
+  // The cache's keys and values are views of buffers with room to spare: read in place, not copied,
+  // wherever each position's D + 1 numbers are contiguous.
+  auto k = key.stride(3) == 1 ? key : key.contiguous();
+  auto v = value.stride(3) == 1 ? value : value.contiguous();
   torch::Tensor blocked_c;
   if (blocked.has_value()) blocked_c = blocked->to(torch::kBool).contiguous();
   const int64_t rows = group * t, size = n * rows * s, s8 = (s + 7) / 8 * 8;
@@ -483,6 +487,8 @@ torch::Tensor attention(torch::Tensor query, torch::Tensor key, torch::Tensor va
   const Attend a{q.data_ptr<float>(),
                  k.data_ptr<double>(),
                  v.data_ptr<double>(),
+                 {k.stride(0), k.stride(1), k.stride(2)},
+                 {v.stride(0), v.stride(1), v.stride(2)},
                  blocked.has_value() ? blocked_c.data_ptr<bool>() : nullptr,
                  buffer.data_ptr<double>(),
                  kts.data(),
