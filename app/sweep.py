@@ -42,7 +42,9 @@ def drafts_for(target_id: str, layers: int, named: list[str] | None = None, exit
         bundled = [models.SMOLLM2_SMALL, models.SMOLLM2_FEATURE]
     elif Path(target_id).resolve() == Path(models.TINY_TARGET).resolve():
         bundled = [str(models.BUNDLED / n) for n in ("draft-weak", "draft-small", "draft-distilled", "draft-feature")]
-    return [f"early-exit:{n}" for n in depths(layers, exits)] + bundled + [models.PROMPT_LOOKUP]
+    # bundled drafts by their preset labels: a public server admits those, never an install path
+    named_by_label = [models.presets.draft_label(d) for d in bundled]
+    return [f"early-exit:{n}" for n in depths(layers, exits)] + named_by_label + [models.PROMPT_LOOKUP]
 
 
 COST_REPS = 3  # rounds of timing each draft beside the target (odd: the median is one real round)

@@ -362,7 +362,7 @@ def test_the_size_sweep_spreads_early_exits_and_reads_its_curve(tmp_path, capsys
 
     assert sweep.depths(8) == list(range(1, 8)) and sweep.depths(30) == [3, 7, 10, 13, 17, 20, 23, 27]
     assert sweep.drafts_for(models.TINY_TARGET, 8)[-1] == models.PROMPT_LOOKUP
-    assert "draft-feature" in sweep.drafts_for("assets/models/target", 8)[-2]
+    assert sweep.drafts_for("assets/models/target", 8)[-2] == "feature draft (EAGLE-style, bundled)"
     out = tmp_path / "sizes"
     argv = ["--sizes", "--target", models.TINY_TARGET, "--drafts", "early-exit:1,early-exit:6,prompt-lookup"]
     argv += ["--categories", "coding,qa", "--max-new-tokens", "8", "--k", "3", "--out", str(out)]

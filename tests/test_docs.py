@@ -190,3 +190,9 @@ def test_git_grep_finds_no_lab_notes():
         pytest.skip("not a git checkout")
     hits = [line for line in proc.stdout.splitlines() if not line.startswith("tests/test_docs.py:")]
     assert not hits, hits
+
+
+def test_the_readme_stays_short():
+    """The README is the way in; detail lives in docs/."""
+    lines = (ROOT / "README.md").read_text().count("\n")
+    assert lines <= 300, f"README.md has {lines} lines: move detail to docs/"

@@ -63,6 +63,17 @@ def test_on_a_space_only_real_draft_sources_skip_the_list(on_space, draft):
         assert models.load_pair("stdlib-code target (bundled)", real).draft.modules() == []
 
 
+@pytest.mark.parametrize("target", [models.SMOLLM2, models.TINY_TARGET], ids=["smollm2", "tiny"])
+def test_the_draft_size_sweeps_own_drafts_pass_a_public_servers_model_list(on_space, target):
+    """The Which draft panel's defaults name bundled drafts by their preset labels, never an install path."""
+    from app import sweep
+
+    drafts = sweep.drafts_for(target, 30)
+    assert not [d for d in drafts if str(models.BUNDLED) in d or d.startswith("/")], drafts
+    for draft in drafts:
+        hosting.check(draft, "draft", models.preset_ids(), means=models.presets.id_of(draft))
+
+
 def test_a_bundled_install_path_is_refused_like_any_other_path(on_space):
     """Accepting the bundled models' absolute paths alone would confirm where the app is installed."""
     for typed in (models.TINY_TARGET, "/srv/elsewhere/target"):

@@ -73,8 +73,13 @@ def id_of(model_id: str) -> str:
 
 def default_draft(target_id: str | None) -> str:
     """The draft a target gets when none is named, by preset label: its trained head, else prompt lookup."""
-    draft = DEFAULT_DRAFTS.get(id_of(target_id or DEFAULT_TARGET), PROMPT_LOOKUP)
-    return next((label for label, value in DRAFT_PRESETS.items() if value == draft), draft)
+    return draft_label(DEFAULT_DRAFTS.get(id_of(target_id or DEFAULT_TARGET), PROMPT_LOOKUP))
+
+
+def draft_label(draft_id: str) -> str:
+    """A draft preset's label (as the page lists it, and as a public server's model list admits it),
+    else the id itself."""
+    return next((label for label, value in DRAFT_PRESETS.items() if value == draft_id), draft_id)
 
 
 def public_name(model_id: str) -> str:
