@@ -95,7 +95,8 @@ def test_a_bad_value_in_any_input_of_any_endpoint_gets_a_readable_message(tmp_pa
     "kwargs, message",
     [
         (dict(seed=2**70), "seed must be a whole number"),
-        (dict(seed=float("nan")), "seed must be a finite number"),
+        (dict(seed=float("nan")), "seed must be a finite number, got not a number"),
+        (dict(seed=float("inf")), "seed must be a finite number, got a number too large to hold"),
         (dict(seed="abc"), "seed must be a number"),
         (dict(k=float("nan")), "k must be a finite number"),
         (dict(k=True), "k must be a number"),
@@ -164,6 +165,7 @@ def test_raw_values_are_checked_by_parameter_and_by_component_before_preprocessi
         (2, None, "Max new tokens must be a number, got nothing"),
         (2, {}, "Max new tokens must be a number, got an object"),
         (3, "c", "Mode must be one of a, b"),
+        (3, None, r"Mode must be one of a, b, got nothing \(null\)"),
         (4, "abc", "Chat must be true or false"),
         (5, 7, "example must be the number of one of the examples"),
         (5, None, "example must be the number"),
@@ -255,3 +257,14 @@ def test_a_number_sent_as_text_reaches_gradio_as_a_number_and_a_blank_seed_as_no
     values = [" ", "1e3", "1e3"]
     boundary.check_payload(handler, [gr.Number(), gr.Number(precision=0), gr.Textbox()], values)
     assert values == [None, 1000.0, "1e3"], "text boxes keep their text"
+
+
+def test_each_settings_messages_name_one_range():
+    """The page's slider, the API's check and the engine's own check agree on a setting's range."""
+    from app.core import config, knobs
+
+    by_name = {k.name: k for k in knobs.KNOBS}
+    assert by_name["tree"].hi == by_name["tree"].ui.hi == config.TREE_MAX
+    assert by_name["temperature"].hi == config.MAX_TEMPERATURE
+    with pytest.raises(UserError, match=r"from 0.001 to 100, got 150"):
+        config.SamplingConfig(temperature=150.0).validate()

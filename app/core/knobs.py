@@ -16,6 +16,7 @@ from typing import Any
 
 from app.core.config import (
     K_MAX,
+    MAX_TEMPERATURE,
     REJECTION,
     RULES,
     SHARED_NOISE,
@@ -124,7 +125,7 @@ KNOBS: list[Knob] = [
         "temperature",
         "sampling",
         lo=0,
-        hi=1000,
+        hi=MAX_TEMPERATURE,  # the engine's own bound (config.py), so the two messages name one range
         required=True,
         help="0 means greedy",
         ui=Widget("slider", f"Temperature {SAMPLING})", lo=0.05, hi=2.0, step=0.05, sampling_only=True),
@@ -262,7 +263,7 @@ KNOBS: list[Knob] = [
             "One target pass verifies the whole tree",
             group="speculation",
             lo=0,
-            hi=32,
+            hi=TREE_MAX,  # the API's and the CLI's limit: one range in every message
             step=1,
             elem_id="tree-nodes",
         ),

@@ -55,7 +55,9 @@ def _number(name: str, value, whole: bool) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise UserError(f"{name} must be a number, got {_what(value)}")
     if isinstance(value, float) and not math.isfinite(value):
-        raise UserError(f"{name} must be a finite number, got {value}")
+        # a number of hundreds of digits reaches here as inf: say what the visitor sent, not "inf"
+        got = "not a number" if math.isnan(value) else "a number too large to hold"
+        raise UserError(f"{name} must be a finite number, got {got}")
     if whole and value != int(value):
         raise UserError(f"{name} must be a whole number, got {value}")
     return value
@@ -109,7 +111,8 @@ def text(name: str, limit: int, blank: bool = True) -> Callable:
 def choice(name: str, options: tuple) -> Callable:
     def check(value) -> None:
         if value not in options:
-            raise UserError(f"{name} must be one of {', '.join(map(str, options))}, got {str(value)[:30]!r}")
+            got = repr(value[:30]) if isinstance(value, str) else _what(value)  # null is "nothing", not 'None'
+            raise UserError(f"{name} must be one of {', '.join(map(str, options))}, got {got}")
 
     return check
 
