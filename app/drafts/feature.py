@@ -143,7 +143,7 @@ class FeatureProposer:
         without a full-vocabulary row per node."""
         assert self.w_sub is not None and self.vocab is not None  # gathered with the draft vocabulary
         features = torch.stack([feature for _, _, feature in frontier])
-        probs = torch.nn.functional.linear(self.head.readout(features), self.w_sub).float().softmax(-1)
+        probs = self.head.score(self.head.readout(features), self.w_sub).float().softmax(-1)
         top = probs.topk(min(width, probs.shape[-1]), dim=-1)
         values, tokens = top.values.tolist(), self.vocab[top.indices].tolist()
         counts = _children(frontier, values, width)
@@ -175,7 +175,7 @@ class FeatureProposer:
         if self.vocab is None:
             return self.lm_head(feature)[: self.vocab_size]
         assert self.w_sub is not None  # gathered with the draft vocabulary
-        scores = torch.nn.functional.linear(feature, self.w_sub)
+        scores = self.head.score(feature, self.w_sub)
         logits = torch.full((self.vocab_size,), float("-inf"), device=scores.device, dtype=scores.dtype)
         logits[self.vocab] = scores
         return logits
@@ -184,7 +184,7 @@ class FeatureProposer:
         """A draft token from a predicted feature, through the LM head (or its draft-vocabulary rows)."""
         if self.vocab is not None and cfg.greedy and not cfg.penalised:  # the subset's argmax: no full row
             assert self.w_sub is not None
-            return int(self.vocab[torch.nn.functional.linear(self.head.readout(feature), self.w_sub).argmax()]), None
+            return int(self.vocab[self.head.score(self.head.readout(feature), self.w_sub).argmax()]), None
         return draw(self._logits(feature), history, cfg, gen)
 
     def commit(

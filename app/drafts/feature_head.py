@@ -74,6 +74,8 @@ class FeatureHead(nn.Module):
         # q is 0 outside it (FR-Spec, EAGLE-3's reduced draft vocabulary); verification stays exact.
         self.draft_vocab: torch.Tensor | None = None
         self._draft_rows: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+        # the draft vocabulary's scores as one layer where the target's precision gives one (models/exact.py)
+        self.rows_linear: nn.Module | None = None
 
     def draft_rows(self, lm_head: nn.Module) -> tuple[torch.Tensor, torch.Tensor] | None:
         """(ids, LM-head rows) of the draft vocabulary on the LM head's device, gathered once per head
@@ -85,6 +87,12 @@ class FeatureHead(nn.Module):
             ids = self.draft_vocab.to(weight.device)
             self._draft_rows = (weight, ids, weight[ids].detach())
         return self._draft_rows[1:]
+
+    def score(self, readout: torch.Tensor, w_sub: torch.Tensor) -> torch.Tensor:
+        """(..., len(draft_vocab)) logits over the draft vocabulary from what the LM head reads."""
+        if self.rows_linear is not None:
+            return self.rows_linear(readout)
+        return torch.nn.functional.linear(readout, w_sub)
 
     def new_cache(self) -> DynamicCache:
         return growing_cache.new_cache(self.config)  # drafted pairs are rolled back every round

@@ -326,7 +326,7 @@ def silu(x: torch.Tensor) -> torch.Tensor:
     return by_rows(nn.functional.silu, x)
 
 
-class FusedLayer(nn.Module):
+class KernelLayer(nn.Module):
     """A decoder layer of the exact precision in two kernel calls (int8_kernel.cpp) and the cache's
     update between them, where the kernel runs: the same operations in the same order as its modules,
     the same bits. Mixed into the model's own layer class, whose forward runs where it does not."""
@@ -349,10 +349,12 @@ class FusedLayer(nn.Module):
             )
         heads, kv_heads = (n // attn.head_dim for n in attn.sizes[:2])
         norm, qkv = self.input_layernorm, attn.qkv
+        # an EAGLE head's first layer has no input norm (feature_head.py)
+        weight, eps = (None, 0.0) if isinstance(norm, nn.Identity) else (norm.weight, norm.variance_epsilon)
         q, k, v = kernel.attention_in(
             hidden_states,
-            norm.weight,
-            norm.variance_epsilon,
+            weight,
+            eps,
             qkv.packed,
             qkv.scale,
             qkv.bias,
@@ -399,9 +401,9 @@ _fused: dict[type, type] = {}
 
 
 def _fused_class(base: type) -> type:
-    """The model's decoder layer class with FusedLayer's forward first (one class per base)."""
+    """The model's decoder layer class with KernelLayer's forward first (one class per base)."""
     if base not in _fused:
-        _fused[base] = type(f"Exact{base.__name__}", (FusedLayer, base), {})
+        _fused[base] = type(f"Exact{base.__name__}", (KernelLayer, base), {})
     return _fused[base]
 
 
@@ -410,6 +412,20 @@ MLP_NAMES = ("gate_proj", "up_proj", "down_proj")
 # transformers' rotate_half, no q/k norms or clipping): others that look alike (StableLM's partial
 # rotary, Cohere's interleaved one) would run and give wrong logits.
 FAMILIES = ("llama", "mistral", "qwen2")
+
+
+def supports_layers(layers) -> bool:
+    """Whether every layer has q, k, v and o projections without norms of their own and a SiLU-gated MLP."""
+    names = ("q_proj", "k_proj", "v_proj", "o_proj")
+    for layer in layers:
+        attn, mlp = getattr(layer, "self_attn", None), getattr(layer, "mlp", None)
+        if attn is None or not all(isinstance(getattr(attn, n, None), nn.Linear) for n in names):
+            return False
+        if hasattr(attn, "q_norm") or hasattr(attn, "sliding_window") and attn.sliding_window:
+            return False
+        if mlp is None or not all(isinstance(getattr(mlp, n, None), nn.Linear) for n in MLP_NAMES):
+            return False
+    return True
 
 
 def supports(model: nn.Module) -> bool:
@@ -423,15 +439,8 @@ def supports(model: nn.Module) -> bool:
     layers = getattr(getattr(model, "model", None), "layers", None)
     if getattr(config, "hidden_act", None) != "silu" or layers is None or model.get_output_embeddings() is None:
         return False
-    names = ("q_proj", "k_proj", "v_proj", "o_proj")
-    for layer in layers:
-        attn, mlp = getattr(layer, "self_attn", None), getattr(layer, "mlp", None)
-        if attn is None or not all(isinstance(getattr(attn, n, None), nn.Linear) for n in names):
-            return False
-        if hasattr(attn, "q_norm") or hasattr(attn, "sliding_window") and attn.sliding_window:
-            return False
-        if mlp is None or not all(isinstance(getattr(mlp, n, None), nn.Linear) for n in MLP_NAMES):
-            return False
+    if not supports_layers(layers):
+        return False
     return getattr(config, "intermediate_size", 1) % LANES == 0 and getattr(config, "hidden_size", 1) % LANES == 0
 
 
@@ -444,15 +453,7 @@ def convert(model: nn.Module) -> nn.Module:
     exact._modules = dict(model._modules)
     base = copy.copy(model.model)
     base._modules = dict(model.model._modules)
-    layers = nn.ModuleList()
-    for layer in model.model.layers:
-        new = copy.copy(layer)
-        new._modules = dict(layer._modules)
-        new.self_attn = ExactAttention(layer.self_attn, model.config)
-        new.mlp = ExactMLP(layer.mlp)
-        new.__class__ = _fused_class(type(layer))  # still the model's own layer class to transformers' hooks
-        layers.append(new)
-    base.layers = layers
+    base.layers = nn.ModuleList(_exact_layer(layer, model.config) for layer in model.model.layers)
     exact.model = base
     head = Int8Linear.of(model.get_output_embeddings())
     head.weight = model.get_output_embeddings().weight  # the rows a feature head drafts from (tied: the embedding)
@@ -462,6 +463,37 @@ def convert(model: nn.Module) -> nn.Module:
     exact.config._attn_implementation = ATTENTION
     base.config = exact.config
     return exact
+
+
+def _exact_layer(layer: nn.Module, config) -> nn.Module:
+    """A copy of a Llama-shaped decoder layer with int8 attention and MLP, run by KernelLayer."""
+    new = copy.copy(layer)
+    new._modules = dict(layer._modules)
+    new.self_attn = ExactAttention(layer.self_attn, config)
+    new.mlp = ExactMLP(layer.mlp)
+    new.__class__ = _fused_class(type(layer))  # still the model's own layer class to transformers' hooks
+    return new
+
+
+def convert_head(head: nn.Module, target: nn.Module) -> nn.Module:
+    """An EAGLE-1 feature head for a target in this precision, in the same kernels: its fusion layer,
+    decoder layer and draft-vocabulary scores in int8. Its proposals may then differ from the fp32
+    head's by rounding, which moves α only: the target's verification decides the output. Where the
+    kernel does not run, the head stays as it is (its fp32 passes are then the faster)."""
+    from app.drafts.feature_head import FeatureHead
+
+    # EAGLE-1's own layout only: an EAGLE-3 head's layer reads its inputs through norms of its own
+    if int8_kernel.module() is None or type(head) is not FeatureHead or not supports_layers(head.body.layers):
+        return head
+    body = head.body
+    head.fc = Int8Linear.of(head.fc)
+    head.config._attn_implementation = body.config._attn_implementation = ATTENTION
+    body.layers = nn.ModuleList(_exact_layer(layer, head.config) for layer in body.layers)
+    rows = head.draft_rows(target.get_output_embeddings())
+    if rows is not None:
+        head.rows_linear = Int8Linear(rows[1])
+    head.specdec_precision = NAME
+    return head
 
 
 def parameter_count(model: nn.Module) -> int:

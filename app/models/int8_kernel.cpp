@@ -556,9 +556,10 @@ void stored_row(const float* x, int64_t d, double* out) {
 
 // The first half of an exact decoder layer: RMSNorm, the q, k, v layer (one int8 layer), the model's
 // rotary embedding on queries and keys (x·cos + rotate_half(x)·sin, each product rounded, as
-// ExactAttention.forward), and keys and values in fixed point. (B, T, H) hidden states ->
+// ExactAttention.forward), and keys and values in fixed point. No norm weight: no norm. (B, T, H) hidden states ->
 // [(B, heads, T, D) float32 queries, (B, kv_heads, T, D + 1) float64 keys, values].
-std::vector<torch::Tensor> attention_in(torch::Tensor h, torch::Tensor norm_weight, double eps, torch::Tensor packed,
+std::vector<torch::Tensor> attention_in(torch::Tensor h, c10::optional<torch::Tensor> norm_weight, double eps,
+                                        torch::Tensor packed,
                                         torch::Tensor scale, c10::optional<torch::Tensor> bias, int64_t half,
                                         bool wide, int64_t heads, int64_t kv_heads, torch::Tensor cos,
                                         torch::Tensor sin) {
@@ -566,7 +567,8 @@ std::vector<torch::Tensor> attention_in(torch::Tensor h, torch::Tensor norm_weig
   TORCH_CHECK(false, "the int8 kernel needs an x86-64 CPU with AVX-512 VNNI");
 #else
   const int64_t b = h.size(0), t = h.size(1), d = cos.size(-1), width = heads + 2 * kv_heads;
-  auto x = rms_norm(h, norm_weight, eps);
+  // no norm weight: the layer's input norm is an identity (an EAGLE head's first layer)
+  auto x = norm_weight.has_value() ? rms_norm(h, *norm_weight, eps) : h.to(torch::kFloat32);
   auto qkv = linear(x.reshape({b * t, h.size(2)}), packed, scale, bias, width * d, half, wide);  // (B·T, width·D)
   auto c = cos.to(torch::kFloat32).expand({b, t, d}).contiguous();
   auto sn = sin.to(torch::kFloat32).expand({b, t, d}).contiguous();

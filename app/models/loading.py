@@ -282,6 +282,8 @@ def cached_head(name: str, target: PreTrainedModel):
                 except Exception as e:  # noqa: BLE001 - any download failure is the same user error
                     raise UserError(f"could not fetch feature head {name!r}: {_first_line(e)}") from None
             head = _read_head(path, target, hosting.shown(name))
+            if precision_of(target) == exact.NAME:  # the head drafts in the target's kernels
+                head = exact.convert_head(head, target)
             if len(_heads) >= MAX_CACHED:
                 _heads.pop(next(iter(_heads)))
             _heads[key] = head
