@@ -336,7 +336,7 @@ def test_adaptive_k_takes_plain_steps_where_every_k_loses_and_probes_now_and_the
         policy.update(min(k, 1), 0)  # every probe's draft is rejected
     probes = [i for i, k in enumerate(ks) if k]
     # each probe that keeps nothing doubles the plain steps before the next: a useless draft's grow rare
-    gaps = [b - a - 1 for a, b in zip(probes, probes[1:])]
+    gaps = [b - a - 1 for a, b in itertools.pairwise(probes)]
     every, most = AdaptiveK.PROBE_EVERY, AdaptiveK.PROBE_MAX
     assert ks[0] == 4 and gaps == [min(every * 2**i, most) for i in range(len(gaps))] and len(probes) <= 5
     # A k > 0 round that drafted nothing (prompt lookup without a match) is no plain step.
