@@ -291,3 +291,18 @@ def test_a_model_already_loaded_is_served_while_another_one_loads(monkeypatch):
     finally:
         release.set()
         other.join(60)
+
+
+@pytest.mark.slow
+def test_a_claimed_forwarding_address_does_not_dodge_the_per_address_cap(tmp_path):
+    """Without SPECDEC_TRUST_PROXY, X-Forwarded-For is a client's claim: uvicorn must not make it the
+    peer's address (by default it does for a loopback peer), or each claimed address gets its own cap."""
+    import httpx
+
+    with serve(tmp_path / "server.log", SPECDEC_QUEUE_PER_SESSION="2") as url:
+        config = httpx.get(url + "config", timeout=30).json()
+        fn_index = next(d["id"] for d in config["dependencies"] if d.get("api_name") == "generate")
+        claimed = [_join(url, fn_index, uuid.uuid4().hex, f"192.0.2.{i}", 200) for i in range(8)]
+        codes = [r.status_code for r in claimed]
+        assert codes.count(200) == queue_limits.PER_IP, codes
+        assert "Your network already has" in claimed[-1].json()["detail"]

@@ -159,6 +159,14 @@ def behind_proxy() -> bool:
     return bool(os.environ.get("SPACE_ID")) or os.environ.get("SPECDEC_TRUST_PROXY") == "1"
 
 
+def distrust_forwarding() -> None:
+    """Keep uvicorn from taking a client's address from X-Forwarded-For. By default it trusts the
+    header from a loopback peer (FORWARDED_ALLOW_IPS), so on a loopback bind, or behind a local proxy
+    the app was not told of, a visitor could name any address and dodge the per-address caps. The app
+    reads the header itself, only as its own proxy setting says (client_ip)."""
+    os.environ["FORWARDED_ALLOW_IPS"] = ""  # no peer's header is trusted: an empty list of hosts
+
+
 def proxy_hops() -> int:
     """How many trusted proxies in a row append to X-Forwarded-For (a Space has one)."""
     return _env_int("SPECDEC_PROXY_HOPS", 1, 1, 16)

@@ -301,6 +301,7 @@ def launch(host: str | None = None, port: int | None = None, share: bool = False
     # /run/ route would skip the fair queue, its per-visitor cap and its rate limit.
     demo.queue(max_size=queue_limits.MAX_QUEUED, default_concurrency_limit=queue_limits.concurrency(), api_open=False)
     queue_limits.install(demo)  # no visitor holds more than a few places in it
+    queue_limits.distrust_forwarding()  # the caps count the peer, or what the app's proxy setting says
     boundary.gate(demo, as_user_error)  # every raw input checked before Gradio's preprocessing
     demo.delete_cache = (3600, 3600)  # Gradio's temporary files (the app itself writes none) go after an hour
     demo.launch(
