@@ -13,7 +13,7 @@ from torch import nn
 from app import models, runs
 from app.core.config import RunConfig, SamplingConfig, Settings, SpecConfig
 from app.kv.cache import DynamicRollbackCache
-from app.models import exact, gguf_target, precision
+from app.models import exact, exact_model, gguf_target, precision
 
 WIDTHS = (1, 2, 5, 9, 17, 33)
 NEW = 32  # tokens a greedy comparison runs
@@ -286,5 +286,5 @@ def test_an_int8_model_counts_the_parameters_of_its_fp32_original(tied):
     fp32 = tiny_llama(vocab=96)
     if not tied:
         fp32.lm_head.weight = nn.Parameter(fp32.lm_head.weight.detach().clone())
-    int8 = exact.convert(fp32)
-    assert exact.parameter_count(int8) == fp32.num_parameters() > int8.num_parameters()
+    int8 = exact_model.convert(fp32)
+    assert exact_model.parameter_count(int8) == fp32.num_parameters() > int8.num_parameters()

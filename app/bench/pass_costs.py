@@ -18,7 +18,7 @@ from app import calibrate, models
 from app.bench import progress
 from app.core import text
 from app.data.prompts import suite
-from app.models import exact
+from app.models import exact, exact_model
 
 COPY_BYTES = 256 << 20  # larger than any cache, so the copy streams from memory
 COPY_REPS = 5
@@ -56,12 +56,12 @@ def passes(args) -> dict:
         bandwidth_gb_s=bytes_per_s / 1e9,
     )
     for name in DTYPES:
-        if name == exact.NAME and not (target.device.type == "cpu" and exact.supports(target)):
+        if name == exact.NAME and not (target.device.type == "cpu" and exact_model.supports(target)):
             continue
         progress.say("passes", f"timing passes of 1..{widths} tokens in {name}")
         model = _in(target, name)
         ms = [1000 * t for t in calibrate.pass_times(model, context, widths)]
-        weight_bytes = exact.weight_bytes(model)
+        weight_bytes = exact_model.weight_bytes(model)
         floor_ms = 1000 * weight_bytes / bytes_per_s
         out[name] = dict(
             ms_by_width=ms,
@@ -78,5 +78,5 @@ def passes(args) -> dict:
 def _in(target, name: str):
     """A copy of the loaded fp32 target in precision `name` (models.load shares the loaded one)."""
     if name == exact.NAME:
-        return exact.convert(target).eval()
+        return exact_model.convert(target).eval()
     return copy.deepcopy(target).to({"fp32": torch.float32, "bf16": torch.bfloat16}[name])

@@ -17,6 +17,7 @@ _SUBMODULES = (
     "threads",
     "gguf_target",
     "exact",
+    "exact_model",
     "precision",
     "int8_kernel",
 )

@@ -23,7 +23,6 @@ The rows of such a pass depend only on the row's own inputs and on the keys it m
 
 from __future__ import annotations
 
-import copy
 import threading
 import weakref
 
@@ -180,15 +179,10 @@ def attention(
     if key.shape[-1] == d:  # a layer of the model's own class (a feature head's) caches plain keys
         key, value = stored(key), stored(value)
     levels = getattr(module, "weight_levels", WEIGHT_LEVELS)
-    # one row with no mask sees every key
-    first, blocked = (s, None) if attention_mask is None and t == 1 else _blocked(attention_mask, b, t, s, query.device)
+    first, blocked = blocked_keys(attention_mask, b, t, s, query.device)
     kernel = int8_kernel.module() if query.device.type == "cpu" else None
     if kernel is not None:  # the same arithmetic, ROWS rows a call (int8_kernel.cpp): (B, T, H, D)
-        parts = [
-            kernel.attention(query[:, :, i : i + ROWS].float(), key, value, first, _rows(blocked, i), scaling, levels)
-            for i in range(0, t, ROWS)
-        ]
-        return (parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)), None
+        return kernel.attention(query.float(), key, value, first, blocked, scaling, levels), None
     if t <= ROWS:
         out = _attend(query, key, value, first, blocked, scaling, levels)
     else:
@@ -235,15 +229,17 @@ def stored(x: torch.Tensor) -> torch.Tensor:
     return torch.cat([ints, step], dim=-1)
 
 
-_masks: dict[int, tuple[weakref.ref, tuple]] = {}  # id(a pass's mask) -> (the mask, what _blocked gives)
+_masks: dict[int, tuple[weakref.ref, tuple]] = {}  # id(a pass's mask) -> (the mask, what blocked_keys gives)
 _causal: dict[tuple, tuple[int, torch.Tensor]] = {}
 _masks_lock = threading.Lock()  # requests run passes on several threads
 
 
-def _blocked(mask: torch.Tensor | None, b: int, t: int, s: int, device) -> tuple[int, torch.Tensor | None]:
+def blocked_keys(mask: torch.Tensor | None, b: int, t: int, s: int, device) -> tuple[int, torch.Tensor | None]:
     """(first, blocked): the first key slot some row may not see, and (B, 1, T, S - first) bool,
     True where a query row may not see the key (None where every row sees every key). Every layer
     of a pass gets the same mask, so it is built once. No mask means causal over the last T keys."""
+    if mask is None and t == 1:  # one row with no mask sees every key
+        return s, None
     with _masks_lock:
         if mask is None:
             key = (b, t, s, str(device))
@@ -324,193 +320,3 @@ def silu(x: torch.Tensor) -> torch.Tensor:
     if x.shape[-1] % LANES:
         raise ValueError(f"the exact precision needs an MLP width that is a multiple of {LANES}")
     return by_rows(nn.functional.silu, x)
-
-
-class KernelLayer(nn.Module):
-    """A decoder layer of the exact precision in two kernel calls (int8_kernel.cpp) and the cache's
-    update between them, where the kernel runs: the same operations in the same order as its modules,
-    the same bits. Mixed into the model's own layer class, whose forward runs where it does not."""
-
-    def forward(
-        self,
-        hidden_states,
-        attention_mask=None,
-        position_ids=None,
-        cache=None,
-        use_cache=False,
-        position_embeddings=None,
-        **kwargs,
-    ):
-        attn, mlp = self.self_attn, self.mlp
-        kernel = int8_kernel.module() if attn.qkv.packed is not None and position_embeddings is not None else None
-        if kernel is None or hidden_states.dtype != torch.float32:
-            return super().forward(
-                hidden_states, attention_mask, position_ids, cache, use_cache, position_embeddings, **kwargs
-            )
-        heads, kv_heads = (n // attn.head_dim for n in attn.sizes[:2])
-        norm, qkv = self.input_layernorm, attn.qkv
-        # an EAGLE head's first layer has no input norm (feature_head.py)
-        weight, eps = (None, 0.0) if isinstance(norm, nn.Identity) else (norm.weight, norm.variance_epsilon)
-        q, k, v = kernel.attention_in(
-            hidden_states,
-            weight,
-            eps,
-            qkv.packed,
-            qkv.scale,
-            qkv.bias,
-            qkv.half,
-            qkv.wide,
-            heads,
-            kv_heads,
-            *position_embeddings,
-        )
-        if cache is not None:
-            k, v = cache.update(k, v, attn.layer_idx)
-        b, t, s = q.shape[0], q.shape[2], k.shape[2]
-        first, blocked = (s, None) if attention_mask is None and t == 1 else _blocked(attention_mask, b, t, s, q.device)
-        o, norm, up, down = attn.o_proj, self.post_attention_layernorm, mlp.gate_up, mlp.down_proj
-        return kernel.attention_out(
-            hidden_states,
-            q,
-            k,
-            v,
-            first,
-            blocked,
-            attn.scaling,
-            attn.weight_levels,
-            o.packed,
-            o.scale,
-            o.bias,
-            o.half,
-            o.wide,
-            norm.weight,
-            norm.variance_epsilon,
-            up.packed,
-            up.scale,
-            up.bias,
-            up.out_features,
-            down.packed,
-            down.scale,
-            down.bias,
-            down.half,
-            down.wide,
-        )
-
-
-_fused: dict[type, type] = {}
-
-
-def _fused_class(base: type) -> type:
-    """The model's decoder layer class with KernelLayer's forward first (one class per base)."""
-    if base not in _fused:
-        _fused[base] = type(f"Exact{base.__name__}", (KernelLayer, base), {})
-    return _fused[base]
-
-
-MLP_NAMES = ("gate_proj", "up_proj", "down_proj")
-# Families whose attention is exactly the one ExactAttention computes (full rotary on q and k with
-# transformers' rotate_half, no q/k norms or clipping): others that look alike (StableLM's partial
-# rotary, Cohere's interleaved one) would run and give wrong logits.
-FAMILIES = ("llama", "mistral", "qwen2")
-
-
-def supports_layers(layers) -> bool:
-    """Whether every layer has q, k, v and o projections without norms of their own and a SiLU-gated MLP."""
-    names = ("q_proj", "k_proj", "v_proj", "o_proj")
-    for layer in layers:
-        attn, mlp = getattr(layer, "self_attn", None), getattr(layer, "mlp", None)
-        if attn is None or not all(isinstance(getattr(attn, n, None), nn.Linear) for n in names):
-            return False
-        if hasattr(attn, "q_norm") or hasattr(attn, "sliding_window") and attn.sliding_window:
-            return False
-        if mlp is None or not all(isinstance(getattr(mlp, n, None), nn.Linear) for n in MLP_NAMES):
-            return False
-    return True
-
-
-def supports(model: nn.Module) -> bool:
-    """Whether convert() can run this model: Llama-shaped layers (q, k, v and o projections without
-    norms of their own, a SiLU-gated MLP) under a standard rotary embedding."""
-    config = model.config
-    if getattr(config, "model_type", None) not in FAMILIES or getattr(config, "clip_qkv", None):
-        return False
-    if float(getattr(config, "partial_rotary_factor", 1.0) or 1.0) != 1.0:
-        return False
-    layers = getattr(getattr(model, "model", None), "layers", None)
-    if getattr(config, "hidden_act", None) != "silu" or layers is None or model.get_output_embeddings() is None:
-        return False
-    if not supports_layers(layers):
-        return False
-    return getattr(config, "intermediate_size", 1) % LANES == 0 and getattr(config, "hidden_size", 1) % LANES == 0
-
-
-def convert(model: nn.Module) -> nn.Module:
-    """A copy of an fp32 causal LM in the exact precision: int8 linear layers and LM head, exact
-    attention and SiLU. The input embedding stays fp32 (a row lookup needs no sums)."""
-    if not supports(model):
-        raise ValueError("the int8 precision runs Llama-shaped decoders (SmolLM2, Llama, Qwen2, Mistral)")
-    exact = copy.copy(model)  # shares the embedding and norms; the layers below are new modules
-    exact._modules = dict(model._modules)
-    base = copy.copy(model.model)
-    base._modules = dict(model.model._modules)
-    base.layers = nn.ModuleList(_exact_layer(layer, model.config) for layer in model.model.layers)
-    exact.model = base
-    head = Int8Linear.of(model.get_output_embeddings())
-    head.weight = model.get_output_embeddings().weight  # the rows a feature head drafts from (tied: the embedding)
-    exact.set_output_embeddings(head)
-    exact.specdec_precision = NAME
-    exact.config = copy.deepcopy(model.config)
-    exact.config._attn_implementation = ATTENTION
-    base.config = exact.config
-    return exact
-
-
-def _exact_layer(layer: nn.Module, config) -> nn.Module:
-    """A copy of a Llama-shaped decoder layer with int8 attention and MLP, run by KernelLayer."""
-    new = copy.copy(layer)
-    new._modules = dict(layer._modules)
-    new.self_attn = ExactAttention(layer.self_attn, config)
-    new.mlp = ExactMLP(layer.mlp)
-    new.__class__ = _fused_class(type(layer))  # still the model's own layer class to transformers' hooks
-    return new
-
-
-def convert_head(head: nn.Module, target: nn.Module) -> nn.Module:
-    """An EAGLE-1 feature head for a target in this precision, in the same kernels: its fusion layer,
-    decoder layer and draft-vocabulary scores in int8. Its proposals may then differ from the fp32
-    head's by rounding, which moves α only: the target's verification decides the output. Where the
-    kernel does not run, the head stays as it is (its fp32 passes are then the faster)."""
-    from app.drafts.feature_head import FeatureHead
-
-    # EAGLE-1's own layout only: an EAGLE-3 head's layer reads its inputs through norms of its own
-    if int8_kernel.module() is None or type(head) is not FeatureHead or not supports_layers(head.body.layers):
-        return head
-    body = head.body
-    head.fc = Int8Linear.of(head.fc)
-    head.config._attn_implementation = body.config._attn_implementation = ATTENTION
-    body.layers = nn.ModuleList(_exact_layer(layer, head.config) for layer in body.layers)
-    rows = head.draft_rows(target.get_output_embeddings())
-    if rows is not None:
-        head.rows_linear = Int8Linear(rows[1])
-    head.specdec_precision = NAME
-    return head
-
-
-def parameter_count(model: nn.Module) -> int:
-    """The model's parameters as its fp32 original counts them: int8 layers count their weights, and
-    an LM head that keeps the tied embedding's rows is not counted twice."""
-    count = sum(p.numel() for p in model.parameters())
-    for layer in model.modules():
-        if isinstance(layer, Int8Linear) and layer.weight is None:
-            count += layer.in_features * layer.out_features
-    return count
-
-
-def weight_bytes(model: nn.Module) -> int:
-    """Bytes of the weights a pass reads: parameters and buffers, without the input embedding's
-    table (a pass reads one row of it) when the LM head has its own copy."""
-    tensors = {id(t): t for t in [*model.parameters(), *model.buffers()]}
-    head = model.get_output_embeddings()
-    if isinstance(head, Int8Linear):
-        tensors.pop(id(model.get_input_embeddings().weight), None)
-    return sum(t.numel() * t.element_size() for t in tensors.values())

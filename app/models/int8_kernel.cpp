@@ -458,8 +458,8 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni"))) void weigh_rows(
 // float32. `blocked`: (B, 1, T, S - first) bool, True where a row may not see a key from slot `first`
 // on, or None. Each float operation is exact.py's own, in its order; the sums over the head dimension
 // and over keys are of integers below 2**53; exp is ATen's, on a buffer laid out as exact._attend's.
-torch::Tensor attention(torch::Tensor query, torch::Tensor key, torch::Tensor value, int64_t first,
-                        c10::optional<torch::Tensor> blocked, double scaling, double levels) {
+torch::Tensor attention_rows(torch::Tensor query, torch::Tensor key, torch::Tensor value, int64_t first,
+                             c10::optional<torch::Tensor> blocked, double scaling, double levels) {
 #ifndef SPECDEC_X86
   TORCH_CHECK(false, "the exact attention kernel needs an x86-64 CPU with AVX-512");
 #else
@@ -521,6 +521,23 @@ torch::Tensor attention(torch::Tensor query, torch::Tensor key, torch::Tensor va
   at::parallel_for(0, n * rows, grain, [&](int64_t r0, int64_t r1) { weigh_rows(a, r0, r1); });
   return out;
 #endif
+}
+
+// attention_rows over ROWS query rows a call, as exact.attention: a long prefill's float64 scores stay
+// a few tens of MB. (B, H, T, D) queries -> (B, T, H, D).
+torch::Tensor attention(torch::Tensor query, torch::Tensor key, torch::Tensor value, int64_t first,
+                        c10::optional<torch::Tensor> blocked, double scaling, double levels) {
+  constexpr int64_t ROWS = 128;  // exact.ROWS
+  const int64_t t = query.size(2);
+  if (t <= ROWS) return attention_rows(query, key, value, first, blocked, scaling, levels);
+  std::vector<torch::Tensor> parts;
+  for (int64_t i = 0; i < t; i += ROWS) {
+    const int64_t n = std::min(ROWS, t - i);
+    c10::optional<torch::Tensor> mask;
+    if (blocked.has_value()) mask = blocked->narrow(2, i, n);
+    parts.push_back(attention_rows(query.narrow(2, i, n), key, value, first, mask, scaling, levels));
+  }
+  return torch::cat(parts, 1);
 }
 
 // A Llama RMSNorm with ATen's own kernels, as LlamaRMSNorm.forward calls them (the mean's order is
@@ -623,16 +640,7 @@ torch::Tensor attention_out(torch::Tensor h, torch::Tensor q, torch::Tensor k, t
                             bool down_wide) {
   const int64_t b = h.size(0), t = h.size(1), hidden = h.size(2);
   auto rows_of = [&](const torch::Tensor& x) { return x.reshape({b * t, x.size(-1)}); };
-  // ROWS query rows a call, as exact.attention
-  constexpr int64_t ROWS = 128;
-  std::vector<torch::Tensor> parts;
-  for (int64_t i = 0; i < t; i += ROWS) {
-    const int64_t n = std::min(ROWS, t - i);
-    c10::optional<torch::Tensor> mask;
-    if (blocked.has_value()) mask = blocked->narrow(2, i, n);
-    parts.push_back(attention(q.narrow(2, i, n), k, v, first, mask, scaling, levels));
-  }
-  auto attended = parts.size() == 1 ? parts[0] : torch::cat(parts, 1);  // (B, T, H, D)
+  auto attended = attention(q, k, v, first, blocked, scaling, levels);  // (B, T, H, D)
   auto o = linear(rows_of(attended.reshape({b, t, -1})), o_packed, o_scale, o_bias, hidden, o_half, o_wide);
   auto h1 = h + o.view({b, t, hidden});
   auto x = rms_norm(h1, norm_weight, eps);

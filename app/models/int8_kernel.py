@@ -45,7 +45,7 @@ def built() -> bool:
 def pending() -> bool:
     """Whether the next int8 conversion here would build the kernel first (on a CPU-only machine,
     where the auto precision may pick int8)."""
-    if "module" in _state or os.environ.get(OFF, "0") not in ("", "0") or sys.platform == "win32":
+    if "module" in _state or _refused() is not None:
         return False
     return not torch.cuda.is_available() and not built()
 
@@ -63,12 +63,19 @@ def why() -> str | None:
     return _state.get("why")  # type: ignore[return-value]
 
 
-def _load() -> ModuleType | None:
+def _refused() -> str | None:
+    """Why the kernel is not even built here, or None."""
     if os.environ.get(OFF, "0") not in ("", "0"):
-        _state["why"] = f"{OFF} is set"
-        return None
+        return f"{OFF} is set"
     if sys.platform == "win32":
-        _state["why"] = "the kernel is built for Linux and macOS"
+        return "the kernel is built for Linux and macOS"
+    return None
+
+
+def _load() -> ModuleType | None:
+    refused = _refused()
+    if refused is not None:
+        _state["why"] = refused
         return None
     from torch.utils import cpp_extension
 

@@ -16,7 +16,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 from app.core.config import UserError
 from app.drafts import eagle3_head, feature_head, kinds
 from app.kv import direct_pass
-from app.models import exact, gguf_target, hosting, precision
+from app.models import exact, exact_model, gguf_target, hosting, precision
 from app.models.hub import hub_reachable, offline_message
 from app.models.presets import ROOT, SMOLLM2, id_of, preset_ids
 
@@ -188,14 +188,14 @@ def _load_exact(model_id: str, device: str | None, role: str, spread: bool = Fal
                 return _cache[key]
         try:
             model, tokenizer = load(model_id, device, "fp32", spread, role)
-            if dev.type != "cpu" or not exact.supports(model):
+            if dev.type != "cpu" or not exact_model.supports(model):
                 if role == "draft":
                     return model, tokenizer
                 raise UserError(
                     f"the {exact.NAME} precision runs Llama-shaped decoders on a CPU; "
                     f"{hosting.shown(model_id)!r} on {dev.type} needs fp32 or bf16"
                 )
-            converted = exact.convert(model).eval()
+            converted = exact_model.convert(model).eval()
             direct_pass.parts(converted)  # its probe passes run now, not in a visitor's first request
             return _keep(key, (converted, tokenizer), name, str(dev))
         finally:
@@ -283,7 +283,7 @@ def cached_head(name: str, target: PreTrainedModel):
                     raise UserError(f"could not fetch feature head {name!r}: {_first_line(e)}") from None
             head = _read_head(path, target, hosting.shown(name))
             if precision_of(target) == exact.NAME:  # the head drafts in the target's kernels
-                head = exact.convert_head(head, target)
+                head = exact_model.convert_head(head, target)
             if len(_heads) >= MAX_CACHED:
                 _heads.pop(next(iter(_heads)))
             _heads[key] = head

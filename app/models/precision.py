@@ -18,7 +18,7 @@ import time
 
 import torch
 
-from app.models import exact, threads
+from app.models import exact, exact_model, threads
 
 MARGIN = 0.9  # bf16 is picked where its passes take at most this share of fp32's
 WIDTHS = (1, 9)  # a plain step's pass and a verify pass's
@@ -119,8 +119,8 @@ def _measure(model) -> tuple[str, object]:
     candidates = {"fp32": model}
     if native_bf16():
         candidates["bf16"] = copy.deepcopy(model).to(torch.bfloat16)
-    if model.device.type == "cpu" and exact.supports(model):
-        converted = exact.convert(model).eval()
+    if model.device.type == "cpu" and exact_model.supports(model):
+        converted = exact_model.convert(model).eval()
         if agreement(model, converted) >= AGREEMENT:  # a family that converts but computes otherwise is left out
             candidates[exact.NAME] = converted
     exact_ones = [n for n, m in candidates.items() if invariant(m)]

@@ -174,7 +174,7 @@ def load_pair(target, custom_target, draft, custom_draft, dtype="auto", progress
     # Preset names as the user picked them; a custom id or directory as given.
     shown_target, shown_draft = hosting.shown(target), hosting.shown(draft)  # as typed, never a resolved path
     return (
-        f"Loaded target **{shown_target}** ({models.exact.parameter_count(t) / 1e6:.1f}M parameters, "
+        f"Loaded target **{shown_target}** ({models.exact_model.parameter_count(t) / 1e6:.1f}M parameters, "
         f"{t.config.num_hidden_layers} layers, context {models.context_length(t)} tokens, "
         f"{models.precision_of(t)}, {t.device}) with draft **{shown_draft}**. The server keeps the "
         f"{models.loading.MAX_CACHED} models loaded last, in any precision, and drops the oldest."
