@@ -58,19 +58,22 @@ def test_a_linear_layer_gives_the_torch_paths_bits_at_every_width(kernel, torch_
         assert torch.equal(out, plain(rows)), f"width {width}"
 
 
-@pytest.mark.parametrize(("heads", "kv_heads"), [(9, 3), (4, 4), (8, 2)])
-def test_the_attention_gives_the_torch_paths_bits_under_every_mask(kernel, torch_path, heads, kv_heads):
-    g = torch.Generator().manual_seed(heads)
+# head dims of whole vectors (64, 128: queries held in registers, rows paired) and of neither (40)
+@pytest.mark.parametrize(
+    ("heads", "kv_heads", "dim", "batch"), [(9, 3, 64, 1), (4, 4, 64, 2), (8, 2, 64, 1), (4, 2, 128, 2), (6, 3, 40, 1)]
+)
+def test_the_attention_gives_the_torch_paths_bits_under_every_mask(kernel, torch_path, heads, kv_heads, dim, batch):
+    g = torch.Generator().manual_seed(heads * dim)
     layer = nn.Module()
     fused, plain = [], []
     for width in WIDTHS:
         s = 200 + width
-        keys = exact.stored(torch.randn(1, kv_heads, s, 64, generator=g))
-        values = exact.stored(torch.randn(1, kv_heads, s, 64, generator=g))
-        queries = torch.randn(1, heads, width, 64, generator=g) * 3
-        tree = torch.ones(1, 1, width, s, dtype=torch.bool)
-        tree[..., s - width :] = torch.rand(width, width, generator=g) > 0.5
-        tree[0, 0, torch.arange(width), s - width + torch.arange(width)] = True  # each node sees itself
+        keys = exact.stored(torch.randn(batch, kv_heads, s, dim, generator=g))
+        values = exact.stored(torch.randn(batch, kv_heads, s, dim, generator=g))
+        queries = torch.randn(batch, heads, width, dim, generator=g) * 3
+        tree = torch.ones(batch, 1, width, s, dtype=torch.bool)
+        tree[..., s - width :] = torch.rand(batch, 1, width, width, generator=g) > 0.5
+        tree[:, 0, torch.arange(width), s - width + torch.arange(width)] = True  # each node sees itself
         for mask in (None, tree):
             fused.append(exact.attention(layer, queries, keys, values, mask)[0])
             plain.append((queries, keys, values, mask))

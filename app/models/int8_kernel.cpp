@@ -273,43 +273,99 @@ torch::Tensor linear(torch::Tensor x, torch::Tensor packed, torch::Tensor scale,
 namespace {
 
 
-// Scores of one query row against keys j0..j0+7, integers in float64: Σ_c q[c]·Kt[c][j]. Every
-// partial sum is an integer below 2**53, so the order (and fusing each product) cannot change it.
-__attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni"))) __m512d dots8(const double* q, const double* kt,
-                                                                              int64_t stride, int64_t d) {
-  __m512d acc0 = _mm512_setzero_pd(), acc1 = _mm512_setzero_pd();
-  int64_t c = 0;
-  for (; c + 2 <= d; c += 2) {
-    acc0 = _mm512_fmadd_pd(_mm512_set1_pd(q[c]), _mm512_loadu_pd(kt + c * stride), acc0);
-    acc1 = _mm512_fmadd_pd(_mm512_set1_pd(q[c + 1]), _mm512_loadu_pd(kt + (c + 1) * stride), acc1);
+#define SPECDEC_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")))
+
+// out[k] = the sum of a[k]'s eight lanes, for k < 8, in one vector. The lanes hold integers whose sums
+// stay below 2**53, so this order of additions gives the same number as any other.
+SPECDEC_AVX512 inline __m512d lane_sums(const __m512d* a) {
+  __m512d pairs[4];
+  for (int k = 0; k < 4; ++k) {  // per 128-bit chunk: [a[2k]'s pair, a[2k+1]'s pair]
+    pairs[k] = _mm512_add_pd(_mm512_unpacklo_pd(a[2 * k], a[2 * k + 1]), _mm512_unpackhi_pd(a[2 * k], a[2 * k + 1]));
   }
-  if (c < d) acc0 = _mm512_fmadd_pd(_mm512_set1_pd(q[c]), _mm512_loadu_pd(kt + c * stride), acc0);
-  return _mm512_add_pd(acc0, acc1);
+  __m512d quads[2];
+  for (int k = 0; k < 2; ++k) {  // chunks 0+1 and 2+3 of each pair: [a0a1 low, a0a1 high, a2a3 low, a2a3 high]
+    quads[k] = _mm512_add_pd(_mm512_shuffle_f64x2(pairs[2 * k], pairs[2 * k + 1], 0x88),
+                             _mm512_shuffle_f64x2(pairs[2 * k], pairs[2 * k + 1], 0xDD));
+  }
+  return _mm512_add_pd(_mm512_shuffle_f64x2(quads[0], quads[1], 0x88), _mm512_shuffle_f64x2(quads[0], quads[1], 0xDD));
 }
 
-// acc[0..8·V) += Σ_j w[j] · v[j][0..8·V), integers in float64 (exact in any order, as dots8); rows of
-// v are `stride` apart. V is fixed, so the sums stay in registers.
+// Integer dot products of one query row (V vectors, in registers) with up to 8 keys that sit `stride`
+// apart in the cache as it is: no transposed copy of the keys, so a pass reads each key once.
 template <int V>
-__attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni"))) void weighted(const double* w, const double* v,
-                                                                               int64_t stride, int64_t s, double* out) {
-  __m512d acc[V];
+SPECDEC_AVX512 inline __m512d dots8(const __m512d* q, const double* k0, int64_t stride, int64_t live) {
+  __m512d acc[8];
+#pragma GCC unroll 8
+  for (int kk = 0; kk < 8; ++kk) acc[kk] = _mm512_setzero_pd();
+  for (int64_t kk = 0; kk < live; ++kk) {
 #pragma GCC unroll 16
-  for (int i = 0; i < V; ++i) acc[i] = _mm512_setzero_pd();
-  for (int64_t j = 0; j < s; ++j) {
-    if (w[j] == 0.0) continue;
-    const __m512d wj = _mm512_set1_pd(w[j]);
-    const double* vj = v + j * stride;
-#pragma GCC unroll 16
-    for (int i = 0; i < V; ++i) acc[i] = _mm512_fmadd_pd(wj, _mm512_loadu_pd(vj + 8 * i), acc[i]);
+    for (int i = 0; i < V; ++i) acc[kk] = _mm512_fmadd_pd(q[i], _mm512_loadu_pd(k0 + kk * stride + 8 * i), acc[kk]);
   }
+  return lane_sums(acc);
+}
+
+// Two query rows against 4 keys: each key's vectors are loaded once for both rows. Lanes 0..3 hold the
+// first row's dot products, 4..7 the second's.
+template <int V>
+SPECDEC_AVX512 inline __m512d dots2x4(const __m512d* q0, const __m512d* q1, const double* k0, int64_t stride,
+                                      int64_t live) {
+  __m512d acc[8];
+#pragma GCC unroll 8
+  for (int kk = 0; kk < 8; ++kk) acc[kk] = _mm512_setzero_pd();
+  if (live == 4) {
 #pragma GCC unroll 16
-  for (int i = 0; i < V; ++i) _mm512_storeu_pd(out + 8 * i, acc[i]);
+    for (int i = 0; i < V; ++i) {
+#pragma GCC unroll 4
+      for (int kk = 0; kk < 4; ++kk) {
+        const __m512d key = _mm512_loadu_pd(k0 + kk * stride + 8 * i);
+        acc[kk] = _mm512_fmadd_pd(q0[i], key, acc[kk]);
+        acc[4 + kk] = _mm512_fmadd_pd(q1[i], key, acc[4 + kk]);
+      }
+    }
+  } else {
+    for (int64_t kk = 0; kk < live; ++kk) {
+      for (int i = 0; i < V; ++i) {
+        const __m512d key = _mm512_loadu_pd(k0 + kk * stride + 8 * i);
+        acc[kk] = _mm512_fmadd_pd(q0[i], key, acc[kk]);
+        acc[4 + kk] = _mm512_fmadd_pd(q1[i], key, acc[4 + kk]);
+      }
+    }
+  }
+  return lane_sums(acc);
+}
+
+// acc[r][0..8·V) = Σ_j w[r][j] · v[j][0..8·V) for R rows at once, so each value row is loaded once for
+// all R; v's rows are `stride` apart (the cache in place). Integers in float64: exact in any order.
+template <int V, int R>
+SPECDEC_AVX512 void weighted(const double* const* w, const double* v, int64_t stride, int64_t s, double* const* out) {
+  __m512d acc[R][V];
+#pragma GCC unroll 4
+  for (int r = 0; r < R; ++r) {
+#pragma GCC unroll 16
+    for (int i = 0; i < V; ++i) acc[r][i] = _mm512_setzero_pd();
+  }
+  for (int64_t j = 0; j < s; ++j) {
+    const double* vj = v + j * stride;
+    __m512d wj[R];
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) wj[r] = _mm512_set1_pd(w[r][j]);
+#pragma GCC unroll 16
+    for (int i = 0; i < V; ++i) {
+      const __m512d x = _mm512_loadu_pd(vj + 8 * i);
+#pragma GCC unroll 4
+      for (int r = 0; r < R; ++r) acc[r][i] = _mm512_fmadd_pd(wj[r], x, acc[r][i]);
+    }
+  }
+#pragma GCC unroll 4
+  for (int r = 0; r < R; ++r) {
+#pragma GCC unroll 16
+    for (int i = 0; i < V; ++i) _mm512_storeu_pd(out[r] + 8 * i, acc[r][i]);
+  }
 }
 
 void weighted_any(const double* w, const double* v, int64_t stride, int64_t s, int64_t d, double* out) {
   for (int64_t c = 0; c < d; ++c) out[c] = 0.0;
   for (int64_t j = 0; j < s; ++j) {
-    if (w[j] == 0.0) continue;
     for (int64_t c = 0; c < d; ++c) out[c] += w[j] * v[j * stride + c];
   }
 }
@@ -327,38 +383,40 @@ struct Attend {
   int64_t k_strides[3], v_strides[3];  // the views' strides over B, Hkv and S (D + 1 is contiguous)
   const bool* mask;  // (B, 1, T, S - first), or null
   double* sc;  // (B·Hkv, group·T, S) scores, then their exp
-  double* kts;  // (B·Hkv, D, S8) keys' integers transposed
-  double* k_steps;  // (B·Hkv, S8)
+  double* k_steps;  // (B·Hkv, S8) the keys' steps, gathered from their last column
   double* v_steps;  // (B·Hkv, S8)
-  double* v_ints;  // (B·Hkv, S, D) values' integers, rows 64-byte aligned
   double* q_int;  // (B·Hkv, group·T, D)
   double* q_step;  // (B·Hkv, group·T)
   float* os;  // (B, T, H, D) out
   int64_t heads, kv_heads, group, t, s, s8, d, first;
   double scaling, levels;
+
+  const double* key(int64_t nn, int64_t j) const {
+    return ks + nn / kv_heads * k_strides[0] + nn % kv_heads * k_strides[1] + j * k_strides[2];
+  }
+  const double* value(int64_t nn, int64_t j) const {
+    return vs + nn / kv_heads * v_strides[0] + nn % kv_heads * v_strides[1] + j * v_strides[2];
+  }
+  int64_t rows_per_head() const { return group * t; }
 };
 
-void transpose_keys(const Attend& a, int64_t n0, int64_t n1) {
-  for (int64_t nn = n0; nn < n1; ++nn) {
-    const int64_t bb = nn / a.kv_heads, head = nn % a.kv_heads;
+void gather_steps(const Attend& a, int64_t n) {
+  for (int64_t nn = 0; nn < n; ++nn) {
     for (int64_t j = 0; j < a.s; ++j) {
-      const double* kj = a.ks + bb * a.k_strides[0] + head * a.k_strides[1] + j * a.k_strides[2];
-      for (int64_t c = 0; c < a.d; ++c) a.kts[(nn * a.d + c) * a.s8 + j] = kj[c];
-      a.k_steps[nn * a.s8 + j] = kj[a.d];
-      const double* vj = a.vs + bb * a.v_strides[0] + head * a.v_strides[1] + j * a.v_strides[2];
-      std::copy(vj, vj + a.d, a.v_ints + (nn * a.s + j) * a.d);
-      a.v_steps[nn * a.s8 + j] = vj[a.d];
+      a.k_steps[nn * a.s8 + j] = a.key(nn, j)[a.d];
+      a.v_steps[nn * a.s8 + j] = a.value(nn, j)[a.d];
     }
   }
 }
 
 // Rows r0..r1-1 (row r: kv head r / (group·T), query head g = (r mod group·T) / T, position i):
 // the query in fixed point (exact.fixed), its scores (integer sums, then · (q_step · scaling) · key
-// step, each rounded as torch's mul_), the mask, and minus the row's max.
-__attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni"))) void score_rows(const Attend& a, int64_t r0,
-                                                                                int64_t r1) {
+// step, each rounded as torch's mul_), the mask, and minus the row's max. Two rows of one kv head
+// share each pass over its keys where d is a whole number of vectors.
+template <int V>
+SPECDEC_AVX512 void score_rows(const Attend& a, int64_t r0, int64_t r1) {
   const int64_t rows = a.group * a.t, d = a.d;
-  alignas(64) double lane[8];
+  const int64_t stride = a.k_strides[2];
   for (int64_t r = r0; r < r1; ++r) {
     const int64_t nn = r / rows, gi = r % rows, g = gi / a.t, i = gi % a.t;
     const int64_t bb = nn / a.kv_heads, h = (nn % a.kv_heads) * a.group + g;
@@ -376,14 +434,58 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni"))) void score_rows(
       q[c] = std::nearbyint(static_cast<double>(scaled));
     }
     a.q_step[r] = peak * (1.0 / FIXED);
-    const __m512d factor = _mm512_set1_pd(a.q_step[r] * a.scaling);
-    const double* kt = a.kts + nn * d * a.s8;
+  }
+  for (int64_t r = r0; r < r1;) {
+    const int64_t nn = r / rows;
+    const double* k0 = a.key(nn, 0);
+    const double* k_steps = a.k_steps + nn * a.s8;
     double* row = a.sc + r * a.s;
-    for (int64_t j0 = 0; j0 < a.s; j0 += 8) {
-      const __mmask8 live = j0 + 8 <= a.s ? 0xff : static_cast<__mmask8>((1u << (a.s - j0)) - 1);
-      const __m512d dots = _mm512_mul_pd(dots8(q, kt + j0, a.s8, d), factor);
-      _mm512_mask_storeu_pd(row + j0, live, _mm512_mul_pd(dots, _mm512_loadu_pd(a.k_steps + nn * a.s8 + j0)));
+    if constexpr (V > 0) {
+      __m512d q0[V];
+#pragma GCC unroll 16
+      for (int c = 0; c < V; ++c) q0[c] = _mm512_loadu_pd(a.q_int + r * d + 8 * c);
+      const double f0 = a.q_step[r] * a.scaling;
+      if (V <= 8 && r + 1 < r1 && (r + 1) / rows == nn) {
+        __m512d q1[V];
+#pragma GCC unroll 16
+        for (int c = 0; c < V; ++c) q1[c] = _mm512_loadu_pd(a.q_int + (r + 1) * d + 8 * c);
+        const double f1 = a.q_step[r + 1] * a.scaling;
+        const __m512d factor = _mm512_setr_pd(f0, f0, f0, f0, f1, f1, f1, f1);
+        double* next = row + a.s;
+        for (int64_t j0 = 0; j0 < a.s; j0 += 4) {
+          const int64_t live = std::min<int64_t>(4, a.s - j0);
+          const __mmask8 lanes = static_cast<__mmask8>((1u << live) - 1);
+          const __m256d steps = _mm256_loadu_pd(k_steps + j0);
+          const __m512d both = _mm512_insertf64x4(_mm512_castpd256_pd512(steps), steps, 1);
+          const __m512d dots = _mm512_mul_pd(dots2x4<V>(q0, q1, k0 + j0 * stride, stride, live), factor);
+          const __m512d scaled = _mm512_mul_pd(dots, both);
+          _mm512_mask_storeu_pd(row + j0, lanes, scaled);
+          _mm512_mask_storeu_pd(next + j0 - 4, static_cast<__mmask8>(lanes << 4), scaled);
+        }
+        r += 2;
+        continue;
+      }
+      const __m512d factor = _mm512_set1_pd(f0);
+      for (int64_t j0 = 0; j0 < a.s; j0 += 8) {
+        const int64_t live = std::min<int64_t>(8, a.s - j0);
+        const __mmask8 lanes = static_cast<__mmask8>((1u << live) - 1);
+        const __m512d dots = _mm512_mul_pd(dots8<V>(q0, k0 + j0 * stride, stride, live), factor);
+        _mm512_mask_storeu_pd(row + j0, lanes, _mm512_mul_pd(dots, _mm512_loadu_pd(k_steps + j0)));
+      }
+    } else {
+      const double* q = a.q_int + r * d;
+      for (int64_t j = 0; j < a.s; ++j) {
+        double dot = 0.0;
+        for (int64_t c = 0; c < d; ++c) dot += q[c] * k0[j * stride + c];
+        volatile double scaled = dot * (a.q_step[r] * a.scaling);
+        row[j] = scaled * k_steps[j];
+      }
     }
+    r += 1;
+  }
+  for (int64_t r = r0; r < r1; ++r) {
+    const int64_t gi = r % a.rows_per_head(), i = gi % a.t, bb = r / a.rows_per_head() / a.kv_heads;
+    double* row = a.sc + r * a.s;
     if (a.mask) {
       const bool* blocked = a.mask + (bb * a.t + i) * (a.s - a.first) - a.first;
       for (int64_t j = a.first; j < a.s; ++j) {
@@ -403,50 +505,80 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni"))) void score_rows(
   }
 }
 
-// Rows r0..r1-1 after exp: the weights in fixed point with the values' steps carried in, their
-// integer total, the integer sums over values, and the rescale, as exact._attend.
-__attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni"))) void weigh_rows(const Attend& a, int64_t r0,
-                                                                                int64_t r1) {
-  const int64_t rows = a.group * a.t, d = a.d, s = a.s;
+// One row after exp: the weights in fixed point with the values' steps carried in (into w), and their
+// integer total; returns the weights' step factor for the rescale, as exact._attend.
+SPECDEC_AVX512 double weights_of(const Attend& a, int64_t r, double* w, double* total_out) {
+  const int64_t rows = a.group * a.t, s = a.s, nn = r / rows;
   const double scale_up = FIXED * a.levels;
-  std::vector<double> w(static_cast<size_t>(a.s8)), acc(static_cast<size_t>(d));
-  for (int64_t r = r0; r < r1; ++r) {
-    const int64_t nn = r / rows, gi = r % rows, g = gi / a.t, i = gi % a.t;
-    const int64_t bb = nn / a.kv_heads, h = (nn % a.kv_heads) * a.group + g;
-    const double* e = a.sc + r * s;
-    const double* vn = a.v_ints + nn * s * d;
-    // x = e · value step, its peak, and the integer total of e · FIXED · levels (exact in any order)
-    const __m512d up = _mm512_set1_pd(scale_up);
-    constexpr int NEAREST = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
-    __m512d peaks = _mm512_set1_pd(1e-300), totals = _mm512_setzero_pd();
-    for (int64_t j0 = 0; j0 < s; j0 += 8) {
-      const __mmask8 live = j0 + 8 <= s ? 0xff : static_cast<__mmask8>((1u << (s - j0)) - 1);
-      const __m512d ej = _mm512_maskz_loadu_pd(live, e + j0);
-      const __m512d x = _mm512_mul_pd(ej, _mm512_loadu_pd(a.v_steps + nn * a.s8 + j0));
-      _mm512_storeu_pd(w.data() + j0, x);
-      peaks = _mm512_max_pd(peaks, x);
-      totals = _mm512_add_pd(totals, _mm512_roundscale_pd(_mm512_mul_pd(ej, up), NEAREST));
+  const double* e = a.sc + r * s;
+  // x = e · value step, its peak, and the integer total of e · FIXED · levels (exact in any order)
+  const __m512d up = _mm512_set1_pd(scale_up);
+  constexpr int NEAREST = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+  __m512d peaks = _mm512_set1_pd(1e-300), totals = _mm512_setzero_pd();
+  for (int64_t j0 = 0; j0 < s; j0 += 8) {
+    const __mmask8 live = j0 + 8 <= s ? 0xff : static_cast<__mmask8>((1u << (s - j0)) - 1);
+    const __m512d ej = _mm512_maskz_loadu_pd(live, e + j0);
+    const __m512d x = _mm512_mul_pd(ej, _mm512_loadu_pd(a.v_steps + nn * a.s8 + j0));
+    _mm512_storeu_pd(w + j0, x);
+    peaks = _mm512_max_pd(peaks, x);
+    totals = _mm512_add_pd(totals, _mm512_roundscale_pd(_mm512_mul_pd(ej, up), NEAREST));
+  }
+  const double peak = _mm512_reduce_max_pd(peaks);
+  *total_out = _mm512_reduce_add_pd(totals);
+  volatile double inv = 1.0 / peak;
+  const __m512d per = _mm512_set1_pd(inv * a.levels);
+  for (int64_t j0 = 0; j0 < s; j0 += 8) {
+    _mm512_storeu_pd(w + j0, _mm512_roundscale_pd(_mm512_mul_pd(_mm512_loadu_pd(w + j0), per), NEAREST));
+  }
+  volatile double w_step = peak * (1.0 / a.levels);
+  volatile double factor = w_step * scale_up;
+  return factor;
+}
+
+// Rows r0..r1-1 after exp: weights_of, the integer sums over values (up to three rows of one kv head
+// share a pass over its values), and the rescale.
+template <int V>
+SPECDEC_AVX512 void weigh_rows(const Attend& a, int64_t r0, int64_t r1) {
+  constexpr int MOST = V > 0 && V <= 8 ? 3 : 1;  // MOST·V accumulators fit the 32 registers
+  const int64_t rows = a.group * a.t, d = a.d;
+  std::vector<double> w(static_cast<size_t>(MOST * a.s8)), acc(static_cast<size_t>(MOST * d));
+  for (int64_t r = r0; r < r1;) {
+    const int64_t nn = r / rows;
+    int64_t n_rows = 1;
+    while (n_rows < MOST && r + n_rows < r1 && (r + n_rows) / rows == nn) ++n_rows;
+    double factors[3], totals[3];
+    const double* ws[3];
+    double* accs[3];
+    for (int64_t k = 0; k < n_rows; ++k) {
+      ws[k] = w.data() + k * a.s8;
+      accs[k] = acc.data() + k * d;
+      factors[k] = weights_of(a, r + k, w.data() + k * a.s8, &totals[k]);
     }
-    const double peak = _mm512_reduce_max_pd(peaks), total = _mm512_reduce_add_pd(totals);
-    volatile double inv = 1.0 / peak;
-    const __m512d per = _mm512_set1_pd(inv * a.levels);
-    for (int64_t j0 = 0; j0 < s; j0 += 8) {
-      _mm512_storeu_pd(w.data() + j0, _mm512_roundscale_pd(_mm512_mul_pd(_mm512_loadu_pd(w.data() + j0), per), NEAREST));
-    }
-    if (d == 64) {
-      weighted<8>(w.data(), vn, d, s, acc.data());
-    } else if (d == 128) {
-      weighted<16>(w.data(), vn, d, s, acc.data());
+    const double* v0 = a.value(nn, 0);
+    const int64_t stride = a.v_strides[2];
+    if constexpr (V > 0 && MOST == 3) {
+      if (n_rows == 3) {
+        weighted<V, 3>(ws, v0, stride, a.s, accs);
+      } else if (n_rows == 2) {
+        weighted<V, 2>(ws, v0, stride, a.s, accs);
+      } else {
+        weighted<V, 1>(ws, v0, stride, a.s, accs);
+      }
+    } else if constexpr (V > 0) {
+      weighted<V, 1>(ws, v0, stride, a.s, accs);
     } else {
-      weighted_any(w.data(), vn, d, s, d, acc.data());
+      weighted_any(ws[0], v0, stride, a.s, d, accs[0]);
     }
-    volatile double w_step = peak * (1.0 / a.levels);
-    volatile double factor = w_step * scale_up;
-    float* o = a.os + ((bb * a.t + i) * a.heads + h) * d;
-    for (int64_t c = 0; c < d; ++c) {
-      volatile double up = acc[c] * factor;
-      o[c] = static_cast<float>(up / total);
+    for (int64_t k = 0; k < n_rows; ++k) {
+      const int64_t gi = (r + k) % rows, g = gi / a.t, i = gi % a.t;
+      const int64_t bb = nn / a.kv_heads, h = (nn % a.kv_heads) * a.group + g;
+      float* o = a.os + ((bb * a.t + i) * a.heads + h) * d;
+      for (int64_t c = 0; c < d; ++c) {
+        volatile double up = accs[k][c] * factors[k];
+        o[c] = static_cast<float>(up / totals[k]);
+      }
     }
+    r += n_rows;
   }
 }
 
@@ -478,10 +610,9 @@ torch::Tensor attention_rows(torch::Tensor query, torch::Tensor key, torch::Tens
   if (blocked.has_value()) blocked_c = blocked->to(torch::kBool).contiguous();
   const int64_t rows = group * t, size = n * rows * s, s8 = (s + 7) / 8 * 8;
   // the scores sit in a buffer padded to whole vector widths, so exp runs every element on one path
-  auto buffer = torch::zeros({size + (LANES - size % LANES) % LANES}, k.options());
-  std::vector<double> kts(static_cast<size_t>(n * d * s8), 0.0), k_steps(static_cast<size_t>(n * s8), 1.0),
-      v_steps(static_cast<size_t>(n * s8), 0.0);
-  auto v_ints = torch::empty({n, s, d}, k.options());  // torch's allocator aligns to 64 bytes
+  auto buffer = torch::empty({size + (LANES - size % LANES) % LANES}, k.options());
+  buffer.narrow(0, size, buffer.size(0) - size).zero_();
+  std::vector<double> k_steps(static_cast<size_t>(n * s8), 1.0), v_steps(static_cast<size_t>(n * s8), 0.0);
   std::vector<double> q_int(static_cast<size_t>(n * rows * d)), q_step(static_cast<size_t>(n * rows));
   auto out = torch::empty({b, t, heads, d}, q.options());
   const Attend a{q.data_ptr<float>(),
@@ -491,10 +622,8 @@ torch::Tensor attention_rows(torch::Tensor query, torch::Tensor key, torch::Tens
                  {v.stride(0), v.stride(1), v.stride(2)},
                  blocked.has_value() ? blocked_c.data_ptr<bool>() : nullptr,
                  buffer.data_ptr<double>(),
-                 kts.data(),
                  k_steps.data(),
                  v_steps.data(),
-                 v_ints.data_ptr<double>(),
                  q_int.data(),
                  q_step.data(),
                  out.data_ptr<float>(),
@@ -511,17 +640,20 @@ torch::Tensor attention_rows(torch::Tensor query, torch::Tensor key, torch::Tens
   // Rows go to torch's threads only where each thread gets about a million multiply-adds: waking
   // a thread costs more than a one-token pass's attention.
   const int64_t grain = std::max<int64_t>(1, (1 << 20) / std::max<int64_t>(1, 2 * s * d));
-  transpose_keys(a, 0, n);
-  at::parallel_for(0, n * rows, grain, [&](int64_t r0, int64_t r1) { score_rows(a, r0, r1); });
+  gather_steps(a, n);
+  auto scores = d == 64 ? &score_rows<8> : d == 128 ? &score_rows<16> : &score_rows<0>;
+  auto weigh = d == 64 ? &weigh_rows<8> : d == 128 ? &weigh_rows<16> : &weigh_rows<0>;
+  at::parallel_for(0, n * rows, grain, [&](int64_t r0, int64_t r1) { scores(a, r0, r1); });
   // exp as exact.exp_: ATen's own, on slices of whole vector widths below its grain
   for (int64_t start = 0; start < buffer.size(0); start += GRAIN) {
     auto part = buffer.narrow(0, start, std::min(GRAIN, buffer.size(0) - start));
     at::exp_out(part, part);
   }
-  at::parallel_for(0, n * rows, grain, [&](int64_t r0, int64_t r1) { weigh_rows(a, r0, r1); });
+  at::parallel_for(0, n * rows, grain, [&](int64_t r0, int64_t r1) { weigh(a, r0, r1); });
   return out;
 #endif
 }
+
 
 // attention_rows over ROWS query rows a call, as exact.attention: a long prefill's float64 scores stay
 // a few tens of MB. (B, H, T, D) queries -> (B, T, H, D).
