@@ -27,41 +27,33 @@ class KernelLayer(nn.Module):
         position_embeddings=None,
         **kwargs,
     ):
-        attn, mlp = self.self_attn, self.mlp
-        kernel = int8_kernel.module() if attn.qkv.packed is not None and position_embeddings is not None else None
+        args = self.__dict__.get("_kernel_args")
+        if args is None and self.self_attn.qkv.packed is not None:
+            args = self._kernel_args = self._arguments()
+        kernel = int8_kernel.module() if args is not None and position_embeddings is not None else None
         if kernel is None or hidden_states.dtype != torch.float32:
             return super().forward(
                 hidden_states, attention_mask, position_ids, cache, use_cache, position_embeddings, **kwargs
             )
+        into, out_of, layer_idx = args
+        q, k, v = kernel.attention_in(hidden_states, *into, *position_embeddings)
+        if cache is not None:
+            k, v = cache.update(k, v, layer_idx)
+        b, t, s = q.shape[0], q.shape[2], k.shape[2]
+        first, blocked = exact.blocked_keys(attention_mask, b, t, s, q.device)
+        return kernel.attention_out(hidden_states, q, k, v, first, blocked, *out_of)
+
+    def _arguments(self) -> tuple[tuple, tuple, int]:
+        """The kernel's arguments that are the layer's own (weights, sizes, norms), gathered once:
+        looking them up through the modules each pass cost more than a one-token layer's attention."""
+        attn, mlp = self.self_attn, self.mlp
         heads, kv_heads = (n // attn.head_dim for n in attn.sizes[:2])
         norm, qkv = self.input_layernorm, attn.qkv
         # an EAGLE head's first layer has no input norm (feature_head.py)
         weight, eps = (None, 0.0) if isinstance(norm, nn.Identity) else (norm.weight, norm.variance_epsilon)
-        q, k, v = kernel.attention_in(
-            hidden_states,
-            weight,
-            eps,
-            qkv.packed,
-            qkv.scale,
-            qkv.bias,
-            qkv.half,
-            qkv.wide,
-            heads,
-            kv_heads,
-            *position_embeddings,
-        )
-        if cache is not None:
-            k, v = cache.update(k, v, attn.layer_idx)
-        b, t, s = q.shape[0], q.shape[2], k.shape[2]
-        first, blocked = exact.blocked_keys(attention_mask, b, t, s, q.device)
+        into = (weight, eps, qkv.packed, qkv.scale, qkv.bias, qkv.half, qkv.wide, heads, kv_heads)
         o, norm, up, down = attn.o_proj, self.post_attention_layernorm, mlp.gate_up, mlp.down_proj
-        return kernel.attention_out(
-            hidden_states,
-            q,
-            k,
-            v,
-            first,
-            blocked,
+        out_of = (
             attn.scaling,
             attn.weight_levels,
             o.packed,
@@ -81,6 +73,7 @@ class KernelLayer(nn.Module):
             down.half,
             down.wide,
         )
+        return into, out_of, attn.layer_idx
 
 
 _fused: dict[type, type] = {}

@@ -52,6 +52,8 @@ def pending() -> bool:
 
 def module() -> ModuleType | None:
     """The loaded kernel, building it on first use; None where it cannot run here (why() says why)."""
+    if "module" in _state:  # every layer of every pass asks: no lock once the answer is known
+        return _state["module"]  # type: ignore[return-value]
     with _lock:
         if "module" not in _state:
             _state["module"] = _load()
