@@ -76,7 +76,12 @@ def test_draftless_rounds_are_target_tokens_in_pane_legend_stats_and_plots(targe
     assert stats["rounds_by_kind"][BONUS] == sum(s.token_kind == BONUS for s in steps)
     names = [t.name for t in plots.tokens_per_round(steps).data]
     assert any(KIND_LABELS[TARGET] in n for n in names)
-    assert "rounds that drafted nothing" in render.summary_markdown(steps, steps)
+    summary = render.summary_markdown(steps, steps)
+    assert "rounds that drafted nothing" in summary
+    # mean k is over the rounds that drafted (as the formulas take it), and says so beside the plain rounds
+    drafting = [s for s in steps if s.drafted]
+    assert stats["mean_k"] == sum(len(s.drafted) for s in drafting) / len(drafting) > stats["drafted"] / len(steps)
+    assert f"| mean k of the rounds that drafted | {stats['mean_k']:.2f} |" in summary
 
 
 def test_residual_plot_draws_p_once_for_bonus_and_target_rounds():
@@ -125,6 +130,11 @@ def test_summary_waits_for_rounds_and_says_partial_after_stop(records):
     assert "so far (live)" in render.summary_markdown(spec, ar, done=False)
     assert "partial" in render.summary_markdown(spec[:3], ar[:3], done=False, stopped=True)
     assert "achieved" in render.summary_markdown(spec, ar)
+    assert "unequal lengths" not in render.summary_markdown(spec, ar)
+    # a run that ended sooner (an end-of-turn one side reached first) is a rate over a shorter text
+    n = sum(len(s.emitted) for s in ar[:-2])
+    shorter = render.summary_markdown(spec, ar[:-2])
+    assert "unequal lengths" in shorter and f"wrote {sum(len(s.emitted) for s in spec)} and {n} tokens" in shorter
 
 
 def test_context_full_is_said_where_the_run_ends(target, tokenizer):

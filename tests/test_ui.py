@@ -291,6 +291,22 @@ def test_the_precision_picked_is_the_one_used_and_shown(monkeypatch):
         ui.check_request(*args, dtype="fp64")
 
 
+def test_the_precision_line_promises_what_the_decoding_keeps():
+    from app.serve import ui
+
+    args = [PROMPT, "stdlib-code target (bundled)", "", "prompt lookup (n-grams)", "", False, "sampling", 0.8, 7, 1.0]
+    args += [0, 8, "fixed", 3]
+    promises = {}
+    for rule in ("rejection", "shared-noise"):
+        *_, summary, _, _, _, _, _, doc = list(
+            ui.generate_both(*args, dtype="int8", rule=rule, control={"stop": False})
+        )[-1]
+        assert doc["dtype"]["used"] == "int8"
+        promises[rule] = summary
+    assert "greedy output" not in promises["rejection"] and "distribution exactly" in promises["rejection"]
+    assert "greedy output" not in promises["shared-noise"] and "for the same seed exactly" in promises["shared-noise"]
+
+
 def test_a_typed_id_in_an_error_toast_is_text_not_html():
     from app.serve import ui
 

@@ -82,7 +82,7 @@ def _stream(form: Form, control, progress=None) -> Iterator[tuple]:
     ready = prepared(form, control, progress=progress)
     pair, ids = ready.pair, ready.ids
     shown = pair.tokenizer.decode(ids, skip_special_tokens=True)
-    precision = _precision(pair, dtype)
+    precision = _precision(pair, dtype, s)
     progress(0.0, desc=MEASURING)
     speculative = request.start(pair, ids, settings, report=measuring(progress))  # once per pair and sampling kind
     costs = speculative.costs
@@ -141,12 +141,22 @@ def _verdict(pair, ids, spec, ar, costs, target_cache, s):
     return divergence.explain_run(pair.target, target_cache, ids, spec, plain, noise, s)
 
 
-def _precision(pair, asked: str) -> str:
-    """The precision line under the summary: the dtype in use, and why."""
+def _precision(pair, asked: str, s) -> str:
+    """The precision line under the summary: the dtype in use, and why, for this run's decoding."""
     used = models.precision_of(pair.target)
     why = " (auto: the fastest precision exact at every width here)" if asked == "auto" else ""
-    if used == "int8":
+    if used == "int8" and s.greedy:
         exact = ": a row's logits are the same bits at every verify width, so greedy output is plain decoding's exactly"
+    elif used == "int8" and s.shared_noise:
+        exact = (
+            ": a row's logits are the same bits at every verify width, so with shared noise the text is plain "
+            "decoding's for the same seed exactly"
+        )
+    elif used == "int8":
+        exact = (
+            ": a row's logits are the same bits at every verify width, so each sampled token has plain decoding's "
+            "distribution exactly (the texts differ: the two runs draw differently)"
+        )
     elif used == "fp32":
         exact = "; its rows can differ in the last bits between widths, far below any but an exact tie"
     else:

@@ -152,7 +152,19 @@ def summary_markdown(
         head = f"### Speedup {_fmt(cmp['achieved_speedup'], '.2f', '×')} so far (live) · {theory}"
     else:
         head = f"### Speedup {_fmt(cmp['achieved_speedup'], '.2f', '×')} achieved · {theory}{stop_note(spec, ar)}"
+        head += unequal_note(b, a)
     return head + "\n\n" + table
+
+
+def unequal_note(b: dict, a: dict) -> str:
+    """Where the two runs ended at different lengths (an end-of-turn token one of them reached first),
+    the speedup is a ratio of rates over unequal texts: said under the headline, with both lengths."""
+    if b["new_tokens"] == a["new_tokens"]:
+        return ""
+    return (
+        f"\n\nThe runs wrote {b['new_tokens']} and {a['new_tokens']} tokens: their texts differ, so this compares "
+        "tokens per second over unequal lengths, not the time to the same text."
+    )
 
 
 def _figures_table(b: dict, a: dict) -> str:
@@ -171,7 +183,14 @@ def _figures_table(b: dict, a: dict) -> str:
         ("tokens per target pass (mean acceptance length)", _fmt(b["tokens_per_pass"]), _fmt(a["tokens_per_pass"])),
         ("acceptance rate (accepted ÷ drafted)", pct(b["acceptance_rate"]), "–"),
         ("α per token (accepted ÷ (accepted + rejections))", pct(b["alpha"]), "–"),
-        ("mean k" if not b["tree_rounds"] else "nodes per round (a tree's nodes, a chain's k)", _fmt(b["mean_k"]), "–"),
+        # Over the rounds that drafted, as the formulas take it: the plain rounds are the row below.
+        (
+            "mean k of the rounds that drafted"
+            if not b["tree_rounds"]
+            else "nodes per round that drafted (a tree's nodes, a chain's k)",
+            _fmt(b["mean_k"]),
+            "–",
+        ),
         *([("rounds that drafted a tree", b["tree_rounds"], "–")] if b["tree_rounds"] else []),
         ("measured cost ratio c (draft token ÷ target pass)", _fmt(b["cost_ratio_c"], ".3f"), "–"),
         ("rounds that drafted nothing", b["rounds_by_kind"][TARGET], "–"),
