@@ -61,6 +61,38 @@ DRAFT_PRESETS = {
 }
 
 
+# Which preset drafts a preset target runs: its own trained head (a feature head reads features of its
+# target's width only), the drafts that share its tokenizer, and the drafts that need no model. A typed
+# target is offered every draft.
+_SHARED_TOKENIZER = (
+    (
+        {SMOLLM2, "HuggingFaceTB/SmolLM2-1.7B-Instruct"},
+        {SMOLLM2_SMALL, *(f"HuggingFaceTB/SmolLM2-{n}-Instruct" for n in ("135M", "360M"))},
+    ),
+    ({TINY_TARGET}, {DISTILLED_DRAFT, str(BUNDLED / "draft-small"), str(BUNDLED / "draft-weak")}),
+    ({f"Qwen/Qwen2.5-{n}-Instruct" for n in ("1.5B", "3B", "7B")}, {"Qwen/Qwen2.5-0.5B-Instruct"}),
+    ({"openai-community/gpt2-large", "openai-community/gpt2-xl"}, {"distilbert/distilgpt2", "openai-community/gpt2"}),
+)
+_MODEL_FREE = (PROMPT_LOOKUP, EARLY_EXIT + "2", EARLY_EXIT + "4")
+# Preset targets whose tokenizer carries a chat template (the instruction-tuned ones).
+CHAT_TARGETS = {SMOLLM2, *(i for i in TARGET_PRESETS.values() if i.endswith("-Instruct"))}
+
+
+def drafts_for_target(target: str) -> list[str]:
+    """The draft presets' labels a target can run, its default first; every draft for a target that
+    is not a preset."""
+    target_id = id_of(target)
+    if target_id not in TARGET_PRESETS.values():
+        return list(DRAFT_PRESETS)
+    ids = {DEFAULT_DRAFTS.get(target_id, PROMPT_LOOKUP), *_MODEL_FREE}
+    for targets, drafts in _SHARED_TOKENIZER:
+        if target_id in targets:
+            ids |= drafts
+    ids.discard(gguf_target.HUB_ID if target_id == SMOLLM2 else target_id)  # the target itself drafts nothing new
+    first = default_draft(target_id)
+    return [first] + [label for label, i in DRAFT_PRESETS.items() if i in ids and label != first]
+
+
 def id_of(model_id: str) -> str:
     """A preset label's id, else the id itself (stripped)."""
     model_id = (model_id or "").strip()

@@ -158,7 +158,22 @@ def cap_for_target(target, custom_target, value) -> gr.Slider:
     return _cap_box(_context_cap((custom_target or "").strip() or target), value)
 
 
-def _choices(presets: dict[str, str]) -> list[tuple[str, str]]:
+def drafts_for_target(target):
+    """When the preset target changes: the drafts it can run, its default selected, and chat formatting
+    as its template says."""
+    labels = models.presets.drafts_for_target(target)
+    chat = models.presets.id_of(target) in models.presets.CHAT_TARGETS
+    return gr.Dropdown(choices=_choices(labels), value=labels[0]), gr.Checkbox(value=chat)
+
+
+def drafts_for_custom_target(custom_target):
+    """A typed target is offered every draft, the one chosen kept (nothing is known of it before it loads)."""
+    if not (custom_target or "").strip():
+        return gr.Dropdown()
+    return gr.Dropdown(choices=_choices(models.DRAFT_PRESETS))
+
+
+def _choices(presets) -> list[tuple[str, str]]:
     """Dropdown entries (shown label, value): presets that are neither bundled nor cached say so."""
     return [(f"{name} · needs a download" if models.needs_download(name) else name, name) for name in presets]
 

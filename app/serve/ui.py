@@ -22,6 +22,8 @@ from app.serve.handlers import (  # noqa: F401 - the handlers are the app's API,
     cap_for_loaded,
     cap_for_target,
     check_request,
+    drafts_for_custom_target,
+    drafts_for_target,
     export_for,
     fill_seed,
     guarded,
@@ -89,9 +91,10 @@ def _model_controls(c) -> None:
             allow_custom_value=True,
         )
         c.custom_target = gr.Textbox("", label="…or a custom target (Hub id or local directory)")
+        # the drafts the default target runs; a change of target re-lists them (drafts_for_target)
         c.draft = gr.Dropdown(
-            _choices(models.DRAFT_PRESETS),
-            value=next(iter(models.DRAFT_PRESETS)),
+            _choices(models.presets.drafts_for_target(next(iter(models.TARGET_PRESETS)))),
+            value=models.presets.default_draft(next(iter(models.TARGET_PRESETS))),
             label="Draft",
             allow_custom_value=True,
         )
@@ -241,6 +244,8 @@ def _wire(c) -> None:
         queue=False,
         **private,
     )
+    c.target.change(drafts_for_target, c.target, [c.draft, c.fields["chat"]], queue=False, **private)
+    c.custom_target.blur(drafts_for_custom_target, c.custom_target, c.draft, queue=False, **private)
     greyed = [c.fields[name] for name in controls.sampling_only()]
     c.decoding.change(sampling_controls, c.decoding, greyed, queue=False, **private)
     c.rejected_view.change(None, c.rejected_view, None, js=REJECTED_VIEW, **private)
