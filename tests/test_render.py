@@ -86,13 +86,38 @@ def test_draftless_rounds_are_target_tokens_in_pane_legend_stats_and_plots(targe
 
 def test_residual_plot_draws_p_once_for_bonus_and_target_rounds():
     fig = plots.decision_figure(_step())
-    assert [t.name for t in fig.data] == ["p (target)", "q (draft)", "norm(max(0, p - q))"]
+    assert [t.name for t in fig.data] == ["p (target)", "q (draft)", plots.RESIDUAL_NAME]
     assert list(fig.data[0].x) == ["········", "else"]
     for kind in (BONUS, TARGET):
         fig = plots.decision_figure(_step(token_kind=kind))
         assert len(fig.data) == 1 and list(fig.data[0].y) == [0.49, 0.3]
     missing = plots.decision_figure(_step(token=99))
     assert "not in the top tokens" in missing.layout.title.text
+
+
+def test_the_teaching_view_draws_its_rounds_whitespace_and_the_main_pane_keeps_the_text():
+    """A bonus space or newline is blank in a pane: the teaching view's round draws it (· and ↵, the
+    line still broken after ↵); other rounds, and the main pane, keep the text as written."""
+    space = _step(drafted=[5], draft_text=["x"], accepted=1, token_kind=BONUS, token_text=" ", rejected=[])
+    newline = dataclasses.replace(space, round=4, token_text="\n", emitted=[5, 8])
+    taught = render.pane_html("", [space, newline], drawn_round=4)
+    bonus = [piece.split("</span>")[0].split(">")[-1] for piece in taught.split('class="tok bon"')[1:]]
+    assert bonus == [" ", "↵\n"]
+    assert render.pane_html("", [space], drawn_round=3).count(">·</span>") == 1
+    main = render.pane_html("", [space, newline])
+    assert "·" not in main and "↵" not in main
+
+
+def test_the_residual_and_the_greedy_q_are_said_in_words_before_any_formula():
+    """The residual's legend says what it is in words, the formula after; a greedy table's q column
+    says why it is 1 and the note beside it says so in full; the tree's rows are labelled."""
+    words, formula = plots.RESIDUAL_NAME.split(":")
+    assert "p" in words and "q" in words and formula.strip() == "norm(max(0, p - q))"
+    assert "= 1" in render.headers_for(render.GREEDY)[1] and render.headers_for(REJECTION)[1] == "q(x)"
+    assert "most likely token" in render.GREEDY_Q_NOTE and "argmax p" in render.GREEDY_Q_NOTE
+    tree = _step(drafted=[5, 6], draft_text=["a", "b"], decisions=[], accepted=0)
+    tree.parents = [-1, -1]
+    assert plots.tree_figure(tree).layout.yaxis.title.text == plots.TREE_Y != ""
 
 
 def test_check_line_while_running_after_stop_and_done(records):
@@ -157,9 +182,9 @@ def test_capped_last_round_is_marked_in_the_k_plot(records):
 def test_greedy_correction_plot_shows_argmax_p_not_a_residual_draw():
     fig = plots.decision_figure(_step(), greedy=True)
     names = [t.name for t in fig.data]
-    assert "norm(max(0, p - q))" not in names and names[-1] == "argmax p: the greedy token (no draw)"
+    assert plots.RESIDUAL_NAME not in names and names[-1] == "argmax p: the greedy token (no draw)"
     assert list(fig.data[-1].y) == [0.0, 1.0]  # on the target's token ("else") alone
-    assert plots.decision_figure(_step()).data[-1].name == "norm(max(0, p - q))", "sampling keeps its residual"
+    assert plots.decision_figure(_step()).data[-1].name == plots.RESIDUAL_NAME, "sampling keeps its residual"
 
 
 def test_the_sampling_chart_always_holds_the_rejected_draft_token(target, near_draft, tokenizer):

@@ -186,6 +186,9 @@ def tokens_per_round(steps: Sequence[Step]) -> go.Figure:
 
 
 REJECTED_MARK = " (rejected draft)"  # the label of the draft token the target turned down
+# The residual in words first, the formula after: what a rejection leaves the target to draw from.
+RESIDUAL_NAME = "what p has beyond q, rescaled: norm(max(0, p - q))"
+TREE_Y = "drafted tokens, kept path first"  # the y-axis: a row per node, depth first, under the text so far
 
 
 def tree_figure(step: Step) -> go.Figure:
@@ -202,7 +205,7 @@ def tree_figure(step: Step) -> go.Figure:
         data,
         f"round {step.round}: a tree of {len(step.drafted)} nodes, kept {step.accepted}",
         "depth",
-        "",
+        TREE_Y,
         y_range=[len(order) + 0.7, -1.2],  # the committed text on top, rows downwards
         # A row a label high, and the legend between the title and the plot: under the plot, as the
         # other figures have it, its lines would eat the rows of a narrow screen.
@@ -288,7 +291,7 @@ def _tree_ends(step: Step, row: dict) -> list[go.Scatter]:
 def decision_figure(step: Step, greedy: bool = False, shared_noise: bool = False) -> go.Figure:
     """Where the target's own token came from, over the top tokens at that position.
 
-    After a rejection: p, q and the residual norm(max(0, p - q)) it was drawn from, with the rejected
+    After a rejection: p, q and the residual it was drawn from (p's excess over q, rescaled), with the rejected
     draft token among the bars; under greedy nothing is drawn, and the token is argmax p; under shared
     noise the token wins p's race over the position's noise (the teaching note shows the race). A bonus or
     draftless token is drawn from p itself, so p is drawn once. A tree round draws its tree (tree_figure).
@@ -302,14 +305,14 @@ def decision_figure(step: Step, greedy: bool = False, shared_noise: bool = False
         label = label if label not in labels else f"{label} #{t[0]}"
         labels.append(label + (REJECTED_MARK if t[0] == rejected else ""))
     if step.token_kind == CORRECTED:
-        # Under greedy the "residual" is a point mass on argmax p: no norm(max(0, p - q)) was drawn from.
+        # Under greedy the "residual" is a point mass on argmax p: nothing was drawn from p's excess over q.
         chosen = (
             dict(y=[float(t[0] == step.token) for t in step.top], name="argmax p: the greedy token (no draw)")
             if greedy
             # Under shared noise the token is the winner of p's race: p itself, no residual.
             else dict(y=[t[4] for t in step.top], name="p: its race's winner, argmax p/E (no residual)")
             if shared_noise
-            else dict(y=[t[4] for t in step.top], name="norm(max(0, p - q))")
+            else dict(y=[t[4] for t in step.top], name=RESIDUAL_NAME)
         )
         data = [
             go.Bar(

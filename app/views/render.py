@@ -37,6 +37,11 @@ def visible(piece: str) -> str:
     return piece.replace(" ", "·").replace("\t", "⇥").replace("\r", "").replace("\n", "↵")
 
 
+def drawn(piece: str) -> str:
+    """Whitespace drawn as visible's symbols, each newline still breaking its line after its ↵."""
+    return visible(piece).replace("↵", "↵\n")
+
+
 def code(piece: str, in_table: bool = False) -> str:
     """A token as Markdown inline code, readable whatever it holds: whitespace drawn (visible), a
     fence one backtick longer than any run inside it (a ``` token stays three backticks), and a
@@ -57,10 +62,11 @@ def status_mark(kind: str, word: str) -> str:
     return f'<span class="mark {kind}">{word}</span>'
 
 
-def pane_html(prompt: str, steps: Sequence[Step], kind_classes: bool = True) -> str:
+def pane_html(prompt: str, steps: Sequence[Step], kind_classes: bool = True, drawn_round: int | None = None) -> str:
     """The prompt, then every round as a shaded group of coloured token spans.
 
-    kind_classes=False gives plain text, for the autoregressive pane.
+    kind_classes=False gives plain text, for the autoregressive pane. drawn_round: the round whose
+    whitespace is drawn (the teaching view's round), so a bonus space or newline is seen.
     """
     parts = [f'<div class="pane"><span class="prompt">{html.escape(prompt)}</span>']
     if not kind_classes:
@@ -83,7 +89,7 @@ def pane_html(prompt: str, steps: Sequence[Step], kind_classes: bool = True) -> 
                     rejected.append("¦")
                 rejected.append(piece)
                 seen += 1
-            shown = visible(piece) if kind == REJECTED else piece
+            shown = visible(piece) if kind == REJECTED else drawn(piece) if s.round == drawn_round else piece
             pieces.append(f'<span class="tok {CLASS[kind]}" data-kind="{kind}">{html.escape(shown)}</span>')
         if rejected:
             pieces.insert([kind for _, kind in spans].index(REJECTED), _rejected_mark(rejected))
@@ -236,7 +242,19 @@ DECISION_HEADERS = ["draft token", "q(x)", "p(x)", "min(1, p/q)", "u", "decision
 SHARED_HEADERS = ["draft token", "q(x)", "p(x)", "draft == argmax p/E (both race E)", "u", "decision"]
 # Under greedy nothing is random: a draft is kept exactly when it is the target's argmax, and p is
 # shown as the plain softmax (greedy has no temperature).
-GREEDY_HEADERS = ["draft token", "q(x)", "p(x) at T = 1", "draft == argmax p", "u", "decision"]
+GREEDY_HEADERS = [
+    "draft token",
+    "q(x) = 1: the draft's own pick",
+    "p(x) at T = 1",
+    "draft == argmax p",
+    "u",
+    "decision",
+]
+GREEDY_Q_NOTE = (
+    "**Why q(x) = 1 under greedy:** the draft proposes its own most likely token, with nothing left to "
+    "chance, so the probability it gives the token it proposed is 1. Nothing is drawn either: a draft is "
+    "kept exactly when it is the target's most likely token too (draft == argmax p)."
+)
 
 
 def tree_order(parents: Sequence[int]) -> list[tuple[int, int]]:
