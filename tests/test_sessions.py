@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import json
 import pickle
@@ -59,7 +60,8 @@ def test_a_session_is_small_picklable_data_and_a_new_key_starts_over(target, nea
     s, sp, r = SamplingConfig(), SpecConfig(), RunConfig(20)
     live = sessions.LiveRuns()
     session, _ = _step_through(live, target, near_draft, tokenizer, s, sp, r, 3)
-    assert len(pickle.dumps(session)) < 1000 and session.ks and not session.done
+    # Each round's record is kept (Step back), each under a kilobyte here.
+    assert len(pickle.dumps(session)) < 1000 * session.rounds and session.ks and not session.done
     fresh, steps, _ = sessions.advance(
         session, ("other",), _start(target, near_draft, tokenizer, s, sp, r), lambda: make_policy(sp), live
     )
@@ -67,6 +69,56 @@ def test_a_session_is_small_picklable_data_and_a_new_key_starts_over(target, nea
     sessions.LIVE.put(fresh.id, sessions._Live(iter(()), [], 0.0))
     sessions.forget(fresh)  # gr.State's delete_callback, on the app's own store
     assert sessions.LIVE.take(fresh.id) is None
+
+
+def test_step_back_reshows_kept_rounds_and_step_shows_them_again_before_computing(target, near_draft, tokenizer):
+    s, sp, r = SamplingConfig(0.9, seed=3), SpecConfig(k=3), RunConfig(40)
+    starts = []
+    engine_run = _start(target, near_draft, tokenizer, s, sp, r)
+
+    def start(policy):
+        starts.append(policy)
+        return engine_run(policy)
+
+    live = sessions.LiveRuns(max_live=0)  # no live run is held: every computed round starts the engine
+
+    def step(session):
+        return sessions.advance(session, ("k",), start, lambda: make_policy(sp), live)
+
+    session = None
+    for _ in range(4):
+        session, _, _ = step(session)
+    four = list(session.steps)
+    assert len(starts) == 4 and session.shown == session.rounds == 4
+    session, steps, shown = sessions.back(session)
+    session, steps, shown = sessions.back(pickle.loads(pickle.dumps(session)))
+    assert session.shown == 2 and session.rounds == 4 and steps == four[:2] and shown == four[1]
+    session, steps, shown = step(session)
+    assert len(starts) == 4 and session.shown == 3 and steps == four[:3] and shown == four[2], "nothing recomputed"
+    session, _, _ = step(session)
+    session, steps, shown = step(session)
+    same = [(x.k, x.drafted, x.accepted, x.token) for x in steps[:4]] == [
+        (x.k, x.drafted, x.accepted, x.token) for x in four
+    ]
+    assert len(starts) == 5 and shown.round == 5 and same, "past the kept rounds, one more is run (a replay here)"
+    assert sessions.back(sessions.at(session, 1)[0]) is None, "nothing before round 1"
+
+
+def test_a_session_keeps_step_backs_reach_in_full_and_only_the_panes_text_before_it(
+    target, near_draft, tokenizer, monkeypatch
+):
+    from app.views import render
+
+    monkeypatch.setattr(sessions, "KEEP_BACK", 2)
+    s, sp, r = SamplingConfig(), SpecConfig(k=2), RunConfig(40)
+    live = sessions.LiveRuns()
+    session, _ = _step_through(live, target, near_draft, tokenizer, s, sp, r, 5)
+    full = live.take(session.id).steps
+    slim = [dataclasses.replace(x, decisions=[], top=[], race=[]) for x in full[:3]]
+    assert list(session.steps) == slim + full[3:] and full[0].decisions, "the tables of rounds 1-3 are dropped"
+    assert render.pane_html("", session.steps) == render.pane_html("", full), "the pane draws the same"
+    session, _, shown = sessions.back(session)
+    assert shown == full[3] and sessions.back(session) is None, "Step back stops at the last full round"
 
 
 def test_live_runs_are_bounded_by_count_and_time():

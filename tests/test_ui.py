@@ -218,6 +218,8 @@ def test_a_round_that_drafts_nothing_says_why():
         notes.append(note)
     assert "drafted 0" in notes[0] and "the prefill" in notes[0]
     assert "drafted 3" in notes[1] and "prefill" not in notes[1] and "The head read" in notes[1]
+    # In plain words first; the paper's term after, as a detail.
+    assert "summary of the text" in notes[1] and notes[1].index("summary") < notes[1].index("last-layer feature")
 
     from app.drafts import kinds, lookup, model
 
@@ -229,6 +231,77 @@ def test_a_round_that_drafts_nothing_says_why():
 
     assert "nothing to propose" in why("prompt-lookup", 3) and "a plain step" in why("prompt-lookup", 0)
     assert why("some/draft", 3, [5, 6]) == "" and "cost model" in why("some/draft", 0)
+
+
+def test_the_teaching_view_steps_back_forward_plays_and_resets(monkeypatch):
+    """Step back re-shows the round before from the session's records, Step shows the kept rounds again
+    before computing new ones, Auto-play's ticks run to the end of the generation, Reset starts over."""
+    import gradio as gr
+
+    from app import request
+    from app.serve import one_round, ui
+
+    args = [PROMPT, "stdlib-code target (bundled)", "", "distilled draft (bundled)", "", False]
+    args += ["greedy", 0.8, 0, 1.0, 0, 16, "fixed", 3]
+    rounds = lambda pane: pane.count('class="round')  # noqa: E731
+    session = None
+    for _ in range(3):
+        session, pane, table, note, _fig = ui.step_round(session, *args)
+    assert "Round 3" in note and rounds(pane) == 3
+    assert "= 1" in table["headers"][1] and "Why q(x) = 1 under greedy" in note, "greedy's q says why it is 1"
+    session, pane, table, note, _fig = one_round.step_back(session, *args)
+    assert note.startswith("**Round 2**") and rounds(pane) == 2 and "Step shows round 3 again" in note
+    started = []
+    monkeypatch.setattr(request, "start", lambda *a, **k: started.append(a))
+    session, pane, _table, note, _fig = ui.step_round(session, *args)
+    assert note.startswith("**Round 3**") and rounds(pane) == 3 and not started, "a kept round is not recomputed"
+    monkeypatch.undo()
+    for _ in range(2):
+        session, *_ = one_round.step_back(session, *args)
+    _, pane, _table, note, _fig = one_round.step_back(session, *args)
+    assert note.startswith("Round 1 is the first round.") and rounds(pane) == 1
+    session, pane, table, note, fig, timer, button = one_round.reset(session)
+    assert session is None and pane == render.STEP_PLACEHOLDER and "Press **Step one round**" in note
+    assert not timer.active and button.value == one_round.PLAY
+    timer, button = one_round.toggle_play(one_round.PLAY)
+    assert timer.active and button.value == one_round.PAUSE and not one_round.toggle_play(one_round.PAUSE)[0].active
+    notes = []
+    for _ in range(20):  # Auto-play's ticks, until one turns the timer off
+        session, _pane, _table, note, _fig, timer, button = one_round.play_round(session, *args)
+        notes.append(note.split("**")[1])
+        if isinstance(timer, gr.Timer):  # else gr.skip(): the timer runs on
+            break
+    assert notes[:2] == ["Round 1", "Round 2"] and session.ended and not timer.active
+    assert button.value == one_round.PLAY and len(notes) == session.rounds > 2
+    out = one_round.play_round(None, *args, control={"stop": True})
+    assert not out[-2].active, "Stop ends auto-play at its next tick"
+
+
+def test_the_teaching_view_has_its_buttons_and_a_glossary_that_matches_the_figures():
+    import gradio as gr
+
+    from app.serve import ui
+    from app.serve.texts import GLOSSARY
+
+    blocks = list(ui.build_ui().blocks.values())
+
+    def in_teaching(block) -> bool:
+        while block is not None and getattr(block, "elem_id", None) != "teaching":
+            block = block.parent
+        return block is not None
+
+    named = {b.elem_id: b for b in blocks if getattr(b, "elem_id", None)}
+    for elem_id in ("step-back", "step-forward", "auto-play", "step-reset", "glossary"):
+        assert in_teaching(named[elem_id]), elem_id
+    timers = [b for b in blocks if isinstance(b, gr.Timer)]
+    assert len(timers) == 1 and not timers[0].active and in_teaching(timers[0])
+    assert named["glossary"].value == GLOSSARY.strip()
+    # The same definitions as the summary's (render) and metrics.summarize's.
+    flat = " ".join(GLOSSARY.split())
+    for term in ("accepted ÷ drafted", "accepted ÷ (accepted + rejections)", "(1 − α^(k+1)) / ((1 − α)(k·c + 1))"):
+        assert term in flat
+    assert "draft time per drafted token ÷ verify time per target pass, over the rounds after the first" in flat
+    assert "**bonus token**" in flat and "**prefill**" in flat and "**k**" in flat
 
 
 def test_a_request_says_it_is_loading_and_measuring_before_its_first_tokens():

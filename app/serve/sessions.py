@@ -1,11 +1,14 @@
 """Teaching sessions (Step one round) as plain data, with a small bounded cache of live runs.
 
-A visitor's session is a `Teaching` record: the request's settings and the k of each round
-shown so far. It pickles (ZeroGPU sends a call's inputs and outputs between processes) and
-costs bytes, not the megabytes of two KV caches. Round N+1 continues a live run when this
-process still holds one; otherwise it re-runs the engine from the seed, with the recorded k
-of each round, and lands on exactly the rounds shown before: greedy decoding has no
-randomness, and sampling draws from one seeded generator in the same order.
+A visitor's session is a `Teaching` record: the request's settings and the Step record of
+each round computed so far, the newest KEEP_BACK in full and the older ones without their
+teaching tables (a chain round is under a kilobyte in full, a few hundred bytes without). It
+pickles (ZeroGPU sends a call's inputs and outputs between processes) and costs kilobytes, not
+the megabytes of two KV caches. Step back re-shows a kept round and Step shows the kept rounds
+after it again before computing a new one, so neither recomputes what is on record. A new round
+continues a live run when this process still holds one; otherwise it re-runs the engine from
+the seed, with the recorded k of each round, and lands on exactly the rounds shown before:
+greedy decoding has no randomness, and sampling draws from one seeded generator in the same order.
 
 Live runs are bounded twice: at most MAX_LIVE at once (least recently used goes first)
 and TTL seconds without a step. An abandoned session therefore holds no model memory
@@ -34,7 +37,10 @@ TTL = 600.0  # seconds a live run outlives its last step; after that the next St
 # included, so about half a MiB after a run); the least recently used go first, and such a visitor's next
 # Step starts again at round 1. Gradio's default of 10,000 let memory grow with every new visitor.
 MAX_SESSIONS = int(os.environ.get("SPECDEC_SESSIONS") or 32)
-STATE_TTL = 3600.0  # seconds the visitor's gr.State (bytes of plain data) outlives its last step
+STATE_TTL = 3600.0  # seconds the visitor's gr.State (kilobytes of plain data) outlives its last step
+# Rounds Step back reaches: their tables are kept in full. Older rounds keep only what the pane
+# draws, so a session of 2,048 one-token rounds stays under a megabyte.
+KEEP_BACK = 32
 
 
 @dataclass(frozen=True)
@@ -43,13 +49,26 @@ class Teaching:
 
     key: tuple  # the request's settings; a different key starts a new session
     id: str = field(default_factory=lambda: uuid.uuid4().hex)
-    ks: tuple[int, ...] = ()  # k of each round shown so far, in order
-    nodes: tuple[int, ...] = ()  # each round's tree budget (0: a chain), where the policy shapes rounds
-    done: bool = False  # the last round shown ended the generation
+    steps: tuple[Step, ...] = ()  # every round computed so far, in order (older than KEEP_BACK: slim)
+    shown: int = 0  # rounds on screen: Step back lowers it, Step raises it before computing a new round
+    done: bool = False  # the last round computed ended the generation
 
     @property
     def rounds(self) -> int:
-        return len(self.ks)
+        return len(self.steps)
+
+    @property
+    def ks(self) -> tuple[int, ...]:
+        return tuple(s.k for s in self.steps)
+
+    @property
+    def nodes(self) -> tuple[int, ...]:  # each round's tree budget (0: a chain), where the policy shapes rounds
+        return tuple(s.nodes for s in self.steps)
+
+    @property
+    def ended(self) -> bool:
+        """The generation's last round is on screen: the next Step starts over."""
+        return self.done and self.shown == self.rounds
 
 
 class _Replay:
@@ -133,16 +152,20 @@ Start = Callable[[KPolicy | None], Iterator[Step]]  # a fresh engine run of the 
 def advance(
     session: Teaching | None, key: tuple, start: Start, policy: Callable[[], KPolicy], live: LiveRuns | None = None
 ) -> tuple[Teaching, list[Step], Step | None]:
-    """Run one more round: (the updated session, every round so far, the new round or None at the end).
+    """Show one more round: (the updated session, every round up to it, that round or None at the end).
 
+    After Step back it is the next kept round, nothing computed; else the engine runs one round.
     `start(policy)` begins the request's engine run; `policy()` makes the request's own k policy.
-    A new key, or a finished session, starts over from round 1. `live` defaults to the app's store.
+    A new key, or a session whose last round is on screen, starts over from round 1. `live`
+    defaults to the app's store.
     """
     live = LIVE if live is None else live
-    if session is None or session.key != key or session.done:
+    if session is None or session.key != key or session.ended:
         if session is not None:
             live.drop(session.id)
         session = Teaching(key)
+    if session.shown < session.rounds:
+        return at(session, session.shown + 1)
     held = live.take(session.id)
     if held is None or len(held.steps) != session.rounds:
         held = _rebuild(session, start, policy)
@@ -150,12 +173,34 @@ def advance(
     if step is None:
         return replace(session, done=True), held.steps, None
     held.steps.append(step)
-    session = replace(
-        session, ks=(*session.ks, step.k), nodes=(*session.nodes, step.nodes), done=bool(step.stop_reason)
-    )
+    session = replace(session, steps=_kept(session.steps, step), shown=session.rounds + 1, done=bool(step.stop_reason))
     if not session.done:
         live.put(session.id, held)
     return session, held.steps, step
+
+
+def back(session: Teaching | None) -> tuple[Teaching, list[Step], Step] | None:
+    """Step back: the round before the one on screen, from the session's records (nothing is
+    recomputed), or None where there is none to go back to (round 1, or past KEEP_BACK)."""
+    if session is None or session.shown <= 1 or session.shown - 1 <= session.rounds - KEEP_BACK:
+        return None
+    return at(session, session.shown - 1)
+
+
+def at(session: Teaching, shown: int | None = None) -> tuple[Teaching, list[Step], Step]:
+    """The session showing its first `shown` kept rounds (None: those on screen), the last of them."""
+    shown = session.shown if shown is None else shown
+    steps = list(session.steps[:shown])
+    return replace(session, shown=shown), steps, steps[-1]
+
+
+def _kept(steps: tuple[Step, ...], step: Step) -> tuple[Step, ...]:
+    """The session's records with `step` added; the round that falls out of Step back's reach keeps only
+    what the pane draws (its text and kinds), not its teaching tables."""
+    old = len(steps) - KEEP_BACK
+    if old >= 0:
+        steps = (*steps[:old], replace(steps[old], decisions=[], top=[], race=[]), *steps[old + 1 :])
+    return (*steps, step)
 
 
 def _rebuild(session: Teaching, start: Start, policy: Callable[[], KPolicy]) -> _Live:

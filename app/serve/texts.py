@@ -29,9 +29,11 @@ faster without changing what it writes.
 2. The target scores all k in **one** forward pass, giving its own probabilities **p** at every position.
 3. Each draft is accepted with probability **min(1, p(x)/q(x))**: the draw **u** decides. Under greedy
    decoding this is simply "does the draft equal the target's argmax?".
-4. At the first rejection the target draws its own token from **norm(max(0, p − q))**: the mass the draft
-   under-used. That correction makes the output distribution exactly p. If every draft is accepted,
-   a **bonus** token comes from p for free.
+4. At the first rejection the target draws its own token from what is left of p once the draft's
+   share is taken out: each token's p minus its q where p is larger, nothing where it is not, scaled
+   to sum to 1 (in symbols, norm(max(0, p − q))). The tokens the draft proposed too rarely get the
+   chance it under-used, so the output distribution is exactly p. If every draft is accepted, a
+   **bonus** token comes from p for free.
 
 A **feature-level draft** (EAGLE-style, "feature draft" in the presets) does not guess from tokens alone:
 it reads the target's own last hidden state and extrapolates it one layer deep, then uses the target's own
@@ -58,3 +60,26 @@ def example_row(example: dict) -> list:
         s.get("seed", 0),
         bool(s.get("chat", False)),
     ]
+
+
+# The teaching view's glossary: each term as metrics.py and costs.py compute it, and as the summary labels it.
+GLOSSARY = """
+- **k**: how many tokens the draft proposes in one round. Adaptive k picks it each round from this
+  machine's measured costs; k = 0 is a plain step of the target alone. A tree's k is its depth.
+- **acceptance rate**: accepted ÷ drafted, over every drafted token, the ones after a round's first
+  rejection included (they are thrown away unjudged).
+- **α (alpha)**: accepted ÷ (accepted + rejections): of the drafts the target judged, the share it kept.
+  A round stops judging at its first rejection, so α leaves the unjudged drafts out and is never below
+  the acceptance rate. Leviathan's formulas take α: a round gives (1 − α^(k+1)) / (1 − α) tokens on average.
+- **c**: what one drafted token costs over what one target pass costs, in seconds as measured: draft
+  time per drafted token ÷ verify time per target pass, over the rounds after the first that drafted.
+  The idealised speedup is (1 − α^(k+1)) / ((1 − α)(k·c + 1)).
+- **bonus token**: when every draft of a round is kept, the target's pass has already given its p for
+  the position after the last draft, so one more token is drawn from p at no extra pass: a round
+  gives up to k + 1 tokens.
+- **prefill**: a model's first pass, over the whole prompt at once, which fills its cache of keys and
+  values before the first new token. Round 1 pays it (plain decoding too), so c leaves round 1 out;
+  a feature draft's first round drafts nothing, as the head needs the target's features from it.
+- **p and q**: the target's and the draft's probability of a token, after the same temperature, top-k
+  and top-p; **u** is the uniform draw that accepts a draft when u < min(1, p/q).
+"""

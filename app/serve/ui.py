@@ -13,7 +13,7 @@ from types import SimpleNamespace
 import gradio as gr
 
 from app import models
-from app.serve import by_kind, controls, form, queue_limits, sessions, which_draft
+from app.serve import by_kind, controls, form, one_round, queue_limits, sessions, which_draft
 from app.serve.generation import generate_both, request_stop, start_run  # noqa: F401
 from app.serve.handlers import (  # noqa: F401 - the handlers are the app's API, reached through ui too
     _cap_label,
@@ -31,7 +31,7 @@ from app.serve.handlers import (  # noqa: F401 - the handlers are the app's API,
     load_pair,
 )
 from app.serve.one_round import step_round  # noqa: F401
-from app.serve.texts import CSS, EXAMPLES, EXPLANATION, KNOWS, TIMING_NOTE, example_row
+from app.serve.texts import CSS, EXAMPLES, EXPLANATION, GLOSSARY, KNOWS, TIMING_NOTE, example_row
 from app.views import render
 
 log = logging.getLogger(__name__)
@@ -164,9 +164,15 @@ def _results(c) -> None:
 def _teaching(c) -> None:
     # Step opens this view and scrolls it into sight (_wire): closed, a round's result would land out of view.
     with gr.Accordion("Teaching mode: one round at a time", open=False, elem_id="teaching") as c.teaching:
-        c.step_note = gr.Markdown(
-            "Press **Step one round** to draft, verify and decide one round.", elem_id="step-note"
-        )
+        with gr.Row():
+            c.back_btn = gr.Button("Step back", size="sm", elem_id="step-back")
+            c.forward_btn = gr.Button("Step forward", size="sm", elem_id="step-forward")
+            c.play_btn = gr.Button(one_round.PLAY, size="sm", elem_id="auto-play")
+            c.reset_btn = gr.Button("Reset", size="sm", elem_id="step-reset")
+        c.timer = gr.Timer(one_round.AUTOPLAY_S, active=False)  # Auto-play's ticks, a round each
+        with gr.Accordion("Glossary: α, acceptance rate, c, k, bonus token, prefill", open=False):
+            gr.Markdown(GLOSSARY, elem_id="glossary")
+        c.step_note = gr.Markdown(one_round.INTRO, elem_id="step-note")
         c.step_pane = gr.HTML(render.STEP_PLACEHOLDER, elem_id="step-pane", max_height=360, autoscroll=True)
         c.decisions = gr.Dataframe(
             headers=render.DECISION_HEADERS,
@@ -210,18 +216,7 @@ def _wire(c) -> None:
         api_name="generate",
         **device,
     ).success(export_for, [*inputs, c.control], c.export_code, **private)
-    c.step_btn.click(lambda: gr.Accordion(open=True), None, c.teaching, queue=False, **private).then(
-        None, js=SHOW_TEACHING, **private
-    )
-    c.step_btn.click(start_run, [c.seed, c.decoding, c.control], c.seed, queue=False, **private).then(
-        check_request, [*inputs, c.control], c.run_status, **private, **device
-    ).success(
-        step_round,
-        [c.session, *inputs, c.control],
-        [c.session, c.step_pane, c.decisions, c.step_note, c.residual],
-        api_name="step",
-        **device,
-    ).success(None, js=SHOW_TEACHING, **private)  # again with the round in it: the page has grown
+    _wire_teaching(c, inputs, device, private)
     panels = (
         (by_kind.by_kind, c.kind_btn, c.kind_stop, [c.kind_status, c.kind_plot, c.kind_records]),
         (which_draft.which_draft, c.size_btn, c.size_stop, [c.size_status, c.size_plot, c.size_records]),
@@ -250,6 +245,40 @@ def _wire(c) -> None:
     c.decoding.change(sampling_controls, c.decoding, greyed, queue=False, **private)
     c.rejected_view.change(None, c.rejected_view, None, js=REJECTED_VIEW, **private)
     gr.Button(visible=False).click(list_presets, None, c.presets_json, api_name="presets")
+
+
+def _wire_teaching(c, inputs: list, device: dict, private: dict) -> None:
+    shown = [c.session, c.step_pane, c.decisions, c.step_note, c.residual]
+    c.step_btn.click(lambda: gr.Accordion(open=True), None, c.teaching, queue=False, **private).then(
+        None, js=SHOW_TEACHING, **private
+    )
+
+    def step(button, api: dict):
+        return (
+            button.click(start_run, [c.seed, c.decoding, c.control], c.seed, queue=False, **private)
+            .then(check_request, [*inputs, c.control], c.run_status, **private, **device)
+            .success(step_round, [c.session, *inputs, c.control], shown, **api, **device)
+        )
+
+    step(c.step_btn, dict(api_name="step")).success(None, js=SHOW_TEACHING, **private)  # again: the page has grown
+    step(c.forward_btn, private)  # beside Step back, in the view
+    c.back_btn.click(one_round.step_back, [c.session, *inputs, c.control], shown, api_name="step_back", **device)
+    # Auto-play starts (or pauses) a timer whose every tick steps a round; a tick is skipped while the
+    # one before it runs. The end of the generation, Stop, Reset or an error stops it.
+    play = [c.timer, c.play_btn]
+    c.play_btn.click(start_run, [c.seed, c.decoding, c.control], c.seed, queue=False, **private).then(
+        one_round.toggle_play, c.play_btn, play, queue=False, **private
+    )
+    c.timer.tick(
+        one_round.play_round,
+        [c.session, *inputs, c.control],
+        shown + play,
+        show_progress="minimal",
+        **private,
+        **device,
+    ).failure(one_round.paused, None, play, queue=False, **private)
+    c.stop_btn.click(one_round.paused, None, play, queue=False, **private)
+    c.reset_btn.click(one_round.reset, c.session, shown + play, queue=False, **private)
 
 
 REJECTED_VIEWS = ("inline (whitespace as · and ↵)", "a small mark: hover or tap it for the drafts")
