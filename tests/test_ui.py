@@ -897,6 +897,32 @@ def test_browser_step_opens_the_teaching_view_in_sight(page):
 
 @needs_browser
 @pytest.mark.slow
+def test_browser_step_back_forward_reset_and_auto_play(page):
+    """In the teaching view: Step forward, Step back (the round before, from the session), Reset (the
+    view cleared), then Auto-play, which steps on by itself until Stop."""
+    from playwright.sync_api import expect
+
+    note, rounds = page.locator("#step-note"), page.locator("#step-pane .round")
+    page.get_by_role("button", name="Step one round", exact=True).click()
+    expect(note).to_contain_text("Round 1", timeout=360_000)
+    page.locator("#step-forward").click()
+    expect(note).to_contain_text("Round 2", timeout=120_000)
+    page.locator("#step-back").click()
+    expect(note).to_contain_text("Round 1", timeout=60_000)
+    expect(note).to_contain_text("Step shows round 2 again")
+    assert rounds.count() == 1
+    page.locator("#step-reset").click()
+    expect(note).to_contain_text("Press Step one round", timeout=30_000)
+    expect(page.locator("#step-pane")).to_contain_text("each round adds its drafts")
+    page.locator("#auto-play").click()
+    expect(page.locator("#auto-play")).to_have_text("Pause auto-play", timeout=30_000)
+    expect(note).to_contain_text("Round 2", timeout=120_000)  # no click between rounds
+    page.get_by_role("button", name="Stop", exact=True).click()
+    expect(page.locator("#auto-play")).to_have_text("Auto-play", timeout=30_000)
+
+
+@needs_browser
+@pytest.mark.slow
 def test_browser_a_tree_rounds_table_indents_each_node_by_its_depth(page):
     """Step a draft tree's round: the teaching table lists every node under its parent, and a node two
     levels down sits further in than one a level down."""
