@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 
 from app.core import knobs
-from app.core.config import TREE_MAX, Settings, SpecConfig, UserError, chat_default
+from app.core.config import Settings, SpecConfig, UserError, chat_default
 from app.core.knobs import MAX_NEW_TOKENS, Knob
 from app.drafts import kinds
 from app.models import threads
@@ -62,17 +62,48 @@ def settings(args) -> Settings:
     """The options as one validated Settings (a bad value raises UserError with what to change)."""
     if not 1 <= args.max_new_tokens <= MAX_NEW_TOKENS:
         raise UserError(f"max new tokens must be between 1 and {MAX_NEW_TOKENS}, got {args.max_new_tokens}")
-    auto = args.tree == "auto"
     values = {knob.name: getattr(args, knob.name) for knob in knobs.KNOBS if knob.config and knob.cli is not None}
+    # Without --k-policy, a fixed k (--k) or a tree of a fixed size is fixed k; anything else adaptive.
+    fixed = args.k is not None or (args.tree and args.tree != "auto")
     values |= dict(
         k=args.k if args.k is not None else SpecConfig.k,
-        k_policy=args.k_policy or ("fixed" if args.k is not None or (args.tree and not auto) else "adaptive"),
+        k_policy=args.k_policy or ("fixed" if fixed else "adaptive"),
         chat=bool(args.chat),
-        tree=TREE_MAX if auto else args.tree,
     )
-    return knobs.settings(values, tree_auto=auto)
+    return knobs.settings(values)
 
 
 def with_chat(settings: Settings, args, tokenizer) -> Settings:
     """Settings with chat formatting on where --chat was not given and the target has a chat template."""
     return chat_default(settings, tokenizer) if args.chat is None else settings
+
+
+def flags(settings: Settings) -> list[str]:
+    """The options that give these settings on the command line (the inverse of settings()): each
+    setting the CLI's default would not give, in the knobs' order, and always the chat choice and the
+    k policy, whose CLI defaults depend on the target and on --k."""
+    out: list[str] = []
+    for knob in knobs.KNOBS:
+        if not knob.config or knob.cli is None:
+            continue
+        value = getattr(getattr(settings, knob.config), knob.name)
+        if knob.name == "chat":
+            out.append("--chat" if value else "--no-chat")
+        elif knob.name == "tree":
+            if value:  # its meaning follows the k policy, given beside it (knobs.settings)
+                out += ["--tree", str(value)]
+        elif knob.name == "stop":
+            for text in value:
+                out += ["--stop", text]
+        elif knob.name == "k_policy" or value != (SpecConfig.k if knob.name == "k" else knob.value):
+            out += [knob.flag, str(value)]
+    return out
+
+
+def command_line(prompt: str, target: str, draft: str, settings: Settings, dtype: str | None = None) -> str:
+    """`python -m app generate` with this prompt, pair and settings, quoted for a POSIX shell."""
+    import shlex
+
+    words = ["python", "-m", "app", "generate", "--prompt", prompt, "--target", target, "--draft", draft]
+    words += flags(settings) + (["--dtype", dtype] if dtype else [])
+    return shlex.join(words)

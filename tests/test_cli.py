@@ -200,3 +200,30 @@ def test_a_sampled_run_is_planned_on_timings_of_sampled_rounds(capsys, monkeypat
     doc = json.loads(capsys.readouterr().out)
     assert [(s.temperature, s.top_p) for s in seen] == [(0.8, 0.9)]
     assert doc["stats"]["predicted_speedup"] is not None
+
+
+def test_the_command_the_page_prints_reproduces_the_pages_run(capsys):
+    """The page's "from the command line" line is this run exactly: the same pair, settings and text."""
+    import shlex
+
+    from app.args import command_line
+    from app.serve import ui
+
+    prompt = "import os\n\n\ndef main(argv=None):\n"
+    args = [prompt, "stdlib-code target (bundled)", "", "distilled draft (bundled)", "", False, "sampling", 0.9, 11]
+    args += [0.95, 0, 24, "adaptive", 3, 1.0, 0, "shared-noise", 6]  # shared noise: the seed's text, any k
+    control = {"stop": False}
+    ui.start_run(11, "sampling", control)
+    ui.check_request(*args, control=control)
+    *_, doc = list(ui.generate_both(*args, control=control))[-1]
+    printed = ui.export_for(*args, control=control)
+    form = ui.form.parse(dict(zip(ui.form.names(), args, strict=False)))
+    line = command_line(prompt, form.target, form.draft, form.settings, form.dtype)
+    assert f"# this run from the command line, these settings exactly\n{line}\n" in printed
+    words = shlex.split(line)
+    assert words[:4] == ["python", "-m", "app", "generate"] and "--tree" in words and "--dtype" in words
+    capsys.readouterr()
+    assert cli.main([*words[3:], "--json"]) == 0
+    ran = json.loads(capsys.readouterr().out)
+    assert ran["settings"] == json.loads(json.dumps(doc["speculative"]["settings"]))
+    assert ran["token_ids"] == doc["speculative"]["token_ids"] == doc["autoregressive"]["token_ids"]

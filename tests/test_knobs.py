@@ -69,3 +69,43 @@ def test_the_cli_and_the_form_map_to_the_same_settings():
     fields |= dict(decoding="sampling", temperature=0.7, top_k=5, top_p=1.0, seed=0, max_new_tokens=128)
     page = form.parse(fields | dict(k_policy="heuristic", k=3)).settings
     assert cli == page
+
+
+@pytest.mark.parametrize(
+    ("policy", "tree", "shaped"),
+    [("fixed", 8, False), ("adaptive", 8, True), ("adaptive", 0, False), ("fixed", 0, False)],
+)
+def test_tree_means_one_thing_on_the_page_the_cli_and_the_command_the_page_prints(policy, tree, shaped):
+    """Tree N is up to N nodes a round: a fixed tree under fixed k, the cost model's shaping under adaptive k."""
+    from app.serve import form
+
+    ap = argparse.ArgumentParser()
+    args.add_generation_args(ap)
+    fields = dict(prompt="x", target="t", custom_target="", draft="d", custom_draft="", chat=False)
+    fields |= dict(decoding="greedy", temperature=0.8, top_k=0, top_p=1.0, seed=0, max_new_tokens=64)
+    page = form.parse(fields | dict(k_policy=policy, k=3, tree=tree)).settings
+    assert (page.spec.tree, page.spec.tree_auto) == (tree, shaped)
+    given = ["--max-new-tokens", "64", "--k-policy", policy, "--k", "3", "--no-chat"]
+    cli = args.settings(ap.parse_args(given + (["--tree", str(tree)] if tree else [])))
+    assert cli.spec == page.spec
+    # the command the page prints for its settings gives back the very same settings
+    assert args.settings(ap.parse_args(args.flags(page))) == page
+
+
+def test_the_printed_command_runs_the_pages_settings_as_typed():
+    import shlex
+
+    page = knobs.settings(
+        dict(temperature=0.7, seed=5, rule="shared-noise", k_policy="adaptive", tree=16, stop=("\n\n",))
+    )
+    line = args.command_line(
+        "def f(x):\n    return 'a'", "SmolLM2-135M-Instruct", "prompt lookup (n-grams)", page, "int8"
+    )
+    words = shlex.split(line)
+    assert words[:4] == ["python", "-m", "app", "generate"]
+    assert words[words.index("--prompt") + 1] == "def f(x):\n    return 'a'" and "--dtype" in words
+    ap = argparse.ArgumentParser()
+    args.add_generation_args(ap)
+    ap.add_argument("--prompt")
+    parsed = ap.parse_args(words[4:])
+    assert args.settings(parsed) == page and parsed.draft == "prompt lookup (n-grams)"

@@ -4,6 +4,8 @@ question, with the bench's own α, c and tokens per pass, ended by Stop or the r
 from __future__ import annotations
 
 import json
+import re
+import shlex
 
 import pytest
 from test_by_kind import FIELDS
@@ -34,10 +36,10 @@ def test_the_panel_gives_the_benchs_alpha_cost_and_tokens_per_pass_for_the_same_
     kinds = {q.category for q in category_runner.read_questions(category_runner.SAMPLE)}
     assert not doc["stopped"] and len(doc["questions"]) == len(kinds) == 7
     assert len(updates) == 7 and all(u[2] is not doc for u in updates[:-1]), "a document only at the end"
+    # the bench run the page names, word for word
+    printed = re.search(r"`(python -m app bench [^`]*)`", updates[-1][0]).group(1)
     out = tmp_path / "sizes"
-    argv = ["--sizes", "--target", FIELDS["target"], "--exits", str(which_draft.EXITS), "--out", str(out)]
-    argv += ["--k-policy", "fixed", "--k", str(FIELDS["k"]), "--max-new-tokens", str(which_draft.TOKENS)]
-    assert bench.main(argv) == 0
+    assert bench.main(shlex.split(printed)[4:] + ["--out", str(out)]) == 0
     want = json.loads(out.with_suffix(".json").read_text())
     assert want["drafts"] == doc["drafts"] == DRAFTS and list(want["sizes"]) == list(doc["sizes"])
     for category, curve in want["sizes"].items():

@@ -252,9 +252,10 @@ KNOBS: list[Knob] = [
         "spec",
         lo=0,
         hi=TREE_MAX,
-        help="draft a tree of N nodes, k deep (fixed k, 4 unless --k), verified in one target pass; "
-        f"auto: this machine's cost model picks each round's depth and nodes (up to {TREE_MAX}), or a chain "
-        "or a plain step where those win; off or 0: a chain (default)",
+        help="up to N draft nodes a round, verified in one target pass, as on the page: with fixed k (the "
+        "default with --tree N) a tree of N nodes, k deep (4 unless --k); with --k-policy adaptive this "
+        "machine's cost model shapes each round (a plain step, a chain or a tree of up to N nodes); auto: "
+        f"adaptive within {TREE_MAX} nodes; off or 0: a chain (default)",
         cli=dict(type=tree_nodes),
         ui=Widget(
             "slider",
@@ -305,11 +306,14 @@ def shown() -> list[Knob]:
     return [k for k in KNOBS if k.ui is not None]
 
 
-def settings(values: Mapping[str, Any], tree_auto: bool = False) -> Settings:
+def settings(values: Mapping[str, Any]) -> Settings:
     """The one mapping from knob values (by name; a missing one keeps its config's default) to validated
     Settings. k is fixed k, or heuristic's start: it raises their cap when above k max. Adaptive k picks
-    its own, up to k max, so k never moves adaptive's cap. tree_auto lets the cost model shape each
-    round, with up to `tree` nodes."""
+    its own, up to k max, so k never moves adaptive's cap.
+
+    `tree` means one thing wherever it is set (page, CLI, API): up to that many nodes a round. Under
+    adaptive k the cost model shapes each round within it (a plain step, a chain or a tree); under a
+    fixed k it is a fixed tree k deep. "auto" is adaptive shaping within TREE_MAX nodes."""
     parts: dict[str, dict[str, Any]] = {name: {} for name in CONFIGS}
     for knob in KNOBS:
         if knob.config and knob.name in values:
@@ -319,6 +323,9 @@ def settings(values: Mapping[str, Any], tree_auto: bool = False) -> Settings:
     if spec.get("k_policy", SpecConfig.k_policy) != "adaptive":
         spec["k_max"] = max(k_max, k)
     run["stop"] = tuple(run.get("stop", ()))
-    spec["tree_auto"] = tree_auto
+    if spec.get("tree") == "auto":
+        spec["tree"], spec["tree_auto"] = TREE_MAX, True
+    else:
+        spec["tree_auto"] = bool(spec.get("tree")) and spec.get("k_policy", SpecConfig.k_policy) == "adaptive"
     built: dict[str, Any] = {name: cls(**parts[name]) for name, cls in CONFIGS.items()}
     return Settings(**built)

@@ -20,10 +20,7 @@ from app.views import bench_figures, render
 
 PER_CATEGORY = 2  # questions of each category (the whole sample): the run fits one visitor's run limit
 TOKENS = 40  # new tokens a turn at most, for the same reason
-COMMAND = (
-    "python -m app bench --suite assets/specbench-sample.jsonl --per-category {per} --max-new-tokens {n} "
-    "--target TARGET --draft DRAFT (and the same decoding and k settings)"
-)
+COMMAND = "python -m app bench --suite assets/specbench-sample.jsonl --per-category {per} --no-sweep --no-hf"
 
 
 def panel_settings(settings: Settings, tokenizer) -> Settings:
@@ -89,21 +86,38 @@ def _stream(form: Form, control, progress):
         yield _status(summary, draft, None), _chart(summary, draft), gr.skip()
     doc = _doc(rows, summary, draft, settings, stopped, len(picked))
     ending = f"Stopped after {len(rows)} of {len(picked)} questions." if stopped else None
-    yield _status(summary, draft, ending, settings if not stopped else None), _chart(summary, draft), doc
+    final = command(form, settings) if not stopped else None
+    yield _status(summary, draft, ending, final, settings.spec.k_policy == "adaptive"), _chart(summary, draft), doc
 
 
 def _chart(summary: dict, draft: str):
     return bench_figures.category_figure(dict(summary=summary, drafts=[draft])) if summary else gr.skip()
 
 
-def _status(summary: dict, draft: str, note: str | None, final: Settings | None = None) -> str:
+def command(form: Form, settings: Settings) -> str:
+    """The bench command that answers the same questions with this pair and these settings."""
+    import shlex
+
+    from app.args import flags
+
+    words = shlex.split(COMMAND.format(per=PER_CATEGORY)) + ["--target", form.target, "--draft", form.draft]
+    return shlex.join(words + flags(settings) + ["--dtype", form.dtype])
+
+
+def _status(summary: dict, draft: str, note: str | None, final: str | None = None, adaptive: bool = False) -> str:
     parts = [note] if note else []
     if summary:
         parts.append(render.category_table(summary, [draft]))
-    if final is not None:
+    if final is not None and adaptive:
         parts.append(
-            f"Greedy figures (tokens per pass, α, same text) are the bench's for the same settings: "
-            f"`{COMMAND.format(per=PER_CATEGORY, n=final.run.max_new_tokens)}`. Speedups are this run's wall clock."
+            "Adaptive k follows this machine's round timings as they come, so its tokens per pass and α move "
+            "from run to run, the bench's runs included; with a fixed k the greedy figures are the bench's "
+            f"exactly. The same questions and settings in the bench: `{final}`. Speedups are this run's wall clock."
+        )
+    elif final is not None:
+        parts.append(
+            f"Greedy figures (tokens per pass, α, same text) are the bench's for the same settings: `{final}`. "
+            "Speedups are this run's wall clock."
         )
     return "\n\n".join(parts)
 

@@ -122,8 +122,8 @@ def parse(values: dict) -> Form:
     greedy = v["decoding"] == "greedy"
     given = {k.name: _typed(k, v[k.name]) for k in knobs.shown() if k.config and k.name not in ("temperature", "seed")}
     given |= dict(temperature=0.0 if greedy else float(v["temperature"]), seed=fill_seed(v["seed"], v["decoding"]))
-    # The UI's k slider never moves adaptive k's cap (knobs.settings); adaptive k's trees are shaped each round.
-    settings = knobs.settings(given, tree_auto=v["k_policy"] == "adaptive" and int(v["tree"]) > 0)
+    # The UI's k slider never moves adaptive k's cap; adaptive k's trees are shaped each round (knobs.settings).
+    settings = knobs.settings(given)
     return Form(v["prompt"], target, draft, settings, not blank(v["seed"]), str(v["dtype"]))
 
 

@@ -203,11 +203,14 @@ def export_for(form: Form, control=None) -> str:
     """The same pair and settings as `vllm serve` and `llama-server` commands (python -m app export);
     Generate's last handler, so it ends the click's shared pair and ids."""
     from app import export
+    from app.args import command_line
 
     try:
         typed = (form.target, form.draft)  # commands name the models as picked
         pair = prepared(form, control, last=True).pair
-        return export.for_pair(pair, form.settings.spec, form.settings.sampling, typed=typed)
+        here = command_line(form.prompt, form.target, form.draft, form.settings, form.dtype)
+        elsewhere = export.for_pair(pair, form.settings.spec, form.settings.sampling, typed=typed)
+        return f"# this run from the command line, these settings exactly\n{here}\n\n{elsewhere}"
     except UserError as e:
         return f"# no export: {e}"
 

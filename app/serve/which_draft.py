@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import shlex
 
 import gradio as gr
 
 from app import category_runner, models, sweep
+from app.args import flags
 from app.core.config import Settings
 from app.serve import queue_limits
 from app.serve.form import Form, takes_form
@@ -22,10 +24,7 @@ from app.views import draft_size
 PER_CATEGORY = 1
 TOKENS = 16
 EXITS = 4
-COMMAND = (
-    "python -m app bench --sizes --target TARGET --exits {exits} --max-new-tokens {n} --k-policy fixed --k {k} "
-    "(and the same decoding settings)"
-)
+COMMAND = "python -m app bench --sizes --exits {exits}"
 
 
 def panel_settings(settings: Settings, tokenizer) -> Settings:
@@ -80,14 +79,14 @@ def _stream(form: Form, control, progress):
     ):
         done = len(doc["questions"]) == len(picked) or doc["stopped"]
         note = None if done else f"{len(doc['questions'])} of {len(picked)} kinds of text measured…"
-        yield status(doc, note, settings), _figure(doc), doc if done else gr.skip()
+        yield status(doc, note, settings, form.target, form.dtype), _figure(doc), doc if done else gr.skip()
 
 
 def _figure(doc: dict):
     return draft_size.figure(doc) if doc["sizes"] else gr.skip()
 
 
-def status(doc: dict, note: str | None, settings: Settings) -> str:
+def status(doc: dict, note: str | None, settings: Settings, target: str, dtype: str) -> str:
     """The panel's text: progress or how it ended, a sentence per kind of text measured, and the
     bench command that reproduces the figures."""
     parts = [note] if note else []
@@ -97,7 +96,8 @@ def status(doc: dict, note: str | None, settings: Settings) -> str:
     if "overall" in doc["sizes"]:
         parts.append(_table(doc, "overall"))
     if note is None:
-        command = COMMAND.format(exits=EXITS, n=settings.run.max_new_tokens, k=settings.spec.k)
+        command = shlex.join([*shlex.split(COMMAND.format(exits=EXITS)), "--target", target, *flags(settings)])
+        command += f" --dtype {dtype}"
         parts.append(
             f"α, c and tokens per pass are the bench's for the same settings: `{command}`. "
             "Speedups are this run's wall clock, a single short question of each kind: read the shape, not the digits."
