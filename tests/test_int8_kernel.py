@@ -127,3 +127,35 @@ def test_an_int8_targets_feature_head_drafts_in_the_same_kernels(kernel):
     assert isinstance(head.body.layers[0], exact_model.KernelLayer)
     fp32 = models.load_pair(models.SMOLLM2, models.SMOLLM2_FEATURE, "cpu", "fp32").draft.head
     assert isinstance(fp32.fc, nn.Linear) and fp32.rows_linear is None, "an fp32 target's head stays fp32"
+
+
+def test_a_pass_runs_its_layers_as_one_stack_with_the_bits_of_each_layers_own_call(kernel):
+    from tests.conftest import tiny_llama
+
+    fused = exact_model.convert(tiny_llama(vocab=96).eval())
+    ids = [(5 * i + 1) % 96 for i in range(40)]
+    ran = []
+    stack = exact_model.KernelLayer.run_stack
+
+    def counted(*a, **k):
+        out = stack(*a, **k)
+        ran.append(out is not None)
+        return out
+
+    def rows(width: int) -> torch.Tensor:
+        cache = DynamicRollbackCache(fused)
+        cache.extend(ids[:20], keep=1)
+        return torch.cat([cache.extend(ids[i : i + width]) for i in range(20, 38, width)])
+
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(exact_model.KernelLayer, "run_stack", staticmethod(counted))
+        stacked = {width: rows(width) for width in (1, 3, 9)}
+        assert ran and all(ran), "every direct pass ran its layers as one stack"
+        ran.clear()
+        # any other hook on a layer runs only in the module's call: then each layer is called
+        handle = fused.model.layers[1].register_forward_hook(lambda *a: None)
+        layered = {width: rows(width) for width in (1, 3, 9)}
+        handle.remove()
+        assert ran and not any(ran)
+    for width, out in stacked.items():
+        assert torch.equal(out, layered[width]), f"width {width}"

@@ -34,6 +34,12 @@ def through_masked(
             config=config, inputs_embeds=h, attention_mask=None, cache=cache, position_ids=position
         )
     position_embeddings = rotary(h, position_ids=position)
+    # Layers that run a whole pass themselves (an exact int8 target's kernel layers) do so first.
+    run_stack = getattr(layers[0], "run_stack", None) if len(layers) else None
+    if run_stack is not None:
+        out = run_stack(layers, h, mask, position_embeddings, cache, taps, tapped)
+        if out is not None:
+            return out
     entering: dict[int, torch.Tensor] = {}
     for i, layer in enumerate(layers):
         if i in taps:

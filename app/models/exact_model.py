@@ -8,6 +8,7 @@ import copy
 
 import torch
 from torch import nn
+from transformers.utils import output_capturing
 
 from app.models import exact, int8_kernel
 
@@ -43,6 +44,40 @@ class KernelLayer(nn.Module):
         first, blocked = exact.blocked_keys(attention_mask, b, t, s, q.device)
         return kernel.attention_out(hidden_states, q, k, v, first, blocked, *out_of)
 
+    @staticmethod
+    def run_stack(layers, h, mask, position_embeddings, cache, taps=(), tapped=None):
+        """A pass's decoder layers, each in its two kernel calls, without each module's call machinery
+        (which cost more per layer than a one-token layer's attention): the same calls in the same order
+        as forward, so the same bits. None where forward must run: no kernel, a layer it does not fuse,
+        or hooks on a layer, which only the module call would run."""
+        kernel = int8_kernel.module()
+        if kernel is None or h.dtype != torch.float32 or position_embeddings is None:
+            return None
+        stack = []
+        for layer in layers:
+            args = layer.__dict__.get("_kernel_args")
+            if args is None:
+                if not isinstance(layer, KernelLayer) or layer.self_attn.qkv.packed is None:
+                    return None
+                args = layer._kernel_args = layer._arguments()
+            if layer._forward_pre_hooks or not _idle(layer._forward_hooks.values()):
+                return None
+            stack.append(args)
+        b, t = h.shape[:2]
+        entering, first, blocked = {}, 0, None
+        for i, (into, out_of, layer_idx) in enumerate(stack):
+            if i in taps:
+                entering[i] = h
+            q, k, v = kernel.attention_in(h, *into, *position_embeddings)
+            if cache is not None:
+                k, v = cache.update(k, v, layer_idx)
+            if i == 0:  # every layer of a pass sees the same keys' positions
+                first, blocked = exact.blocked_keys(mask, b, t, k.shape[2], q.device)
+            h = kernel.attention_out(h, q, k, v, first, blocked, *out_of)
+        if tapped is not None:
+            tapped.extend(entering[i] for i in taps)
+        return h
+
     def _arguments(self) -> tuple[tuple, tuple, int]:
         """The kernel's arguments that are the layer's own (weights, sizes, norms), gathered once:
         looking them up through the modules each pass cost more than a one-token layer's attention."""
@@ -74,6 +109,16 @@ class KernelLayer(nn.Module):
             down.wide,
         )
         return into, out_of, attn.layer_idx
+
+
+def _idle(hooks) -> bool:
+    """Whether these forward hooks would do nothing now: transformers' output-capturing hooks (which its
+    model wrapper installs on every layer) while no wrapper call is capturing."""
+    if not hooks:
+        return True
+    collector = getattr(output_capturing, "_active_collector", None)
+    capturing = collector is None or collector.get() is not None
+    return not capturing and all(getattr(h, "__module__", None) == output_capturing.__name__ for h in hooks)
 
 
 _fused: dict[type, type] = {}
