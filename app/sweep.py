@@ -89,26 +89,28 @@ def measure(
     drafts: list[str] | None = None,
     exits: int = EXITS,
     stop: Callable[[], bool] | None = None,
-    say: Callable[[str], None] = lambda text: None,
+    say: Callable[[str, float], None] = lambda text, done: None,
 ) -> Iterator[dict]:
     """The sweep's document after each question answered by plain decoding and every draft (its
     category's curve complete), then once more when done. `load(draft)` gives the pair; `stop`, checked
-    after every round, ends the sweep after the current measurement and the last document says so."""
+    after every round, ends the sweep after the current measurement and the last document says so;
+    `say(text, done)` hears each step before it starts, with the share of steps done."""
     first = load(models.PROMPT_LOOKUP)  # the target alone, beside a draft that loads nothing
     target, tok = first.target, first.tokenizer
     layers = target.config.num_hidden_layers
     drafts = drafts or drafts_for(target_id, layers, exits=exits)
     st, context = settings, models.context_length(target)
-    probe = category_runner.conversation(tok, picked[0].turns[:1], [], st.run.chat, context)
+    probe = _first_turn(tok, picked[0], st, context)
     halt = stop or (lambda: False)
-    doc = dict(target=target_id, layers=layers, drafts=drafts, draft_cost={}, device=str(target.device))
-    doc |= dict(settings=settings_dict("bench", st.sampling, st.spec, st.run), dtype=models.precision_of(target))
+    doc = _head(target_id, first, drafts, st, picked, context)
+    turns = sum(len(q.turns) for q in picked)
+    step = Tally(say, len(drafts) + COST_REPS + turns * (1 + len(drafts)))
     pairs = {}
     for i, d in enumerate(drafts, start=1):
-        say(f"loading draft {i}/{len(drafts)}: {d}")
+        step(f"loading draft {i}/{len(drafts)}: {name(d)}")
         pairs[d] = load(d)
     timers = {d: functools.partial(p.draft.seconds_per_token, p.target, probe) for d, p in pairs.items()}
-    ratios = cost_ratios(timers, functools.partial(decode_seconds_per_token, target, probe), halt, say)
+    ratios = cost_ratios(timers, functools.partial(decode_seconds_per_token, target, probe), halt, step)
     doc["draft_cost"] = {d: statistics.median(r) for d, r in ratios.items() if r}
     if halt():
         yield _document(doc, [], picked, stopped=True)
@@ -119,19 +121,64 @@ def measure(
     field = {}
     for i, (d, p) in enumerate(pairs.items(), start=1):
         if planned:
-            say(f"draft {i}/{len(drafts)}: {d}: measuring this machine's round costs for adaptive k")
+            say(f"draft {i}/{len(drafts)}: {name(d)}: measuring this machine's round costs for adaptive k", step.done)
         field[d] = category_runner.timed(p, st, True, request.costs(p, st) if planned else None, halt)
     rows: list[dict] = []
     for n, q in enumerate(picked):
-        say(f"question {n + 1}/{len(picked)} ({q.category}): plain decoding and {len(drafts)} drafts")
+        where = f"question {n + 1}/{len(picked)} ({q.category})"
+        sides = {d: step.before(side, f"{where}: {name(d)}") for d, side in field.items()}
         try:
-            rows.append(category_runner.answer(q, tok, plain, field, st.run, context, n))
+            rows.append(
+                category_runner.answer(
+                    q, tok, step.before(plain, f"{where}: plain decoding"), sides, st.run, context, n
+                )
+            )
         except category_runner.Stopped:
             yield _document(doc, rows, picked, stopped=True)
             return
         if n + 1 < len(picked):
             yield _document(doc, rows, picked, stopped=False)
     yield _document(doc, rows, picked, stopped=False)
+
+
+def _head(target_id: str, first: models.Pair, drafts: list[str], st: Settings, picked, context: int) -> dict:
+    """The document's fixed part: the target, the drafts, the settings and each question's first turn length."""
+    target = first.target
+    doc = dict(target=target_id, layers=target.config.num_hidden_layers, drafts=drafts, draft_cost={})
+    doc |= dict(device=str(target.device), settings=settings_dict("bench", st.sampling, st.spec, st.run))
+    # both clocks include the prompt's prefill, which weighs most on a text to summarize or a passage
+    prompts = [(q, len(_first_turn(first.tokenizer, q, st, context))) for q in picked]
+    prompts_doc = [dict(question_id=q.question_id, category=q.category, tokens=n) for q, n in prompts]
+    return doc | dict(dtype=models.precision_of(target), prompts=prompts_doc)
+
+
+def _first_turn(tokenizer, q: category_runner.Question, settings: Settings, context: int) -> list[int]:
+    return category_runner.conversation(tokenizer, q.turns[:1], [], settings.run.chat, context)
+
+
+class Tally:
+    """The sweep's progress: each draft's load, each round of cost timing and each side's answer to each
+    turn is one step; a step is announced with the share done before it, then counted."""
+
+    def __init__(self, say: Callable[[str, float], None], total: int):
+        self.say, self.total, self.steps = say, total, 0
+
+    @property
+    def done(self) -> float:
+        return min(1.0, self.steps / self.total)
+
+    def __call__(self, text: str) -> None:
+        self.say(text, self.done)
+        self.steps += 1
+
+    def before(self, side: category_runner.Side, text: str) -> category_runner.Side:
+        """`side`, announced as one step each time it runs."""
+
+        def run(ids: list[int], n: int):
+            self(text)
+            return side(ids, n)
+
+        return run
 
 
 def _document(doc: dict, rows: list[dict], picked: Sequence[category_runner.Question], stopped: bool) -> dict:
@@ -155,6 +202,7 @@ def curves(summary: dict, drafts: list[str], cost: dict[str, float], k_max: int,
             points.append(
                 dict(
                     draft=d,
+                    label=name(d),
                     c=cost[d],
                     alpha=e["alpha"],
                     tokens_per_pass=e["tokens_per_pass"],
@@ -181,7 +229,7 @@ def verdicts(doc: dict) -> dict[str, str]:
     for category, curve in doc["sizes"].items():
         points = curve["points"]
         best = next(p for p in points if p["draft"] == curve["fastest"])
-        label = name(best["draft"], doc["layers"])
+        label = best["label"]
         if best["speedup"] < 1 or not best["alpha"]:
             out[category] = f"For {category}, no draft beats plain decoding here (the best, {label}, ran at "
             out[category] += f"{best['speedup']:.2f}×)."
@@ -196,12 +244,18 @@ def verdicts(doc: dict) -> dict[str, str]:
         elif exits:
             top = max(exits, key=lambda p: p["speedup"])
             alpha = f", α {top['alpha']:.2f}" if top["alpha"] is not None else ""
-            text += f"; the best early exit, {name(top['draft'], doc['layers'])}, ran at {top['speedup']:.2f}×{alpha}"
+            text += f"; of the early exits, {top['label']} ran fastest, at {top['speedup']:.2f}×{alpha}"
         out[category] = text + "."
     return out
 
 
-def name(draft: str, layers: int) -> str:
-    if draft.startswith("early-exit:"):
-        return f"early exit at {draft.split(':')[1]} of {layers} layers"
-    return Path(draft).name if "/" in draft else draft
+def name(draft: str) -> str:
+    """A draft as the page's draft list names it: a preset by its label (a bundled draft typed as a
+    path too), any early exit worded as the preset ones are, anything else as typed."""
+    if draft.startswith(models.EARLY_EXIT):
+        depth = draft.removeprefix(models.EARLY_EXIT)
+        return f"early exit after {depth} layer{'' if depth == '1' else 's'}"
+    typed = models.presets.id_of(draft)
+    if Path(typed).exists():
+        typed = str(Path(typed).resolve())
+    return models.presets.draft_label(typed)

@@ -29,22 +29,24 @@ def sizes(args) -> dict:
     def load(draft: str) -> models.Pair:
         return models.load_pair(target_id, draft, args.device, args.dtype)
 
-    say = lambda text: progress.say("sizes", text)  # noqa: E731
+    say = lambda text, done: progress.say("sizes", f"{done:4.0%} {text}")  # noqa: E731
     *_, doc = sweep.measure(load, target_id, picked, st, named, exits=args.exits, say=say)
     return dict(format="spec-bench", file=suite.name) | doc
 
 
 def table(doc: dict) -> str:
     """The sweep as text: a row per category and draft, cheapest draft first."""
-    lines = [f"{'category':<16} {'draft':<30} {'c':>6} {'alpha':>6} {'tok/pass':>8} {'speedup':>8} {'predicted':>9}"]
+    width = max((len(p["label"]) for curve in doc["sizes"].values() for p in curve["points"]), default=5)
+    lines = [
+        f"{'category':<16} {'draft':<{width}} {'c':>6} {'alpha':>6} {'tok/pass':>8} {'speedup':>8} {'predicted':>9}"
+    ]
     for category, curve in doc["sizes"].items():
         for p in curve["points"]:
             alpha = f"{p['alpha']:>6.2f}" if p["alpha"] is not None else f"{'-':>6}"
             tpp = f"{p['tokens_per_pass']:>8.2f}" if p["tokens_per_pass"] is not None else f"{'-':>8}"
             pred = f"{p['predicted']:>8.2f}x" if p["predicted"] is not None else f"{'-':>9}"
             lines.append(
-                f"{category:<16} {sweep.name(p['draft'], doc['layers'])[:30]:<30} {p['c']:>6.3f} {alpha} {tpp} "
-                f"{p['speedup']:>7.2f}x {pred}"
+                f"{category:<16} {p['label']:<{width}} {p['c']:>6.3f} {alpha} {tpp} {p['speedup']:>7.2f}x {pred}"
             )
     return "\n".join(lines + [""] + list(sweep.verdicts(doc).values()))
 
