@@ -6,7 +6,6 @@ next-token distribution. Built once and kept on disk, one file a phase, so a sto
 from __future__ import annotations
 
 import random
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -15,6 +14,7 @@ from tqdm import tqdm
 
 from app.data import instructions
 from app.data.corpus import split_corpus, stdlib_files
+from app.training import answer_writer
 
 TOP_K = 16  # the target's next-token distribution is kept as its 16 likeliest tokens, renormalised
 ANSWER_TOKENS = 224  # new tokens per answer (most answers end sooner, at the end-of-turn token)
@@ -94,53 +94,24 @@ def answer_rows(
     log,
     new_tokens: int = ANSWER_TOKENS,
 ) -> list[Row]:
-    """The target's answers to instructions (or chats), with the features it computed while writing them.
-    Batches are left-padded; the log records the throughput in new tokens a second."""
+    """The target's answers to instructions (or chats), with the features it computed while writing them,
+    written by continuous batching (answer_writer.py); the log records rows a second as requests end."""
     eos = tokenizer.eos_token_id
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos
-    hook, rows, head = FinalNorm(target), [], lm_head_fp32(target)
-    torch.manual_seed(seed)
+    prompts = [chat_prompt(tokenizer, text) for _, text in todo]
+    head = lm_head_fp32(target)
+    temperature = SAMPLE_TEMPERATURE if sample else 0.0
     desc = "target answers (sampled)" if sample else "target answers (greedy)"
-    began, written = time.time(), 0
-    for start in tqdm(range(0, len(todo), GEN_BATCH), desc=desc, mininterval=10):
-        batch = todo[start : start + GEN_BATCH]
-        prompts = [chat_prompt(tokenizer, text) for _, text in batch]
-        width = max(map(len, prompts))
-        ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts], device=target.device)
-        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=target.device)
-        out = target.generate(
-            input_ids=ids,
-            attention_mask=mask,
-            max_new_tokens=new_tokens,
-            do_sample=sample,
-            temperature=SAMPLE_TEMPERATURE if sample else None,
-            top_p=None,
-            top_k=None,
-            pad_token_id=pad,
-            eos_token_id=eos,
-        )
-        features = hook.take()  # (B, width + new - 1, H): every fed position
-        for b, (kind, _) in enumerate(batch):
-            new = out[b, width:].tolist()
-            n = new.index(eos) + 1 if eos in new else len(new)
-            n = min(n, features.shape[1] - width)  # the last generated token was never fed
-            lo, hi = width - len(prompts[b]), width + n
-            rows.append(row(kind, out[b, lo:hi], features[b, lo:hi], head))
-            written += n
-        elapsed = time.time() - began
-        log(
-            dict(
-                phase="answers",
-                sampled=sample,
-                done=start + len(batch),
-                of=len(todo),
-                new_tokens=written,
-                tokens_per_s=round(written / elapsed, 1),
-                eta_s=round(elapsed / (start + len(batch)) * (len(todo) - start - len(batch))),
-            )
-        )
-    hook.close()
-    return rows
+    with tqdm(total=len(todo), desc=desc, mininterval=10) as bar:
+
+        def progress(entry: dict) -> None:
+            bar.update(entry["done"] - bar.n)
+            log(entry | dict(sampled=sample))
+
+        answers = answer_writer.write(target, prompts, eos, new_tokens, temperature, seed, GEN_BATCH, progress)
+    return [
+        row(kind, torch.tensor(a.ids, device=target.device), a.features, head)
+        for (kind, _), a in zip(todo, answers, strict=True)
+    ]
 
 
 @torch.inference_mode()
