@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 import uuid
 from types import SimpleNamespace
 
@@ -97,11 +98,18 @@ def test_no_number_of_addresses_fills_the_queue(monkeypatch):
 
 def test_joins_are_rate_limited_per_address():
     now = [0.0]
-    rate = queue_limits.JoinRate(limit=3, window=60.0, clock=lambda: now[0])
+    rate = queue_limits.AddressRate(limit=3, window=60.0, clock=lambda: now[0])
     assert [rate.admit("1.1.1.1") for _ in range(4)] == [True, True, True, False]
     assert rate.admit("2.2.2.2"), "another address has its own count"
     now[0] = 61.0
     assert rate.admit("1.1.1.1"), "the window slides"
+    refused = queue_limits.AddressRate(limit=2, window=60.0, clock=lambda: now[0])
+    assert not refused.full("3.3.3.3") and "3.3.3.3" not in refused._seen, "a look remembers nothing"
+    for _ in range(5):
+        refused.count("3.3.3.3")
+    assert refused.full("3.3.3.3") and len(refused._seen["3.3.3.3"]) == 2, "past the limit nothing is kept"
+    now[0] = 122.0
+    assert not refused.full("3.3.3.3"), "a window after the limit, the address is served again"
 
 
 def test_concurrency_is_wired_and_bounded(monkeypatch):
@@ -181,6 +189,9 @@ def test_a_private_server_has_no_public_limits_until_it_is_reached_through_a_pro
     import httpx
 
     with serve(tmp_path / "server.log") as url:  # 127.0.0.1, no SPECDEC_* limits set: the owner's
+        with httpx.Client(timeout=30) as owner:  # more refused calls than a public server takes from an address
+            codes = [owner.post(url + "gradio_api/run/generate", json={"data": []}).status_code for _ in range(130)]
+        assert codes == [404] * 130, "no refusal limit on the owner"
         config = httpx.get(url + "config", timeout=30).json()
         fn_index = next(d["id"] for d in config["dependencies"] if d.get("api_name") == "generate")
         own = [_join(url, fn_index, "owner", None, 4) for _ in range(6)]
@@ -306,3 +317,78 @@ def test_a_claimed_forwarding_address_does_not_dodge_the_per_address_cap(tmp_pat
         codes = [r.status_code for r in claimed]
         assert codes.count(200) == queue_limits.PER_IP, codes
         assert "Your network already has" in claimed[-1].json()["detail"]
+
+
+def _stream(url: str, session: str, ip: str, until: str | None = None) -> str:
+    """A queue stream as the browser reads it: to its end (an incomplete body raises), or, with `until`,
+    up to the first line holding it, then the client goes away."""
+    import httpx
+
+    params, headers, lines = {"session_hash": session}, {"x-forwarded-for": ip}, []
+    with httpx.stream("GET", url + "gradio_api/queue/data", params=params, headers=headers, timeout=120) as r:
+        for line in r.iter_lines():
+            lines.append(line)
+            if until and until in line:
+                break
+    return "\n".join(lines)
+
+
+def _new_lines(log, before: int) -> list[str]:
+    return [line for line in log.read_text().splitlines()[before:] if not line.startswith("* ")]
+
+
+def test_streams_for_sessions_the_queue_does_not_hold_end_cleanly_in_one_log_line(tmp_path):
+    """Gradio refuses such a stream after it has started, and uvicorn logged some 80 lines of traceback for
+    each: 50 made-up session hashes wrote 4,000 lines. Now each stream ends cleanly with Gradio's own error
+    event, an address is logged once a minute at most, and the app keeps serving, a reopened stream too."""
+    import httpx
+
+    log = tmp_path / "server.log"
+    with serve(log, SPECDEC_TRUST_PROXY="1") as url:
+        config = httpx.get(url + "config", timeout=30).json()
+        fn_index = next(d["id"] for d in config["dependencies"] if d.get("api_name") == "generate")
+        before = len(log.read_text().splitlines())
+        made_up = [_stream(url, uuid.uuid4().hex, "10.0.0.1") for _ in range(50)]
+        assert all('"session_not_found":true' in text for text in made_up), made_up[0]
+        # A visitor whose stream broke off mid-run reopens it: Gradio no longer holds it, and says so.
+        session = uuid.uuid4().hex
+        assert _join(url, fn_index, session, "10.0.0.2", 40).status_code == 200
+        assert '"msg"' in _stream(url, session, "10.0.0.2", until='"msg"')
+        time.sleep(1)
+        assert '"session_not_found":true' in _stream(url, session, "10.0.0.2")
+        # The queue still serves a run to its end.
+        session = uuid.uuid4().hex
+        assert _join(url, fn_index, session, "10.0.0.3", 4).status_code == 200
+        assert "process_completed" in _stream(url, session, "10.0.0.3", until="process_completed")
+        lines = _new_lines(log, before)
+        assert not any("Traceback" in line or "Exception in ASGI" in line for line in lines), lines[:5]
+        assert len(lines) <= 3, lines  # the proxy seen; each address once
+        assert httpx.get(url + "config", timeout=30).status_code == 200
+
+
+def test_a_flood_of_refused_calls_is_refused_cheaply_and_others_are_served(tmp_path):
+    """An address whose calls keep being refused (404s from the closed direct route) gets a 429 before
+    Gradio does any work; other addresses are answered as before, and the log gains one line."""
+    import httpx
+    from gradio_client import Client
+
+    log = tmp_path / "server.log"
+    with serve(log, SPECDEC_TRUST_PROXY="1", SPECDEC_REFUSALS_PER_MINUTE="20") as url:
+        before = len(log.read_text().splitlines())
+        with httpx.Client(headers={"x-forwarded-for": "10.0.0.1"}, timeout=30) as flood:
+            codes = [flood.post(url + "gradio_api/run/generate", json={"data": ARGS}).status_code for _ in range(100)]
+            assert codes == [404] * 20 + [429] * 80, codes
+            page = flood.get(url + "config")
+            assert page.status_code == 429 and page.headers["retry-after"] == "60", "the whole address waits"
+        other = httpx.post(
+            url + "gradio_api/run/generate", json={"data": ARGS}, headers={"x-forwarded-for": "10.0.0.2"}, timeout=30
+        )
+        assert other.status_code == 404 and "join the queue" in other.json()["detail"], (
+            "another address: Gradio's answer"
+        )
+        visitor = Client(url, verbose=False, headers={"x-forwarded-for": "10.0.0.3"})
+        out = visitor.predict(*ARGS[:11], 8, *ARGS[12:], api_name="/generate")
+        assert out[-1]["speculative"]["token_ids"] == out[-1]["autoregressive"]["token_ids"]
+        lines = _new_lines(log, before)
+        assert not any("Traceback" in line for line in lines), lines[:5]
+        assert len(lines) <= 3 and sum("10.0.0.1" in line for line in lines) == 1, lines

@@ -18,6 +18,12 @@ the client's own word and is ignored. A whole class behind one school NAT shares
 and so its few places: a host serving a classroom raises SPECDEC_QUEUE_PER_IP. A queued visitor
 sees Gradio's own status: their place in the queue and its estimated wait.
 
+An address whose requests keep being refused (a 4xx: a closed route, a join over its caps, a
+stream for a session the queue does not hold) is answered at once with a 429, before Gradio does
+any work, once SPECDEC_REFUSALS_PER_MINUTE (120) of its requests were refused within a minute: a
+script's loop of refused calls then costs the server the least a request can, and the log holds one
+line a minute for that address, not a line (or a traceback) for each call.
+
 These limits, and a run's deadline (SPECDEC_RUN_SECONDS), bind a public server (models/hosting.py:
 a Space, a bind beyond loopback, or a request that came through a proxy). A private server is its
 owner's: none applies there unless its variable is set.
@@ -30,6 +36,8 @@ that many runs of the largest allowed model at the longest allowed length.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
 import os
 import threading
 import time
@@ -39,9 +47,13 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import TypeVar
 
+from starlette.exceptions import HTTPException
+from starlette.requests import HTTPConnection
+
 from app.core.config import UserError
 from app.models import hosting
 
+log = logging.getLogger(__name__)
 T = TypeVar("T")
 MAX_QUEUED = 64  # places in the whole queue
 PER_IP = 3  # places one address may hold at most (SPECDEC_QUEUE_PER_IP)
@@ -50,6 +62,7 @@ MAX_CONCURRENCY = 8  # SPECDEC_CONCURRENCY above this is refused: one device, on
 RATE_WINDOW = 60.0  # seconds over which joins per address are counted
 MAX_TRACKED = 10_000  # addresses whose recent joins are remembered; the stalest go first
 SESSION_VAR, IP_VAR, RATE_VAR = "SPECDEC_QUEUE_PER_SESSION", "SPECDEC_QUEUE_PER_IP", "SPECDEC_JOINS_PER_MINUTE"
+REFUSALS_VAR = "SPECDEC_REFUSALS_PER_MINUTE"
 
 
 def _env_int(name: str, default: int, lo: int, hi: int) -> int:
@@ -85,6 +98,12 @@ def per_ip() -> int:
 def joins_per_minute() -> int:
     """Joins one client address may make in a minute: a classroom's clicks, not a script's loop."""
     return _env_int(RATE_VAR, 120, 1, 100_000)
+
+
+def refusals_per_minute() -> int:
+    """Refused requests an address may make in a minute before its requests are answered with a 429:
+    a page load's stray 404s, and a classroom's, stay far below it."""
+    return _env_int(REFUSALS_VAR, 120, 1, 100_000)
 
 
 def concurrency() -> int:
@@ -215,26 +234,107 @@ def refusal(queue, session_hash: str | None, ip: str, session_cap: int, ip_cap: 
     return None
 
 
-class JoinRate:
-    """Joins per address over the last `window` seconds; at most `limit` of them."""
+class AddressRate:
+    """Events per address (joins, refusals) over the last `window` seconds; at most `limit` of them."""
 
     def __init__(self, limit: int, window: float = RATE_WINDOW, clock: Callable[[], float] = time.monotonic):
         self.limit, self.window, self.clock = limit, window, clock
-        self._joins: OrderedDict[str, deque] = OrderedDict()
+        self._seen: OrderedDict[str, deque] = OrderedDict()
+
+    def _recent(self, ip: str, keep: bool) -> deque:
+        now = self.clock()
+        seen = self._seen.pop(ip, None) or deque()
+        while seen and now - seen[0] > self.window:
+            seen.popleft()
+        if keep or seen:  # an address with nothing recent is not remembered by a mere look
+            self._seen[ip] = seen  # most recently seen last, so the stalest address is dropped first
+            while len(self._seen) > MAX_TRACKED:
+                self._seen.popitem(last=False)
+        return seen
+
+    def full(self, ip: str) -> bool:
+        """Whether `ip` has had `limit` events within the window."""
+        return len(self._recent(ip, keep=False)) >= self.limit
+
+    def count(self, ip: str) -> None:
+        """Count an event from `ip` (past the limit it is not: the window ends a window after the limit)."""
+        seen = self._recent(ip, keep=True)
+        if len(seen) < self.limit:
+            seen.append(self.clock())
 
     def admit(self, ip: str) -> bool:
         """Count a join from `ip` and say whether it is within the limit (a refused join is not counted)."""
-        now = self.clock()
-        joins = self._joins.pop(ip, None) or deque()
-        while joins and now - joins[0] > self.window:
-            joins.popleft()
-        self._joins[ip] = joins  # most recently seen last, so the stalest address is dropped first
-        while len(self._joins) > MAX_TRACKED:
-            self._joins.popitem(last=False)
-        if len(joins) >= self.limit:
+        if self.full(ip):
             return False
-        joins.append(now)
+        self.count(ip)
         return True
+
+
+TOO_MANY = b"Too many refused requests from your network. Please wait a minute."
+
+
+class Refusals:
+    """ASGI middleware: counts each address's refused requests, and past refusals_per_minute() (where
+    it binds) answers the address's requests with a 429 before Gradio sees them.
+
+    Gradio refuses a queue stream for a session it does not hold (a made-up hash, or a client
+    reopening a stream that broke off) only after the stream has started: it sends the client an error event,
+    then raises, and uvicorn would log a traceback of some 80 lines for each such request. Here that
+    ends the response cleanly and counts as a refusal; its address is logged once a minute at most.
+    """
+
+    def __init__(self, app):
+        self.app, self.rate = app, AddressRate(refusals_per_minute())
+        self._noted = AddressRate(1)  # addresses logged within the last minute
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        ip = client_ip(HTTPConnection(scope))
+        if enforced(REFUSALS_VAR) and self.rate.full(ip):
+            self._note(ip, f"{self.rate.limit} refused requests within a minute; its requests get a 429 for now")
+            return await _answer(send, 429, TOO_MANY)
+        status = 0
+
+        async def watched(message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, watched)
+        except Exception as e:
+            if not status or not _refused(e):
+                raise
+            status = 404  # the stream was refused after its 200 went out; its error event was sent
+            self._note(ip, "asked for a queue stream the queue does not hold (refused)")
+            with contextlib.suppress(OSError):  # the client may be gone already
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
+        if 400 <= status < 500 and enforced(REFUSALS_VAR):  # a private server's refusals are not held against it
+            self.rate.count(ip)
+
+    def _note(self, ip: str, what: str) -> None:
+        if self._noted.admit(ip):
+            log.warning("%s: %s", ip, what)
+
+
+def _refused(e: BaseException | None) -> bool:
+    """Whether an exception is (or was caused by) an HTTP refusal: Starlette wraps one raised after the
+    response started in a RuntimeError."""
+    for _ in range(8):  # a short chain: the refusal and Starlette's wrapper
+        if e is None:
+            return False
+        if isinstance(e, HTTPException) and 400 <= e.status_code < 500:
+            return True
+        e = e.__cause__ or e.__context__
+    return False
+
+
+async def _answer(send, status: int, body: bytes) -> None:
+    headers = [(b"content-type", b"text/plain; charset=utf-8"), (b"retry-after", str(int(RATE_WINDOW)).encode())]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
 
 
 def install(demo) -> None:
@@ -246,7 +346,7 @@ def install(demo) -> None:
     """
     queue = demo._queue
     push = queue.push
-    session_cap, ip_cap, rate = per_session(), per_ip(), JoinRate(joins_per_minute())
+    session_cap, ip_cap, rate = per_session(), per_ip(), AddressRate(joins_per_minute())
     lock = asyncio.Lock()  # the count and the push are one step, or two joins could both pass
 
     async def capped_push(body, request, username):

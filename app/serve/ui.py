@@ -350,7 +350,10 @@ def launch(host: str | None = None, port: int | None = None, share: bool = False
         run_history=False,
         enable_monitoring=False,  # Gradio's /monitoring/summary would be public
         state_session_capacity=sessions.MAX_SESSIONS,  # memory stays bounded however many visit
-        app_kwargs={"middleware": [Middleware(boundary.NoUploads), Middleware(boundary.ProxyWatch)]},
+        # Refusals first: an address past its share of refused requests gets a 429 before anything runs.
+        app_kwargs={
+            "middleware": [Middleware(m) for m in (queue_limits.Refusals, boundary.NoUploads, boundary.ProxyWatch)]
+        },
         quiet=True,  # Gradio's own lines name launch(share=True); this app's switch is --share
         prevent_thread_lock=True,
     )
