@@ -18,8 +18,10 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from app import args as generation_args
 from app import models
 from app.bench import progress
+from app.core import knobs
 from app.data import corpus
 
 ENGLISH = (
@@ -149,7 +151,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m app quality", description=__doc__.splitlines()[0])
     ap.add_argument("--target", default=models.TINY_TARGET, help="model directory or id")
     ap.add_argument("--new-tokens", type=int, default=128)
-    ap.add_argument("--dtype", help="int8, fp32, bf16 or auto (default: auto, or SPECDEC_DTYPE)")
+    generation_args.add_knob(ap, knobs.by_name("dtype"))
     ap.add_argument("--out", type=Path, default=Path("runs/quality.json"))
     args = ap.parse_args(argv)
     report = measure(args.target, args.new_tokens, args.dtype)

@@ -11,6 +11,7 @@ MIN_TEMPERATURE, MAX_TEMPERATURE = 1e-3, 100.0  # outside, sampling is greedy or
 # Sampling rules. Rejection: Leviathan et al. and Chen et al.'s min(1, p/q) test, the optimal coupling
 # of p and q. Shared noise: Daliri, Musco and Suresh's drafter-invariant rule, where the target and the
 # draft race the same keyed noise and a draft is kept when both pick it.
+K_POLICIES = ("adaptive", "heuristic", "fixed")  # how k is chosen each round (core/policy.py), the page's order
 REJECTION, SHARED_NOISE = "rejection", "shared-noise"
 RULES = (REJECTION, SHARED_NOISE)
 
@@ -83,7 +84,7 @@ class SpecConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int):
                 raise UserError(f"{name} must be a whole number, got {value!r}")
-        if self.k_policy not in ("fixed", "heuristic", "adaptive"):
+        if self.k_policy not in K_POLICIES:
             raise UserError(f"k policy must be fixed, heuristic or adaptive, got {self.k_policy!r}")
         if self.k < 1:
             raise UserError(f"k must be at least 1, got {self.k}")

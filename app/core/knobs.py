@@ -16,6 +16,7 @@ from typing import Any
 
 from app.core.config import (
     K_MAX,
+    K_POLICIES,
     MAX_TEMPERATURE,
     REJECTION,
     RULES,
@@ -31,7 +32,6 @@ CONFIGS = {"sampling": SamplingConfig, "spec": SpecConfig, "run": RunConfig}
 FROM_CONFIG: Any = object()  # a knob's default: its config field's own
 MAX_NEW_TOKENS = 2048  # the longest run a front end asks for: a typo such as 99999 would run to the context's end
 DTYPES = ("auto", "fp32", "bf16", "int8")  # the precisions a visitor may pick for the target
-K_POLICIES = ("adaptive", "heuristic", "fixed")
 
 
 @dataclass(frozen=True)
@@ -181,7 +181,7 @@ KNOBS: list[Knob] = [
         default=None,  # the CLI's: fixed when --k or a tree is given, else adaptive
         choices=K_POLICIES,
         required=True,
-        cli=dict(choices=("fixed", "heuristic", "adaptive")),
+        cli={},
         ui=Widget("radio", "k policy", group="speculation", value="adaptive", elem_id="k-policy"),
     ),
     Knob(
@@ -299,6 +299,11 @@ KNOBS: list[Knob] = [
     Knob("k_max", int, "k max", "spec", help="upper bound for heuristic and adaptive k"),
     Knob("stop", str, "stop string", "run", help="stop string (repeatable)", cli=dict(action="append", default=[])),
 ]
+
+
+def by_name(name: str) -> Knob:
+    """The declared setting called `name` (the CLI commands that take one of them alone read it here)."""
+    return next(k for k in KNOBS if k.name == name)
 
 
 def shown() -> list[Knob]:

@@ -158,6 +158,7 @@ def cap_for_target(target, custom_target, value) -> gr.Slider:
     return _cap_box(_context_cap((custom_target or "").strip() or target), value)
 
 
+@guarded
 def drafts_for_target(target):
     """When the preset target changes: the drafts it can run, its default selected, and chat formatting
     as its template says."""
@@ -166,6 +167,7 @@ def drafts_for_target(target):
     return gr.Dropdown(choices=_choices(labels), value=labels[0]), gr.Checkbox(value=chat)
 
 
+@guarded
 def drafts_for_custom_target(custom_target):
     """A typed target is offered every draft, the one chosen kept (nothing is known of it before it loads)."""
     if not (custom_target or "").strip():
