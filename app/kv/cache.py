@@ -153,12 +153,13 @@ class RollbackCache(abc.ABC):
 class DynamicRollbackCache(RollbackCache):
     """One request's view of a shared model on a dynamic cache: the cache is private, the weights are not."""
 
-    def __init__(self, model: PreTrainedModel, feature_layers: tuple[int, ...] = ()):
+    def __init__(self, model: PreTrainedModel, feature_layers: tuple[int, ...] = (), room: int = growing_cache.ROOM):
         super().__init__(model, feature_layers)
         # Passes without the wrapper where they give the wrapper's own bits (direct_pass.py).
         self.direct = direct_pass.parts(model)
-        # Direct passes append in place (growing_cache.py); the probe that admitted them ran on one too.
-        self.cache = growing_cache.new_cache(model.config) if self.direct else DynamicCache(config=model.config)
+        # Direct passes append in place (growing_cache.py), with `room` spare positions; the probe that
+        # admitted them ran on one too.
+        self.cache = growing_cache.new_cache(model.config, room) if self.direct else DynamicCache(config=model.config)
         # Sliding-window layers drop keys older than the window as they go; recording the past
         # keeps them until the next crop, so a rejected draft can be removed past the window too.
         # Only they record: a recurrent layer (a plain run of a Mamba target, which never rolls back)

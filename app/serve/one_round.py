@@ -109,7 +109,7 @@ def _step(session, form: Form, control, progress) -> tuple:
             return request.start(pair, ids, form.settings, report=measuring(progress))
 
         session, steps, step = sessions.advance(
-            session, _key(form), lambda policy: run().steps(policy, teach=True), lambda: run().policy()
+            session, _key(form), lambda policy: run().steps(policy, teach=True, paused=True), lambda: run().policy()
         )
     except UserError as e:
         raise as_user_error(e) from None
