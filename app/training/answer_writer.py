@@ -21,9 +21,11 @@ from dataclasses import dataclass, field
 
 import torch
 from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer
 
 SLOTS = 48  # rows a step at most
 TRIM = 32  # leading cache positions no row reads any more, cut once this many have gathered
+ROOM = 512  # positions a cache buffer holds beyond its rows' when it is (re)allocated
 
 
 @dataclass
@@ -90,6 +92,63 @@ def write(
         hook.handle.remove()
 
 
+class _SlotLayer(DynamicLayer):
+    """One layer of the writer's cache: a buffer of (slots, heads, room, dim) whose positions
+    [start, end) are held, so a step writes its column in place (no copy of the whole cache, as
+    DynamicLayer's cat makes), a new request is written into a freed row, and trimming the positions
+    no row reads moves `start` only."""
+
+    def __init__(self, k: torch.Tensor, v: torch.Tensor, slots: int):
+        super().__init__()
+        self.is_initialized, self.device = True, k.device
+        self.buffers = [x.new_zeros(slots, x.shape[1], ROOM, x.shape[3]) for x in (k, v)]
+        self.start = self.end = ROOM // 2  # room on both sides: a longer prompt extends to the left
+        self._views()
+
+    def _views(self) -> None:
+        self.keys, self.values = (b[:, :, self.start : self.end] for b in self.buffers)
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        t = key_states.shape[-2]
+        if self.end + t > self.buffers[0].shape[2]:
+            self._move(0, self.end - self.start + t + ROOM)
+        for buffer, new in zip(self.buffers, (key_states, value_states), strict=True):
+            buffer[:, :, self.end : self.end + t] = new
+        self.end += t
+        self._views()
+        return self.keys, self.values
+
+    def _move(self, left: int, size: int) -> None:
+        """The held positions copied into a new buffer of `size`, `left` free positions before them."""
+        held = self.end - self.start
+        moved = []
+        for buffer in self.buffers:
+            new = buffer.new_zeros(buffer.shape[0], buffer.shape[1], size, buffer.shape[3])
+            new[:, :, left : left + held] = buffer[:, :, self.start : self.end]
+            moved.append(new)
+        self.buffers, self.start, self.end = moved, left, left + held
+        self._views()
+
+    def extend_left(self, n: int) -> None:
+        if self.start < n:
+            self._move(n + ROOM // 2, n + ROOM // 2 + self.end - self.start + ROOM)
+        self.start -= n
+        self._views()
+
+    def place(self, row: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        n = k.shape[2]
+        for buffer, new in zip(self.buffers, (k, v), strict=True):
+            buffer[row, :, self.end - n : self.end] = new[0]
+
+    def trim(self, n: int) -> None:
+        self.start += n
+        self._views()
+
+    def keep_rows(self, index: torch.Tensor) -> None:
+        self.buffers = [b.index_select(0, index) for b in self.buffers]
+        self._views()
+
+
 class _Writer:
     def __init__(self, target, prompts, eos, new_tokens, temperature, seed, slots, hook, device, log):
         self.target, self.prompts, self.eos, self.new_tokens = target, prompts, eos, new_tokens
@@ -101,22 +160,24 @@ class _Writer:
             device,
             log,
         )
-        self.rows: list[_Row] = []
-        self.cache = DynamicCache()
+        self.rows: list[_Row | None] = []  # a cache row each; None: free, its positions masked
+        self.cache: DynamicCache | None = None
         self.mask = torch.zeros(0, 0, dtype=torch.long, device=device)
         self.answers: dict[int, Answer] = {}
         self.began, self.row_steps, self.steps = time.perf_counter(), 0, 0
 
     def run(self) -> list[Answer]:
         waiting = deque(range(len(self.prompts)))
-        while waiting or self.rows:
-            while waiting and len(self.rows) < self.slots:
+        while waiting or any(self.rows):
+            while waiting and (None in self.rows or len(self.rows) < self.slots):
                 self._admit(waiting.popleft())
+            if not waiting:
+                self._shrink()
             self._step()
         return [self.answers[i] for i in range(len(self.prompts))]
 
     def _admit(self, request: int) -> None:
-        """The request's prompt but its last token, run alone, then placed as a new row of the cache."""
+        """The request's prompt but its last token, run alone, then written into a free row of the cache."""
         prompt = self.prompts[request]
         if len(prompt) < 2:  # a chat prompt is dozens of tokens; one token would leave nothing to place
             raise ValueError(f"prompt {request} has {len(prompt)} tokens: the writer takes at least 2")
@@ -128,61 +189,60 @@ class _Writer:
         alone = DynamicCache()
         self.target(input_ids=torch.tensor([prompt[:-1]], device=self.device), cache=alone, use_cache=True)
         row.features.append(self.hook.take()[0])
-        if not self.rows:  # the batch starts again from this row alone
-            self.cache, self.mask = alone, torch.ones(1, n, dtype=torch.long, device=self.device)
-            self.rows = [row]
-            return
+        if self.cache is None:  # the first request: the cache's rows are laid out from its layers
+            self.cache = DynamicCache()
+            self.cache.layers = [_SlotLayer(x.keys, x.values, self.slots) for x in alone.layers]
+            self.rows = [None] * self.slots
+            self.mask = torch.zeros(self.slots, 0, dtype=torch.long, device=self.device)
         held = self.mask.shape[1]
-        if n > held:  # every row moves right, so the new one fits
-            self._pad_left(n - held)
+        if n > held:  # the held positions extend to the left, so the new row fits
+            for layer in self.cache.layers:
+                layer.extend_left(n - held)
+            self.mask = torch.cat([self.mask.new_zeros(self.mask.shape[0], n - held), self.mask], dim=1)
             held = n
+        slot = self.rows.index(None)
         for layer, new in zip(self.cache.layers, alone.layers, strict=True):
-            for name in ("keys", "values"):
-                old = getattr(layer, name)
-                place = old.new_zeros(1, *old.shape[1:])
-                place[:, :, held - n :] = getattr(new, name)
-                setattr(layer, name, torch.cat([old, place]))
-        line = torch.zeros(1, held, dtype=torch.long, device=self.device)
-        line[:, held - n :] = 1
-        self.mask = torch.cat([self.mask, line])
-        self.rows.append(row)
-
-    def _pad_left(self, n: int) -> None:
-        for layer in self.cache.layers:
-            for name in ("keys", "values"):
-                old = getattr(layer, name)
-                setattr(layer, name, torch.cat([old.new_zeros(*old.shape[:2], n, old.shape[3]), old], dim=2))
-        self.mask = torch.cat([self.mask.new_zeros(self.mask.shape[0], n), self.mask], dim=1)
+            layer.place(slot, new.keys, new.values)
+        self.mask[slot] = 0
+        self.mask[slot, held - n :] = 1
+        self.rows[slot] = row
 
     def _step(self) -> None:
+        assert self.cache is not None
         rows = self.rows
-        ids = torch.tensor([[r.next] for r in rows], device=self.device)
-        position = torch.tensor([[r.position] for r in rows], device=self.device)
+        # a free row feeds a token too (the batch keeps its shape); its output is not read
+        ids = torch.tensor([[r.next if r else self.eos] for r in rows], device=self.device)
+        position = torch.tensor([[r.position if r else 0] for r in rows], device=self.device)
+        live = torch.tensor([[1 if r else 0] for r in rows], device=self.device, dtype=torch.long)
+        # a free row sees only its own new position, so its attention has a key to read
         self.mask = torch.cat([self.mask, self.mask.new_ones(len(rows), 1)], dim=1)
         out = self.target(
             input_ids=ids, attention_mask=self.mask, position_ids=position, cache=self.cache, use_cache=True
         )
+        self.mask[:, -1:] *= live
         features = self.hook.take()[:, -1]
         logits = out.logits[:, -1].float()
         self.steps += 1
-        self.row_steps += len(rows)
+        self.row_steps += int(live.sum())
         for b, row in enumerate(rows):
+            if row is None:
+                continue
             row.fed.append(row.next)
             row.features.append(features[b : b + 1])
             row.position += 1
             if row.ending:
                 row.done = True
-                continue
-            token = self._next_token(logits[b], row.generator)
-            row.written += 1
-            if token == self.eos:
-                row.next, row.ending = token, True
-            elif row.written == self.new_tokens:
-                row.done = True  # the cap: its last token is never fed, so it has no features
             else:
-                row.next = token
-        if any(r.done for r in rows):
-            self._leave([b for b, r in enumerate(rows) if not r.done])
+                token = self._next_token(logits[b], row.generator)
+                row.written += 1
+                if token == self.eos:
+                    row.next, row.ending = token, True
+                elif row.written == self.new_tokens:
+                    row.done = True  # the cap: its last token is never fed, so it has no features
+                else:
+                    row.next = token
+            if row.done:
+                self._leave(b)
         self._trim()
 
     def _next_token(self, logits: torch.Tensor, generator: torch.Generator | None) -> int:
@@ -191,15 +251,12 @@ class _Writer:
         p = torch.softmax(logits / self.temperature, dim=-1)
         return int(torch.multinomial(p, 1, generator=generator))
 
-    def _leave(self, keep: list[int]) -> None:
-        for row in self.rows:
-            if row.done:
-                self.answers[row.request] = Answer(row.fed, torch.cat(row.features))
-        self.rows = [self.rows[b] for b in keep]
-        index = torch.tensor(keep, dtype=torch.long, device=self.device)
-        for layer in self.cache.layers:
-            layer.keys, layer.values = layer.keys.index_select(0, index), layer.values.index_select(0, index)
-        self.mask = self.mask.index_select(0, index)
+    def _leave(self, b: int) -> None:
+        row = self.rows[b]
+        assert row is not None
+        self.answers[row.request] = Answer(row.fed, torch.cat(row.features))
+        self.rows[b] = None
+        self.mask[b] = 0
         if self.log is not None:
             elapsed = time.perf_counter() - self.began
             done = len(self.answers)
@@ -213,13 +270,25 @@ class _Writer:
                 )
             )
 
+    def _shrink(self) -> None:
+        """With no request waiting, the free rows leave the batch once they are half of it."""
+        free = self.rows.count(None)
+        if not free or free < len(self.rows) // 2 or self.cache is None:
+            return
+        keep = [b for b, r in enumerate(self.rows) if r is not None]
+        index = torch.tensor(keep, dtype=torch.long, device=self.device)
+        for layer in self.cache.layers:
+            layer.keep_rows(index)
+        self.mask = self.mask.index_select(0, index)
+        self.rows = [self.rows[b] for b in keep]
+
     def _trim(self) -> None:
         """Cut the leading positions that no row reads any more (every row's mask is 0 there)."""
-        if not self.rows:
+        if self.cache is None or not any(self.rows):
             return
         unread = int((self.mask.cumsum(dim=1) == 0).all(dim=0).sum())
         if unread < TRIM:
             return
         for layer in self.cache.layers:
-            layer.keys, layer.values = layer.keys[:, :, unread:], layer.values[:, :, unread:]
+            layer.trim(unread)
         self.mask = self.mask[:, unread:]
