@@ -28,21 +28,13 @@ class KernelLayer(nn.Module):
         position_embeddings=None,
         **kwargs,
     ):
-        args = self.__dict__.get("_kernel_args")
-        if args is None and self.self_attn.qkv.packed is not None:
-            args = self._kernel_args = self._arguments()
+        args = self._own_arguments()
         kernel = int8_kernel.module() if args is not None and position_embeddings is not None else None
         if kernel is None or hidden_states.dtype != torch.float32:
             return super().forward(
                 hidden_states, attention_mask, position_ids, cache, use_cache, position_embeddings, **kwargs
             )
-        into, out_of, layer_idx = args
-        q, k, v = kernel.attention_in(hidden_states, *into, *position_embeddings)
-        if cache is not None:
-            k, v = cache.update(k, v, layer_idx)
-        b, t, s = q.shape[0], q.shape[2], k.shape[2]
-        first, blocked = exact.blocked_keys(attention_mask, b, t, s, q.device)
-        return kernel.attention_out(hidden_states, q, k, v, first, blocked, *out_of)
+        return _through(kernel, [args], hidden_states, attention_mask, position_embeddings, cache)
 
     @staticmethod
     def run_stack(layers, h, mask, position_embeddings, cache, taps=(), tapped=None):
@@ -55,28 +47,19 @@ class KernelLayer(nn.Module):
             return None
         stack = []
         for layer in layers:
-            args = layer.__dict__.get("_kernel_args")
-            if args is None:
-                if not isinstance(layer, KernelLayer) or layer.self_attn.qkv.packed is None:
-                    return None
-                args = layer._kernel_args = layer._arguments()
-            if layer._forward_pre_hooks or not _idle(layer._forward_hooks.values()):
+            args = layer._own_arguments() if isinstance(layer, KernelLayer) else None
+            if args is None or layer._forward_pre_hooks or not _idle(layer._forward_hooks.values()):
                 return None
             stack.append(args)
-        b, t = h.shape[:2]
-        entering, first, blocked = {}, 0, None
-        for i, (into, out_of, layer_idx) in enumerate(stack):
-            if i in taps:
-                entering[i] = h
-            q, k, v = kernel.attention_in(h, *into, *position_embeddings)
-            if cache is not None:
-                k, v = cache.update(k, v, layer_idx)
-            if i == 0:  # every layer of a pass sees the same keys' positions
-                first, blocked = exact.blocked_keys(mask, b, t, k.shape[2], q.device)
-            h = kernel.attention_out(h, q, k, v, first, blocked, *out_of)
-        if tapped is not None:
-            tapped.extend(entering[i] for i in taps)
-        return h
+        return _through(kernel, stack, h, mask, position_embeddings, cache, taps, tapped)
+
+    def _own_arguments(self) -> tuple[tuple, tuple, int] | None:
+        """The layer's kernel arguments, gathered on first use; None where its weights are not packed for
+        the kernel (it did not load)."""
+        args = self.__dict__.get("_kernel_args")
+        if args is None and self.self_attn.qkv.packed is not None:
+            args = self._kernel_args = self._arguments()
+        return args
 
     def _arguments(self) -> tuple[tuple, tuple, int]:
         """The kernel's arguments that are the layer's own (weights, sizes, norms), gathered once:
@@ -109,6 +92,25 @@ class KernelLayer(nn.Module):
             down.wide,
         )
         return into, out_of, attn.layer_idx
+
+
+def _through(kernel, stack, h, mask, position_embeddings, cache, taps=(), tapped=None):
+    """Hidden states through layers given by their kernel arguments: per layer the first kernel call,
+    the cache's update and the second; the states entering the layers in `taps` go to `tapped`."""
+    b, t = h.shape[:2]
+    entering, first, blocked = {}, 0, None
+    for i, (into, out_of, layer_idx) in enumerate(stack):
+        if i in taps:
+            entering[i] = h
+        q, k, v = kernel.attention_in(h, *into, *position_embeddings)
+        if cache is not None:
+            k, v = cache.update(k, v, layer_idx)
+        if i == 0:  # every layer of a pass sees the same keys' positions
+            first, blocked = exact.blocked_keys(mask, b, t, k.shape[2], q.device)
+        h = kernel.attention_out(h, q, k, v, first, blocked, *out_of)
+    if tapped is not None:
+        tapped.extend(entering[i] for i in taps)
+    return h
 
 
 def _idle(hooks) -> bool:

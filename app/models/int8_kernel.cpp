@@ -397,7 +397,6 @@ struct Attend {
   const double* value(int64_t nn, int64_t j) const {
     return vs + nn / kv_heads * v_strides[0] + nn % kv_heads * v_strides[1] + j * v_strides[2];
   }
-  int64_t rows_per_head() const { return group * t; }
 };
 
 void gather_steps(const Attend& a, int64_t n) {
@@ -484,7 +483,7 @@ SPECDEC_AVX512 void score_rows(const Attend& a, int64_t r0, int64_t r1) {
     r += 1;
   }
   for (int64_t r = r0; r < r1; ++r) {
-    const int64_t gi = r % a.rows_per_head(), i = gi % a.t, bb = r / a.rows_per_head() / a.kv_heads;
+    const int64_t i = r % rows % a.t, bb = r / rows / a.kv_heads;
     double* row = a.sc + r * a.s;
     if (a.mask) {
       const bool* blocked = a.mask + (bb * a.t + i) * (a.s - a.first) - a.first;
