@@ -1,10 +1,10 @@
 """The target's answers to many prompts, written by continuous batching: a row whose answer has ended
-leaves the batch and the next prompt takes its place, so no step is spent on answers already over.
+is freed and the next prompt is written into it, so no step is spent on answers already over.
 
 A batch of generate() calls runs every row until its longest answer ends: with one answer in a batch
 running to the cap, most of the batch's row-steps were spent on answers that had ended. Here each row
-is one request with its own position, its own place in the KV cache (left-padded to the longest row,
-trimmed as rows leave) and, when sampling, its own generator seeded from (seed, request), so what a
+is one request with its own position, its own row of the KV cache (left-padded to the longest row,
+its unread positions trimmed) and, when sampling, its own generator seeded from (seed, request), so what a
 request writes does not depend on which requests share its steps.
 
 In the exact int8 precision (models/exact.py) a row's numbers do not depend on the batch either, so the
@@ -17,7 +17,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 from transformers import DynamicCache
@@ -48,23 +48,23 @@ class _Row:
     generator: torch.Generator | None
     written: int = 0
     ending: bool = False  # its end-of-turn token is fed this step, for its features, and then it leaves
-    done: bool = field(default=False)
+    done: bool = False
 
 
-class _FinalNorm:
-    """What the LM head reads (the final norm's output) during each forward."""
+class FinalNorm:
+    """Collects what the target's LM head reads (the final norm's output) during any forward."""
 
     def __init__(self, target):
-        self.out: torch.Tensor | None = None
-        self.handle = target.model.norm.register_forward_hook(self._keep)
-
-    def _keep(self, module, args, output) -> None:
-        self.out = output.detach()
+        self.out: list[torch.Tensor] = []
+        self.handle = target.model.norm.register_forward_hook(lambda m, i, o: self.out.append(o.detach()))
 
     def take(self) -> torch.Tensor:
-        assert self.out is not None
-        out, self.out = self.out, None
-        return out
+        f = torch.cat(self.out, dim=1)
+        self.out = []
+        return f
+
+    def close(self) -> None:
+        self.handle.remove()
 
 
 def seed_of(seed: int, request: int) -> int:
@@ -85,11 +85,11 @@ def write(
 ) -> list[Answer]:
     """Each prompt's answer (greedy at temperature 0, else sampled), in the order of `prompts`."""
     device = target.device
-    hook = _FinalNorm(target)
+    hook = FinalNorm(target)
     try:
         return _Writer(target, prompts, eos, new_tokens, temperature, seed, slots, hook, device, log).run()
     finally:
-        hook.handle.remove()
+        hook.close()
 
 
 class _SlotLayer(DynamicLayer):
@@ -152,19 +152,13 @@ class _SlotLayer(DynamicLayer):
 class _Writer:
     def __init__(self, target, prompts, eos, new_tokens, temperature, seed, slots, hook, device, log):
         self.target, self.prompts, self.eos, self.new_tokens = target, prompts, eos, new_tokens
-        self.temperature, self.seed, self.slots, self.hook, self.device, self.log = (
-            temperature,
-            seed,
-            max(1, slots),
-            hook,
-            device,
-            log,
-        )
+        self.temperature, self.seed, self.slots = temperature, seed, max(1, slots)
+        self.hook, self.device, self.log = hook, device, log
         self.rows: list[_Row | None] = []  # a cache row each; None: free, its positions masked
         self.cache: DynamicCache | None = None
         self.mask = torch.zeros(0, 0, dtype=torch.long, device=device)
         self.answers: dict[int, Answer] = {}
-        self.began, self.row_steps, self.steps = time.perf_counter(), 0, 0
+        self.began, self.row_steps = time.perf_counter(), 0
 
     def run(self) -> list[Answer]:
         waiting = deque(range(len(self.prompts)))
@@ -222,7 +216,6 @@ class _Writer:
         self.mask[:, -1:] *= live
         features = self.hook.take()[:, -1]
         logits = out.logits[:, -1].float()
-        self.steps += 1
         self.row_steps += int(live.sum())
         for b, row in enumerate(rows):
             if row is None:

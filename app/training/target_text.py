@@ -15,10 +15,10 @@ from tqdm import tqdm
 from app.data import instructions
 from app.data.corpus import split_corpus, stdlib_files
 from app.training import answer_writer
+from app.training.answer_writer import FinalNorm
 
 TOP_K = 16  # the target's next-token distribution is kept as its 16 likeliest tokens, renormalised
 ANSWER_TOKENS = 224  # new tokens per answer (most answers end sooner, at the end-of-turn token)
-GEN_BATCH = 48
 SAMPLED_ANSWERS = 2  # per instruction, beside the greedy one: the drafts also see sampled text
 CHAT_TURNS = 160  # first turns whose greedy answer gets a follow-up, answered as a second turn
 SAMPLE_TEMPERATURE = 0.8
@@ -35,22 +35,6 @@ class Row:
     features: torch.Tensor
     top_ids: torch.Tensor  # (T, TOP_K) int32
     top_logp: torch.Tensor  # (T, TOP_K) fp16, renormalised over the k
-
-
-class FinalNorm:
-    """Collects what the target's LM head reads (the final norm's output) during any forward."""
-
-    def __init__(self, target):
-        self.out: list[torch.Tensor] = []
-        self.handle = target.model.norm.register_forward_hook(lambda m, i, o: self.out.append(o.detach()))
-
-    def take(self) -> torch.Tensor:
-        f = torch.cat(self.out, dim=1)
-        self.out = []
-        return f
-
-    def close(self) -> None:
-        self.handle.remove()
 
 
 def lm_head_fp32(target) -> torch.Tensor:
@@ -107,11 +91,8 @@ def answer_rows(
             bar.update(entry["done"] - bar.n)
             log(entry | dict(sampled=sample))
 
-        answers = answer_writer.write(target, prompts, eos, new_tokens, temperature, seed, GEN_BATCH, progress)
-    return [
-        row(kind, torch.tensor(a.ids, device=target.device), a.features, head)
-        for (kind, _), a in zip(todo, answers, strict=True)
-    ]
+        answers = answer_writer.write(target, prompts, eos, new_tokens, temperature, seed, log=progress)
+    return [row(kind, torch.tensor(a.ids), a.features, head) for (kind, _), a in zip(todo, answers, strict=True)]
 
 
 @torch.inference_mode()
@@ -177,7 +158,7 @@ def build_rows(target, tokenizer, out: Path, seed: int, scale: float, log, sampl
     """Every training row, computed once and kept in out/ one phase a file (reused when present);
     `sampled` sampled answer passes (None: sampled_passes(scale))."""
     todo = instructions.training_instructions(seed)
-    todo = todo[: max(GEN_BATCH // 4, round(len(todo) * min(scale, 1.0)))]
+    todo = todo[: max(answer_writer.SLOTS // 4, round(len(todo) * min(scale, 1.0)))]
     # A tiny slice (the tests' --scale) also writes short answers and windows, so it runs in seconds.
     new, ctx = (ANSWER_TOKENS, CODE_CTX) if scale >= TINY_SLICE else (24, 64)
     greedy = _phase(out, "answers-greedy", lambda: answer_rows(target, tokenizer, todo, False, seed, log, new))
