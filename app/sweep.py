@@ -37,11 +37,8 @@ def drafts_for(target_id: str, layers: int, named: list[str] | None = None, exit
     drafts and prompt lookup."""
     if named:
         return named
-    bundled: list[str] = []
-    if target_id == models.SMOLLM2:
-        bundled = [models.SMOLLM2_SMALL, models.SMOLLM2_FEATURE]
-    elif Path(target_id).resolve() == Path(models.TINY_TARGET).resolve():
-        bundled = [str(models.BUNDLED / n) for n in ("draft-weak", "draft-small", "draft-distilled", "draft-feature")]
+    trained = models.presets.TRAINED_DRAFTS
+    bundled = next((list(d) for t, d in trained.items() if Path(t).resolve() == Path(target_id).resolve()), [])
     # bundled drafts by their preset labels: a public server admits those, never an install path
     named_by_label = [models.presets.draft_label(d) for d in bundled]
     return [f"early-exit:{n}" for n in depths(layers, exits)] + named_by_label + [models.PROMPT_LOOKUP]

@@ -29,6 +29,11 @@ DEFAULT_TARGET = SMOLLM2
 DEFAULT_DRAFT = SMOLLM2_FEATURE
 # The draft a target gets when none is named: its own trained feature head (model card).
 DEFAULT_DRAFTS = {SMOLLM2: SMOLLM2_FEATURE, TINY_TARGET: FEATURE_DRAFT}
+# The drafts this repository trained for each bundled target, cheapest first.
+TRAINED_DRAFTS = {
+    SMOLLM2: (SMOLLM2_SMALL, SMOLLM2_FEATURE),
+    TINY_TARGET: tuple(str(BUNDLED / n) for n in ("draft-weak", "draft-small", "draft-distilled", "draft-feature")),
+}
 # How the drafts without a model id are typed (their kinds parse them).
 EAGLE, PROMPT_LOOKUP, EARLY_EXIT = EAGLE_PREFIX, LOOKUP_TEXT, EARLY_EXIT_PREFIX
 
@@ -61,7 +66,7 @@ DRAFT_PRESETS = {
 }
 
 
-# Which preset drafts a preset target runs: its own trained head (a feature head reads features of its
+# Which preset drafts a preset target runs: those trained for it (a feature head reads features of its
 # target's width only), the drafts that share its tokenizer, and the drafts that need no model. A typed
 # target is offered every draft.
 _SHARED_TOKENIZER = (
@@ -69,7 +74,6 @@ _SHARED_TOKENIZER = (
         {SMOLLM2, "HuggingFaceTB/SmolLM2-1.7B-Instruct"},
         {SMOLLM2_SMALL, *(f"HuggingFaceTB/SmolLM2-{n}-Instruct" for n in ("135M", "360M"))},
     ),
-    ({TINY_TARGET}, {DISTILLED_DRAFT, str(BUNDLED / "draft-small"), str(BUNDLED / "draft-weak")}),
     ({f"Qwen/Qwen2.5-{n}-Instruct" for n in ("1.5B", "3B", "7B")}, {"Qwen/Qwen2.5-0.5B-Instruct"}),
     ({"openai-community/gpt2-large", "openai-community/gpt2-xl"}, {"distilbert/distilgpt2", "openai-community/gpt2"}),
 )
@@ -84,7 +88,7 @@ def drafts_for_target(target: str) -> list[str]:
     target_id = id_of(target)
     if target_id not in TARGET_PRESETS.values():
         return list(DRAFT_PRESETS)
-    ids = {DEFAULT_DRAFTS.get(target_id, PROMPT_LOOKUP), *_MODEL_FREE}
+    ids = {DEFAULT_DRAFTS.get(target_id, PROMPT_LOOKUP), *TRAINED_DRAFTS.get(target_id, ()), *_MODEL_FREE}
     for targets, drafts in _SHARED_TOKENIZER:
         if target_id in targets:
             ids |= drafts
