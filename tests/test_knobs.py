@@ -5,8 +5,8 @@ import argparse
 import pytest
 
 from app import args
-from app.core import knobs
-from app.core.config import UserError
+from app.core import config, knobs
+from app.core.config import K_POLICIES, SpecConfig, UserError
 from app.core.knobs import Knob, Widget
 
 TOY = Knob(
@@ -69,6 +69,23 @@ def test_the_cli_and_the_form_map_to_the_same_settings():
     fields |= dict(decoding="sampling", temperature=0.7, top_k=5, top_p=1.0, seed=0, max_new_tokens=128)
     page = form.parse(fields | dict(k_policy="heuristic", k=3)).settings
     assert cli == page
+
+
+@pytest.mark.parametrize("policy", K_POLICIES)
+def test_k_raises_k_max_unless_adaptive_by_one_rule_on_the_cli_the_page_and_the_bench(policy):
+    """A k above k max is fixed k's length or heuristic's start, so it raises their cap; adaptive keeps its own."""
+    from app.bench import contenders
+    from app.serve import form
+
+    ap = argparse.ArgumentParser()
+    args.add_generation_args(ap)
+    cli = args.settings(ap.parse_args(["--k", "12", "--k-policy", policy]))
+    fields = dict(prompt="x", target="t", custom_target="", draft="d", custom_draft="", chat=False)
+    fields |= dict(decoding="greedy", temperature=0.8, top_k=0, top_p=1.0, seed=0, max_new_tokens=64)
+    page = form.parse(fields | dict(k_policy=policy, k=12)).settings
+    cap = config.k_cap(policy, 12, SpecConfig.k_max)
+    assert cli.spec.k_max == page.spec.k_max == cap == (SpecConfig.k_max if policy == "adaptive" else 12)
+    assert contenders.fixed_k(SpecConfig(), 12).k_max == config.k_cap("fixed", 12, SpecConfig.k_max) == 12
 
 
 @pytest.mark.parametrize(

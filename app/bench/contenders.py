@@ -12,7 +12,7 @@ from transformers import StoppingCriteria, StoppingCriteriaList
 
 from app import category_runner
 from app.core import engine
-from app.core.config import RunConfig, SamplingConfig, Settings, SpecConfig
+from app.core.config import RunConfig, SamplingConfig, Settings, SpecConfig, k_cap
 from app.core.costs import Costs
 from app.models import threads
 
@@ -88,7 +88,8 @@ def adaptive_k(sp: SpecConfig) -> SpecConfig:
 
 
 def fixed_k(sp: SpecConfig, k: int) -> SpecConfig:
-    return SpecConfig(k=k, k_policy="fixed", k_max=max(sp.k_max, k), ngram_max=sp.ngram_max, ngram_min=sp.ngram_min)
+    cap = k_cap("fixed", k, sp.k_max)
+    return SpecConfig(k=k, k_policy="fixed", k_max=cap, ngram_max=sp.ngram_max, ngram_min=sp.ngram_min)
 
 
 LLAMA_CPP = "llama_cpp"  # llama.cpp's plain decoding of the wheel's GGUF, where llama-cpp-python imports

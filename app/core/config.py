@@ -69,6 +69,12 @@ class SamplingConfig:
             raise UserError(f"the sampling rule must be one of {', '.join(RULES)}, got {self.rule!r}")
 
 
+def k_cap(k_policy: str, k: int, k_max: int) -> int:
+    """k max as a run takes it: fixed k drafts k and heuristic k starts there, so k raises their cap;
+    adaptive k picks its own k up to k max, so k never moves its cap."""
+    return k_max if k_policy == "adaptive" else max(k_max, k)
+
+
 @dataclass(frozen=True)
 class SpecConfig:
     k: int = 4  # draft length: fixed k, the start value for heuristic, ignored by adaptive

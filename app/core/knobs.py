@@ -26,6 +26,7 @@ from app.core.config import (
     SamplingConfig,
     Settings,
     SpecConfig,
+    k_cap,
 )
 
 CONFIGS = {"sampling": SamplingConfig, "spec": SpecConfig, "run": RunConfig}
@@ -313,8 +314,8 @@ def shown() -> list[Knob]:
 
 def settings(values: Mapping[str, Any]) -> Settings:
     """The one mapping from knob values (by name; a missing one keeps its config's default) to validated
-    Settings. k is fixed k, or heuristic's start: it raises their cap when above k max. Adaptive k picks
-    its own, up to k max, so k never moves adaptive's cap.
+    Settings. k is fixed k, or heuristic's start: it raises their cap when above k max (config.k_cap).
+    Adaptive k picks its own, up to k max, so k never moves adaptive's cap.
 
     `tree` means one thing wherever it is set (page, CLI, API): up to that many nodes a round. Under
     adaptive k the cost model shapes each round within it (a plain step, a chain or a tree); under a
@@ -324,13 +325,12 @@ def settings(values: Mapping[str, Any]) -> Settings:
         if knob.config and knob.name in values:
             parts[knob.config][knob.name] = values[knob.name]
     spec, run = parts["spec"], parts["run"]
-    k, k_max = spec.get("k", SpecConfig.k), spec.get("k_max", SpecConfig.k_max)
-    if spec.get("k_policy", SpecConfig.k_policy) != "adaptive":
-        spec["k_max"] = max(k_max, k)
+    policy = spec.get("k_policy", SpecConfig.k_policy)
+    spec["k_max"] = k_cap(policy, spec.get("k", SpecConfig.k), spec.get("k_max", SpecConfig.k_max))
     run["stop"] = tuple(run.get("stop", ()))
     if spec.get("tree") == "auto":
         spec["tree"], spec["tree_auto"] = TREE_MAX, True
     else:
-        spec["tree_auto"] = bool(spec.get("tree")) and spec.get("k_policy", SpecConfig.k_policy) == "adaptive"
+        spec["tree_auto"] = bool(spec.get("tree")) and policy == "adaptive"
     built: dict[str, Any] = {name: cls(**parts[name]) for name, cls in CONFIGS.items()}
     return Settings(**built)
