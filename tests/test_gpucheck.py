@@ -47,6 +47,14 @@ def test_gpucheck_reports_every_figure_on_cpu(capsys):
             assert {"round_ms", "model_ms", "overhead_ms", "overhead_share"} <= set(run)
 
 
+@pytest.mark.parametrize("dtype", ["int8", "auto"])
+def test_gpucheck_refuses_a_precision_random_weights_cannot_have(dtype, capsys):
+    """--dtype is the declared precision setting; random weights have no int8 copy and give auto nothing
+    to probe, so those get a message with the choices instead of a crash."""
+    assert cli.main(["gpucheck", "--shapes", "tiny", "--device", "cpu", "--dtype", dtype, "--no-equality"]) == 2
+    assert f"random-weight models in fp32, bf16, fp16, got --dtype {dtype}" in capsys.readouterr().err
+
+
 @pytest.mark.slow
 def test_gpucheck_checks_the_bundled_family_against_generate(capsys):
     assert (

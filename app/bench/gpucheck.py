@@ -14,6 +14,7 @@ on CPU in seconds.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import itertools
 import json
 import statistics
@@ -27,10 +28,11 @@ from tokenizers import Tokenizer, pre_tokenizers
 from tokenizers.models import WordLevel
 from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast, Qwen2Config
 
+from app import args as generation_args
 from app import models, request
 from app.bench import progress
-from app.core import divergence, engine
-from app.core.config import SHARED_NOISE, RunConfig, SamplingConfig, Settings, SpecConfig
+from app.core import divergence, engine, knobs
+from app.core.config import SHARED_NOISE, RunConfig, SamplingConfig, Settings, SpecConfig, UserError
 from app.drafts import model as model_draft
 from app.drafts.draft_spec import DraftSpec
 from app.kv import static_cache
@@ -327,13 +329,29 @@ def _equal_runs(pair, examples: list[dict], new_tokens: int, compiled: bool) -> 
     )
 
 
+def float_dtype(name: str | None, device: torch.device) -> torch.dtype:
+    """The models' precision: --dtype where it names a float one, else bf16 on CUDA and fp32 elsewhere.
+    Random weights have no int8 copy and give auto nothing to probe, so those are refused."""
+    if name is None:
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    if name not in models.loading.DTYPE_NAMES.values():
+        raise UserError(f"gpucheck builds random-weight models in {_floats()}, got --dtype {name}")
+    return models.choose_device(str(device), name)[1]
+
+
+def _floats() -> str:
+    return ", ".join(models.loading.DTYPE_NAMES.values())
+
+
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(prog="python -m app gpucheck", description=__doc__.splitlines()[0])
     ap.add_argument(
         "--shapes", choices=list(PAIRS), default="qwen", help="qwen: 7B and 0.5B shapes; tiny: seconds on CPU"
     )
     ap.add_argument("--device", help="default: cuda if available, else cpu")
-    ap.add_argument("--dtype", default=None, help="default: bf16 on CUDA, fp32 on CPU")
+    # The declared precision setting (core/knobs.py), with the default and the choices random weights leave.
+    precision = dataclasses.replace(knobs.by_name("dtype"), help=f"{_floats()} (default: bf16 on CUDA, fp32 on CPU)")
+    generation_args.add_knob(ap, precision)
     ap.add_argument("--k", default="1,2,4,8", help="draft lengths to time, comma-separated")
     ap.add_argument("--steps", type=int, default=20, help="timed calls per measurement (median kept)")
     ap.add_argument("--context", type=int, default=512, help="tokens already in the cache")
@@ -347,8 +365,7 @@ def main(argv: list[str]) -> int:
     args = ap.parse_args(argv)
     threads.apply(args.threads)
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32, None: None}[args.dtype]
-    dtype = dtype or (torch.bfloat16 if device.type == "cuda" else torch.float32)
+    dtype = float_dtype(args.dtype, device)
     ks = sorted({int(k) for k in args.k.split(",")})
     doc = (
         {}
@@ -357,7 +374,7 @@ def main(argv: list[str]) -> int:
     )
     if not args.no_equality:
         compiled_on = args.compile == "on" or (args.compile == "auto" and device.type == "cuda")
-        name = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}[dtype]
+        name = models.loading.DTYPE_NAMES[dtype]
         doc["equality"] = dict(
             dtype=name, **equality(device, name, args.equality_prompts, args.equality_tokens, compiled_on)
         )
