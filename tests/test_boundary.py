@@ -262,9 +262,10 @@ def test_a_number_sent_as_text_reaches_gradio_as_a_number_and_a_blank_seed_as_no
 def test_each_settings_messages_name_one_range():
     """The page's slider, the API's check and the engine's own check agree on a setting's range."""
     from app.core import config, knobs
+    from app.serve.knob_widgets import WIDGETS
 
     by_name = {k.name: k for k in knobs.KNOBS}
-    assert by_name["tree"].hi == by_name["tree"].ui.hi == config.TREE_MAX
+    assert by_name["tree"].hi == WIDGETS["tree"].hi == config.TREE_MAX
     assert by_name["temperature"].hi == config.MAX_TEMPERATURE
     with pytest.raises(UserError, match=r"from 0.001 to 100, got 150"):
         config.SamplingConfig(temperature=150.0).validate()

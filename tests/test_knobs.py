@@ -7,24 +7,31 @@ import pytest
 from app import args
 from app.core import config, knobs
 from app.core.config import K_POLICIES, SpecConfig, UserError
-from app.core.knobs import Knob, Widget
+from app.core.knobs import Knob
+from app.serve import knob_widgets
+from app.serve.knob_widgets import Widget
 
-TOY = Knob(
-    "toy_level",
-    int,
-    "toy level",
-    default=3,
-    lo=0,
-    hi=9,
-    help="how loud the toy is (0: silent)",
-    ui=Widget("slider", "Toy level (0 = silent)", lo=0, hi=9, step=1, elem_id="toy-level"),
-)
+TOY = Knob("toy_level", int, "toy level", default=3, lo=0, hi=9, help="how loud the toy is (0: silent)")
+TOY_WIDGET = Widget("slider", "Toy level (0 = silent)", lo=0, hi=9, step=1, elem_id="toy-level")
 
 
 @pytest.fixture
 def toy(monkeypatch):
+    """A new setting: its Knob in core, and the page's widget for it in serve."""
     monkeypatch.setattr(knobs, "KNOBS", [*knobs.KNOBS, TOY])
+    monkeypatch.setattr(knob_widgets, "WIDGETS", {**knob_widgets.WIDGETS, TOY.name: TOY_WIDGET})
     return TOY
+
+
+def test_the_core_declares_what_a_setting_means_and_serve_how_the_page_shows_it():
+    """Names, ranges and meaning in core/knobs.py; the words, widget kinds and element ids in serve/."""
+    import dataclasses
+
+    assert not {"ui", "label", "widget", "elem_id"} & {f.name for f in dataclasses.fields(Knob)}
+    assert not hasattr(knobs, "Widget")
+    names = [k.name for k in knobs.KNOBS]
+    assert set(knob_widgets.WIDGETS) <= set(names), "every widget shows a declared setting"
+    assert [k.name for k in knob_widgets.shown()] == [n for n in names if n in knob_widgets.WIDGETS], "KNOBS' order"
 
 
 def test_a_toy_setting_is_one_declaration_in_the_cli_the_form_and_the_boundary(toy):

@@ -1,10 +1,10 @@
-"""Every setting a front end shows, declared once: its type, default, range, CLI flag, UI label and help.
+"""Every setting a front end takes, declared once: its name, type, default, range, meaning, CLI flag and help.
 
 The CLI's options (args.py), the settings form and its API parameters (serve/form.py), the checks on
-what a client sends (serve/boundary.py) and the page's controls (serve/ui.py) are all generated from
-KNOBS. Adding a setting is one Knob here plus its use in the engine (a field of its config).
-
-Plain data: the core imports no gradio, so a `Widget` only says what the serve layer should build.
+what a client sends (serve/boundary.py) and the page's controls (serve/controls.py) are all generated
+from KNOBS. How the page shows a setting (its words, widget kind and element id) is the serve layer's
+own declaration, serve/knob_widgets.py. Adding a setting is one Knob here, its widget there if the page
+shows it, and its use in the engine (a field of its config).
 """
 
 from __future__ import annotations
@@ -18,9 +18,7 @@ from app.core.config import (
     K_MAX,
     K_POLICIES,
     MAX_TEMPERATURE,
-    REJECTION,
     RULES,
-    SHARED_NOISE,
     TREE_MAX,
     RunConfig,
     SamplingConfig,
@@ -33,23 +31,6 @@ CONFIGS = {"sampling": SamplingConfig, "spec": SpecConfig, "run": RunConfig}
 FROM_CONFIG: Any = object()  # a knob's default: its config field's own
 MAX_NEW_TOKENS = 2048  # the longest run a front end asks for: a typo such as 99999 would run to the context's end
 DTYPES = ("auto", "fp32", "bf16", "int8")  # the precisions a visitor may pick for the target
-
-
-@dataclass(frozen=True)
-class Widget:
-    """How the page shows a knob; the serve layer builds the component."""
-
-    kind: str  # slider | number | radio | checkbox
-    label: str
-    group: str = "decoding"  # the accordion it sits in: models | decoding | speculation
-    lo: float | None = None  # a slider's range and step
-    hi: float | None = None
-    step: float | None = None
-    value: Any = FROM_CONFIG  # what the page starts with, when not the knob's default
-    options: tuple[tuple[str, Any], ...] = ()  # a radio's (shown label, value) pairs, in the order shown
-    info: str | None = None
-    elem_id: str | None = None
-    sampling_only: bool = False  # greyed out under greedy decoding, which ignores it
 
 
 @dataclass(frozen=True)
@@ -69,7 +50,6 @@ class Knob:
     required: bool = False  # an API caller sends it (the first fields the API took)
     help: str | None = None  # the CLI's help; None: none
     cli: Mapping[str, Any] | None = field(default_factory=dict)  # argparse extras; None: no CLI option
-    ui: Widget | None = None  # None: not on the page
 
     @property
     def value(self) -> Any:
@@ -95,7 +75,6 @@ def tree_nodes(text: str) -> int | str:
         raise argparse.ArgumentTypeError(f"--tree takes a node count, auto or off, got {text!r}") from None
 
 
-SAMPLING = "(sampling only"
 KNOBS: list[Knob] = [
     # The form's fields in the order the API takes them; a knob added later goes last, so API callers
     # that omit it get its default.
@@ -108,7 +87,6 @@ KNOBS: list[Knob] = [
         required=True,
         help="format the prompt with the chat template (default: when the target has one)",
         cli=dict(action=argparse.BooleanOptionalAction),
-        ui=Widget("checkbox", "Chat formatting: the prompt is an instruction (models with a chat template)"),
     ),
     Knob(
         "decoding",
@@ -118,7 +96,6 @@ KNOBS: list[Knob] = [
         choices=("greedy", "sampling"),
         required=True,
         cli=None,  # the CLI's greedy is --temperature 0
-        ui=Widget("radio", "Decoding"),
     ),
     Knob(
         "temperature",
@@ -129,28 +106,9 @@ KNOBS: list[Knob] = [
         hi=MAX_TEMPERATURE,  # the engine's own bound (config.py), so the two messages name one range
         required=True,
         help="0 means greedy",
-        ui=Widget("slider", f"Temperature {SAMPLING})", lo=0.05, hi=2.0, step=0.05, sampling_only=True),
     ),
-    Knob(
-        "top_k",
-        int,
-        "top-k",
-        "sampling",
-        lo=0,
-        hi=10**9,
-        required=True,
-        ui=Widget("slider", f"Top-k {SAMPLING}; 0 = off)", lo=0, hi=200, step=1, sampling_only=True),
-    ),
-    Knob(
-        "top_p",
-        float,
-        "top-p",
-        "sampling",
-        lo=0,
-        hi=1,
-        required=True,
-        ui=Widget("slider", f"Top-p {SAMPLING}; 1 = off)", lo=0.05, hi=1.0, step=0.05, sampling_only=True),
-    ),
+    Knob("top_k", int, "top-k", "sampling", lo=0, hi=10**9, required=True),
+    Knob("top_p", float, "top-p", "sampling", lo=0, hi=1, required=True),
     Knob(
         "seed",
         int,
@@ -160,20 +118,8 @@ KNOBS: list[Knob] = [
         hi=2**63 - 1,  # torch.Generator.manual_seed takes a 64-bit seed
         blank=True,
         required=True,
-        ui=Widget("number", "Seed (blank: a fresh random seed)"),
     ),
-    Knob(
-        "max_new_tokens",
-        int,
-        "max new tokens",
-        "run",
-        lo=1,
-        hi=MAX_NEW_TOKENS,
-        required=True,
-        # A number box, not a slider: a slider clamps a typed 0 or 100000 without a word, while a
-        # value outside the range the label states is refused with a message when a run starts.
-        ui=Widget("number", f"Max new tokens, 1 to {MAX_NEW_TOKENS}", elem_id="max-new"),
-    ),
+    Knob("max_new_tokens", int, "max new tokens", "run", lo=1, hi=MAX_NEW_TOKENS, required=True),
     Knob(
         "k_policy",
         str,
@@ -183,7 +129,6 @@ KNOBS: list[Knob] = [
         choices=K_POLICIES,
         required=True,
         cli={},
-        ui=Widget("radio", "k policy", group="speculation", value="adaptive", elem_id="k-policy"),
     ),
     Knob(
         "k",
@@ -195,16 +140,6 @@ KNOBS: list[Knob] = [
         hi=K_MAX,
         required=True,
         help="draft length; alone it means a fixed k (default: adaptive)",
-        ui=Widget(
-            "slider",
-            f"k: fixed k, or heuristic's start (adaptive ignores it and picks k ≤ {SpecConfig.k_max})",
-            group="speculation",
-            lo=1,
-            hi=K_MAX,
-            step=1,
-            value=SpecConfig.k,
-            elem_id="k",
-        ),
     ),
     Knob(
         "repetition_penalty",
@@ -215,7 +150,6 @@ KNOBS: list[Knob] = [
         hi=100,
         help="> 1 discourages repeating context tokens, as in transformers' generate (1: off)",
         # Applied to p and q alike at every position, so speculation stays lossless.
-        ui=Widget("slider", "Repetition penalty (1 = off)", lo=1.0, hi=2.0, step=0.05),
     ),
     Knob(
         "no_repeat_ngram_size",
@@ -225,7 +159,6 @@ KNOBS: list[Knob] = [
         lo=0,
         hi=64,
         help="forbid repeating any n-gram of this size, as in generate (0: off)",
-        ui=Widget("slider", "No-repeat n-gram size (0 = off)", lo=0, hi=8, step=1),
     ),
     Knob(
         "rule",
@@ -237,14 +170,6 @@ KNOBS: list[Knob] = [
         "its text under fixed or heuristic k, not adaptive k, which follows this machine's timings) or "
         "shared-noise (target and draft race the same seeded noise: for a seed, the text of plain sampling, "
         "whatever the draft or k)",
-        ui=Widget(
-            "radio",
-            f"Sampling rule {SAMPLING})",
-            options=(("rejection (min(1, p/q))", REJECTION), ("shared noise (same text as plain)", SHARED_NOISE)),
-            info="shared noise: for a seed, plain sampling's text, whatever the draft or k. Rejection: more "
-            "drafts kept; a seed repeats its text under fixed or heuristic k, not adaptive k",
-            sampling_only=True,
-        ),
     ),
     Knob(
         "tree",
@@ -258,17 +183,6 @@ KNOBS: list[Knob] = [
         "machine's cost model shapes each round (a plain step, a chain or a tree of up to N nodes); auto: "
         f"adaptive within {TREE_MAX} nodes; off or 0: a chain (default)",
         cli=dict(type=tree_nodes),
-        ui=Widget(
-            "slider",
-            "Tree nodes: 0 drafts a chain. With fixed k, a tree of N nodes, k deep; with adaptive k, "
-            "this machine's cost model shapes each round (a plain step, a chain or a tree of up to N nodes). "
-            "One target pass verifies the whole tree",
-            group="speculation",
-            lo=0,
-            hi=TREE_MAX,  # the API's and the CLI's limit: one range in every message
-            step=1,
-            elem_id="tree-nodes",
-        ),
     ),
     Knob(
         "dtype",
@@ -280,21 +194,6 @@ KNOBS: list[Knob] = [
         "here, probed once per model (default: auto, or SPECDEC_DTYPE; int8: int8 weights with integer "
         "sums, a Llama-shaped target on a CPU)",
         cli=dict(choices=None),  # the CLI also takes fp16, and the loader says what it cannot use
-        ui=Widget(
-            "radio",
-            "Precision",
-            group="models",
-            options=(
-                ("auto: the fastest exact one here", "auto"),
-                ("int8: exact at every width", "int8"),
-                ("fp32", "fp32"),
-                ("bf16", "bf16"),
-            ),
-            info="int8 weights with integer sums give a row the same logits in a one-token pass and a verify "
-            "pass, so greedy output is plain decoding's exactly; auto picks it where it runs. In fp32 and "
-            "bf16 a verify pass can round a near-tie the other way, and the check then says so",
-            elem_id="dtype",
-        ),
     ),
     # The CLI's own: the page keeps their defaults.
     Knob("k_max", int, "k max", "spec", help="upper bound for heuristic and adaptive k"),
@@ -305,11 +204,6 @@ KNOBS: list[Knob] = [
 def by_name(name: str) -> Knob:
     """The declared setting called `name` (the CLI commands that take one of them alone read it here)."""
     return next(k for k in KNOBS if k.name == name)
-
-
-def shown() -> list[Knob]:
-    """The knobs on the page and in the form, in the API's order."""
-    return [k for k in KNOBS if k.ui is not None]
 
 
 def settings(values: Mapping[str, Any]) -> Settings:

@@ -23,6 +23,7 @@ from collections.abc import Callable
 from app.core import knobs
 from app.core.config import UserError
 from app.core.knobs import Knob
+from app.serve import knob_widgets
 
 log = logging.getLogger(__name__)
 INTERNAL = "internal error (logged): please try again, or report it with the time it happened"
@@ -157,7 +158,7 @@ def fields() -> dict[str, Callable]:
         "target": text("target", MODEL_ID_CHARS, blank=False),
         "draft": text("draft", MODEL_ID_CHARS, blank=False),
         **{n: text(n.replace("_", " "), MODEL_ID_CHARS) for n in ("custom_target", "custom_draft")},
-        **{knob.name: for_knob(knob) for knob in knobs.shown()},
+        **{knob.name: for_knob(knob) for knob in knob_widgets.shown()},
     }
 
 

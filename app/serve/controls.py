@@ -1,5 +1,5 @@
-"""The page's controls for the declared settings (core/knobs.py): each knob's Widget built as its Gradio
-component, in the place the page gives it."""
+"""The page's controls for the declared settings (core/knobs.py): each knob's Widget (knob_widgets.py) built
+as its Gradio component, in the place the page gives it."""
 
 from __future__ import annotations
 
@@ -7,38 +7,14 @@ import gradio as gr
 
 from app.core import knobs
 from app.core.knobs import FROM_CONFIG, Knob
-
-# Where each setting sits on the page, in order; a knob not named here goes at the end of its group.
-LAYOUT = {
-    "models": ("dtype",),
-    "decoding": (
-        "decoding",
-        "temperature",
-        "top_k",
-        "top_p",
-        "seed",
-        "rule",
-        "repetition_penalty",
-        "no_repeat_ngram_size",
-        "max_new_tokens",
-        "chat",
-    ),
-    "speculation": ("k_policy", "k", "tree"),
-}
-
-
-def start_value(knob: Knob):
-    """What the page starts with when the first example does not set it."""
-    assert knob.ui is not None
-    return knob.value if knob.ui.value is FROM_CONFIG else knob.ui.value
+from app.serve import knob_widgets
 
 
 def component(knob: Knob, value=FROM_CONFIG, sampled: bool = True, **overrides) -> gr.components.Component:
     """The control for one knob, starting at `value` (default: start_value); `sampled`: whether the
     page starts under sampling, else sampling-only controls start greyed out."""
-    w = knob.ui
-    assert w is not None
-    value = start_value(knob) if value is FROM_CONFIG else value
+    w = knob_widgets.WIDGETS[knob.name]
+    value = knob_widgets.start_value(knob) if value is FROM_CONFIG else value
     common = dict(label=w.label, elem_id=w.elem_id)
     if w.sampling_only:
         common["interactive"] = sampled
@@ -55,19 +31,11 @@ def component(knob: Knob, value=FROM_CONFIG, sampled: bool = True, **overrides) 
 
 
 def group(name: str, c, values: dict | None = None, **overrides) -> None:
-    """The controls of one group, in LAYOUT's order, each set on `c.fields` (and `c`) by its knob's name.
+    """The controls of one group, in WIDGETS' order, each set on `c.fields` (and `c`) by its knob's name.
     `values`: start values by name (an example's); `overrides`: a control's own arguments, by name."""
     values = values or {}
     sampled = values.get("decoding", "sampling") != "greedy"  # under greedy, sampling-only ones start greyed
-    placed = [k for k in knobs.shown() if k.ui is not None and k.ui.group == name]
-    order = LAYOUT.get(name, ())
-    placed.sort(key=lambda k: order.index(k.name) if k.name in order else len(order))
-    for knob in placed:
+    for knob in [knobs.by_name(n) for n, w in knob_widgets.WIDGETS.items() if w.group == name]:
         built = component(knob, values.get(knob.name, FROM_CONFIG), sampled, **overrides.get(knob.name, {}))
         c.fields[knob.name] = built
         setattr(c, knob.name, built)
-
-
-def sampling_only() -> list[str]:
-    """The knobs greyed out under greedy decoding, which ignores them."""
-    return [k.name for k in knobs.shown() if k.ui is not None and k.ui.sampling_only]

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from app.core import knobs
 from app.core.config import Settings
 from app.core.knobs import DTYPES
+from app.serve.knob_widgets import shown
 
 _REQUIRED = inspect.Parameter.empty
 
@@ -42,8 +43,8 @@ def _api_default(knob: knobs.Knob) -> object:
 
 def fields() -> tuple[tuple[str, object], ...]:
     """(name, default) of every field, in the order the UI wires its inputs: the pair, then each
-    declared setting the page shows (knobs.KNOBS), so API callers that omit a later one get its default."""
-    return tuple((name, _REQUIRED) for name in PAIR_FIELDS) + tuple((k.name, _api_default(k)) for k in knobs.shown())
+    declared setting the page shows (knob_widgets.shown), so API callers that omit a later one get its default."""
+    return tuple((name, _REQUIRED) for name in PAIR_FIELDS) + tuple((k.name, _api_default(k)) for k in shown())
 
 
 def names() -> tuple[str, ...]:
@@ -120,7 +121,7 @@ def parse(values: dict) -> Form:
     v = {name: values.get(name, default) for name, default in fields()}
     target, draft = model_ids(v["target"], v["custom_target"], v["draft"], v["custom_draft"])
     greedy = v["decoding"] == "greedy"
-    given = {k.name: _typed(k, v[k.name]) for k in knobs.shown() if k.config and k.name not in ("temperature", "seed")}
+    given = {k.name: _typed(k, v[k.name]) for k in shown() if k.config and k.name not in ("temperature", "seed")}
     given |= dict(temperature=0.0 if greedy else float(v["temperature"]), seed=fill_seed(v["seed"], v["decoding"]))
     # The UI's k slider never moves adaptive k's cap; adaptive k's trees are shaped each round (knobs.settings).
     settings = knobs.settings(given)

@@ -13,7 +13,7 @@ from types import SimpleNamespace
 import gradio as gr
 
 from app import models
-from app.serve import by_kind, controls, form, one_round, queue_limits, sessions, which_draft
+from app.serve import by_kind, controls, form, knob_widgets, one_round, queue_limits, sessions, which_draft
 from app.serve.generation import generate_both, request_stop, start_run  # noqa: F401
 from app.serve.handlers import (  # noqa: F401 - the handlers are the app's API, reached through ui too
     _cap_label,
@@ -241,7 +241,7 @@ def _wire(c) -> None:
     )
     c.target.change(drafts_for_target, c.target, [c.draft, c.fields["chat"]], queue=False, **private)
     c.custom_target.blur(drafts_for_custom_target, c.custom_target, c.draft, queue=False, **private)
-    greyed = [c.fields[name] for name in controls.sampling_only()]
+    greyed = [c.fields[name] for name in knob_widgets.sampling_only()]
     c.decoding.change(sampling_controls, c.decoding, greyed, queue=False, **private)
     c.rejected_view.change(None, c.rejected_view, None, js=REJECTED_VIEW, **private)
     gr.Button(visible=False).click(list_presets, None, c.presets_json, api_name="presets")
@@ -307,9 +307,9 @@ def _prepare(model_id: str) -> None:
 
 @guarded
 def sampling_controls(decoding: str) -> list[dict]:
-    """Temperature, top-k, top-p and the sampling rule (controls.sampling_only): usable under sampling,
+    """Temperature, top-k, top-p and the sampling rule (knob_widgets.sampling_only): usable under sampling,
     greyed out under greedy, which ignores them."""
-    return [gr.update(interactive=decoding != "greedy") for _ in controls.sampling_only()]
+    return [gr.update(interactive=decoding != "greedy") for _ in knob_widgets.sampling_only()]
 
 
 def launch(host: str | None = None, port: int | None = None, share: bool = False) -> None:
