@@ -230,6 +230,18 @@ def _sdpa_last(q, k, v):
     return nn.functional.scaled_dot_product_attention(q[:, :, -1:], kr, vr).transpose(1, 2)
 
 
+def test_the_cache_keeps_fixed_point_rows_in_float32_with_float64s_numbers():
+    """Keys and values are cached as float32, half of float64's bytes: the integers and steps of
+    fixed() are numbers float32 holds exactly, from the largest rows to the smallest normal ones."""
+    g = torch.Generator().manual_seed(5)
+    rows = torch.randn(64, 64, generator=g) * torch.logspace(-30, 30, 64)[:, None]
+    rows[0] = 0.0
+    kept = exact.stored(rows)
+    ints, step = exact.fixed(rows, least=exact.STORED_LEAST)
+    assert kept.dtype == torch.float32 and kept.shape == (64, 65)
+    assert torch.equal(kept.double(), torch.cat([ints, step], dim=-1))
+
+
 def test_elementwise_functions_run_on_whole_vector_rows_below_the_grain():
     sizes = []
 

@@ -12,7 +12,8 @@ Integer sums are exact in any order. So every reduction here is made exact:
   the same bits, and so is the attention below.
 - **Attention:** queries, keys and values are fixed point per row (a scale and integers), so the
   scores and the weighted sum of values are sums of integers, computed in float64 below 2**53,
-  where every addition is exact. The softmax's denominator is summed the same way.
+  where every addition is exact. The cache keeps keys and values as float32, which holds those
+  integers and their steps exactly, in half the bytes. The softmax's denominator is summed the same way.
 - **Elementwise functions with a vector and a scalar path** (exp, SiLU): ATen runs the scalar path
   on the tail of a buffer and on thread-split chunks, and the two can differ in the last bit. They
   run here on slices of whole rows, each below ATen's grain and a multiple of the vector width.
@@ -40,6 +41,8 @@ HALF = 128  # a 15-bit activation is hi·HALF + lo, hi and lo int8
 FIXED = float(2**20)  # queries', keys' and values' fixed-point levels: a score sums 64 products below 2**41
 # the softmax weights' levels where a layer names none: with values' 2**20, a sum over 2**14 keys stays below 2**53
 WEIGHT_LEVELS = float(2**18)
+# a stored row's least peak: its step, peak / FIXED, stays a normal float32 (a row this small is all zeros)
+STORED_LEAST = 2.0**-100
 GRAIN = 32768  # ATen's serial grain: an elementwise op on fewer elements runs on one thread
 LANES = 32  # a multiple of every CPU vector width ATen unrolls to (2 x 16 floats)
 
@@ -129,10 +132,12 @@ def split(rows: torch.Tensor, half: int, halves: bool = True) -> tuple[torch.Ten
     return torch.cat([hi, q.sub_(hi, alpha=half)]).to(torch.int8), step
 
 
-def fixed(x: torch.Tensor, levels: float = FIXED, positive: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+def fixed(
+    x: torch.Tensor, levels: float = FIXED, positive: bool = False, least: float = 1e-300
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(integers, step) with x ≈ integers · step along the last dim; float64, |integers| ≤ levels."""
     x = x.double()
-    peak = (x if positive else x.abs()).amax(dim=-1, keepdim=True).clamp_min_(1e-300)
+    peak = (x if positive else x.abs()).amax(dim=-1, keepdim=True).clamp_min_(least)
     return (x * (levels / peak)).round_(), peak * (1 / levels)  # levels is a power of two: the step is exact
 
 
@@ -170,7 +175,7 @@ def attention(
     **kwargs,
 ) -> tuple[torch.Tensor, None]:
     """(B, T, H, D) attention output of (B, H, T, D) queries over keys and values in fixed point,
-    (B, Hkv, S, D + 1) float64: D integers and the row's step (stored(), as ExactAttention caches
+    (B, Hkv, S, D + 1) float32: D integers and the row's step (stored(), as ExactAttention caches
     them), or plain (B, Hkv, S, D). Every sum over keys or over the head dimension is a sum of
     integers below 2**53. Rows are independent, so a long pass runs ROWS of them at a time."""
     b, heads, t, d = query.shape
@@ -205,7 +210,7 @@ def _attend(query, key, value, first: int, blocked, scaling: float, levels: floa
     kv_heads, s = key.shape[1], key.shape[2]
     group, n = heads // kv_heads, b * kv_heads
     q_int, q_step = fixed(query.reshape(n, group * t, d))
-    keys, values = key.reshape(n, s, d + 1), value.reshape(n, s, d + 1)
+    keys, values = key.reshape(n, s, d + 1).double(), value.reshape(n, s, d + 1).double()
     # the scores sit in a buffer padded to whole vector widths, so exp runs every element on one path
     size = n * group * t * s
     buffer = torch.empty(size + (-size) % LANES, dtype=torch.float64, device=query.device)
@@ -224,9 +229,11 @@ def _attend(query, key, value, first: int, blocked, scaling: float, levels: floa
 
 
 def stored(x: torch.Tensor) -> torch.Tensor:
-    """(..., D + 1) float64: x's rows in fixed point (fixed()) with their step as a last column."""
-    ints, step = fixed(x)
-    return torch.cat([ints, step], dim=-1)
+    """(..., D + 1) float32: x's float32 rows in fixed point (fixed()) with their step as a last column.
+    The integers are at most FIXED and the step is a float32 peak times 1/FIXED, numbers float32
+    holds exactly, so the cache keeps in half of float64's bytes what the sums read as float64."""
+    ints, step = fixed(x.float(), least=STORED_LEAST)
+    return torch.cat([ints, step], dim=-1).float()
 
 
 _masks: dict[int, tuple[weakref.ref, tuple]] = {}  # id(a pass's mask) -> (the mask, what blocked_keys gives)

@@ -12,6 +12,7 @@
 // off again after. Machines without VNNI keep the torch path.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
+#include <ATen/ThreadLocalState.h>
 
 #include <algorithm>
 #include <cmath>
@@ -27,13 +28,22 @@ namespace {
 
 constexpr int64_t COLS = 16;  // output columns a block: one zmm of int32 sums
 constexpr int64_t DEPTH = 4;  // inner products per lane per vpdpbusd
-constexpr int CHUNK = 8;  // tokens whose sums share one pass over a block's weights (16 zmm with hi and lo)
+// rows whose sums share one pass over a block's weights: 24 zmm accumulators beside the weights' vector
+// (up to 12 tokens of hi and lo rows)
+constexpr int MAX_ROWS = 24;
 constexpr double FIXED = 1048576.0;  // exact.FIXED: queries', keys' and values' fixed-point levels
+constexpr double STORED_LEAST = 0x1p-100;  // exact.STORED_LEAST: a stored row's least peak
 constexpr int64_t GRAIN = 32768;  // exact.GRAIN
 constexpr int64_t LANES = 32;  // exact.LANES
 
 int64_t blocks(int64_t n) { return (n + COLS - 1) / COLS; }
 int64_t depth(int64_t k) { return (k + DEPTH - 1) / DEPTH; }
+// Tokens a chunk: t tokens of `parts` rows each in as few chunks of at most MAX_ROWS rows as fit, the
+// chunks as even as can be (a short last chunk runs on too few accumulators to hide their latency).
+int64_t chunk_tokens(int64_t t, int parts) {
+  const int64_t per = MAX_ROWS / parts, chunks = (t + per - 1) / per;
+  return (t + chunks - 1) / chunks;
+}
 
 }  // namespace
 
@@ -75,17 +85,38 @@ namespace {
 template <int R>
 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni"))) void block_sums(
     const int8_t* x, const uint8_t* w, int64_t k4, int32_t (*out)[COLS]) {
-  __m512i acc[R];  // local, so the sums stay in registers across the whole inner dimension
-#pragma GCC unroll 16
-  for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_si512();
-  for (int64_t g = 0; g < k4; ++g) {
+  // Under 4 rows the sums' dependency chains, not the multiplies, set the pace (a vpdpbusd waits on
+  // its accumulator's last): even and odd groups then add into two sets, summed at the end.
+  constexpr int SETS = R < 4 ? 2 : 1;
+  __m512i acc[SETS][R];  // local, so the sums stay in registers across the whole inner dimension
+#pragma GCC unroll 24
+  for (int r = 0; r < R; ++r) for (int s = 0; s < SETS; ++s) acc[s][r] = _mm512_setzero_si512();
+  int64_t g = 0;
+  if constexpr (SETS == 2) {
+    for (; g + 1 < k4; g += 2) {
+      const __m512i w0 = _mm512_loadu_si512(w + g * COLS * DEPTH);
+      const __m512i w1 = _mm512_loadu_si512(w + (g + 1) * COLS * DEPTH);
+      const int32_t* x0 = reinterpret_cast<const int32_t*>(x + g * R * DEPTH);
+      const int32_t* x1 = reinterpret_cast<const int32_t*>(x + (g + 1) * R * DEPTH);
+#pragma GCC unroll 24
+      for (int r = 0; r < R; ++r) {
+        acc[0][r] = _mm512_dpbusd_epi32(acc[0][r], w0, _mm512_set1_epi32(x0[r]));
+        acc[1][r] = _mm512_dpbusd_epi32(acc[1][r], w1, _mm512_set1_epi32(x1[r]));
+      }
+    }
+  }
+  for (; g < k4; ++g) {
     const __m512i wv = _mm512_loadu_si512(w + g * COLS * DEPTH);
     const int32_t* xg = reinterpret_cast<const int32_t*>(x + g * R * DEPTH);
-#pragma GCC unroll 16
-    for (int r = 0; r < R; ++r) acc[r] = _mm512_dpbusd_epi32(acc[r], wv, _mm512_set1_epi32(xg[r]));
+#pragma GCC unroll 24
+    for (int r = 0; r < R; ++r) acc[0][r] = _mm512_dpbusd_epi32(acc[0][r], wv, _mm512_set1_epi32(xg[r]));
   }
-#pragma GCC unroll 16
-  for (int r = 0; r < R; ++r) _mm512_store_si512(out[r], acc[r]);
+#pragma GCC unroll 24
+  for (int r = 0; r < R; ++r) {
+    __m512i sum = acc[0][r];
+    if constexpr (SETS == 2) sum = _mm512_add_epi32(sum, acc[1][r]);  // integers: any order is exact
+    _mm512_store_si512(out[r], sum);
+  }
 }
 
 using BlockFn = void (*)(const int8_t*, const uint8_t*, int64_t, int32_t (*)[COLS]);
@@ -97,7 +128,8 @@ BlockFn block_fn(int rows) {
     return &block_sums<R>;
     SPECDEC_CASE(1) SPECDEC_CASE(2) SPECDEC_CASE(3) SPECDEC_CASE(4) SPECDEC_CASE(5) SPECDEC_CASE(6)
     SPECDEC_CASE(7) SPECDEC_CASE(8) SPECDEC_CASE(9) SPECDEC_CASE(10) SPECDEC_CASE(11) SPECDEC_CASE(12)
-    SPECDEC_CASE(13) SPECDEC_CASE(14) SPECDEC_CASE(15) SPECDEC_CASE(16)
+    SPECDEC_CASE(13) SPECDEC_CASE(14) SPECDEC_CASE(15) SPECDEC_CASE(16) SPECDEC_CASE(17) SPECDEC_CASE(18)
+    SPECDEC_CASE(19) SPECDEC_CASE(20) SPECDEC_CASE(21) SPECDEC_CASE(22) SPECDEC_CASE(23) SPECDEC_CASE(24)
 #undef SPECDEC_CASE
   }
   return nullptr;
@@ -119,15 +151,16 @@ struct Job {
 
 // Column blocks b0..b1-1 of the output: the integer sums, then exact.Int8Linear's rescale.
 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni"))) void run_blocks(const Job& j, int64_t b0, int64_t b1) {
-  alignas(64) int32_t lanes[2 * CHUNK][COLS];
+  alignas(64) int32_t lanes[MAX_ROWS][COLS];
+  const int64_t per = chunk_tokens(j.t, j.parts);
   for (int64_t b = b0; b < b1; ++b) {
     const uint8_t* wb = j.ws + b * j.k4 * COLS * DEPTH;
     const int64_t c0 = b * COLS, cols = std::min(COLS, j.n - c0);
     const __mmask16 live = static_cast<__mmask16>((1u << cols) - 1);
     const __m512 scale = _mm512_maskz_loadu_ps(live, j.scale + c0);
     const __m512 bias = j.bias ? _mm512_maskz_loadu_ps(live, j.bias + c0) : _mm512_setzero_ps();
-    for (int64_t r0 = 0; r0 < j.t; r0 += CHUNK) {
-      const int tokens = static_cast<int>(std::min<int64_t>(CHUNK, j.t - r0));
+    for (int64_t r0 = 0; r0 < j.t; r0 += per) {
+      const int tokens = static_cast<int>(std::min<int64_t>(per, j.t - r0));
       block_fn(tokens * j.parts)(j.xq + r0 * j.parts * j.row_bytes, wb, j.k4, lanes);
       for (int r = 0; r < tokens; ++r) {
         const int64_t row = r0 + r;
@@ -212,12 +245,13 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni"))) void quantise(co
 }  // namespace
 #endif
 
-// Rows (T, parts, row_bytes) -> for each chunk of CHUNK tokens, (depth(K), rows of the chunk, 4):
+// Rows (T, parts, row_bytes) -> for each chunk of chunk_tokens tokens, (depth(K), rows of the chunk, 4):
 // block_sums's layout. A chunk starts where its rows started.
 void interleave(std::vector<int8_t>& xq, int64_t t, int parts, int64_t row_bytes) {
   std::vector<int8_t> out(xq.size());
-  for (int64_t r0 = 0; r0 < t; r0 += CHUNK) {
-    const int64_t rows = std::min<int64_t>(CHUNK, t - r0) * parts;
+  const int64_t per = chunk_tokens(t, parts);
+  for (int64_t r0 = 0; r0 < t; r0 += per) {
+    const int64_t rows = std::min<int64_t>(per, t - r0) * parts;
     const int8_t* src = xq.data() + r0 * parts * row_bytes;
     int8_t* dst = out.data() + r0 * parts * row_bytes;
     for (int64_t r = 0; r < rows; ++r) {
@@ -290,16 +324,20 @@ SPECDEC_AVX512 inline __m512d lane_sums(const __m512d* a) {
   return _mm512_add_pd(_mm512_shuffle_f64x2(quads[0], quads[1], 0x88), _mm512_shuffle_f64x2(quads[0], quads[1], 0xDD));
 }
 
+// Eight of the cache's float32 numbers as float64: integers of at most 2**20 and steps that are a
+// float32 peak times 2**-20, the same numbers in either type, so the cache keeps them in half the bytes.
+SPECDEC_AVX512 inline __m512d widened(const float* x) { return _mm512_cvtps_pd(_mm256_loadu_ps(x)); }
+
 // Integer dot products of one query row (V vectors, in registers) with up to 8 keys that sit `stride`
 // apart in the cache as it is: no transposed copy of the keys, so a pass reads each key once.
 template <int V>
-SPECDEC_AVX512 inline __m512d dots8(const __m512d* q, const double* k0, int64_t stride, int64_t live) {
+SPECDEC_AVX512 inline __m512d dots8(const __m512d* q, const float* k0, int64_t stride, int64_t live) {
   __m512d acc[8];
 #pragma GCC unroll 8
   for (int kk = 0; kk < 8; ++kk) acc[kk] = _mm512_setzero_pd();
   for (int64_t kk = 0; kk < live; ++kk) {
 #pragma GCC unroll 16
-    for (int i = 0; i < V; ++i) acc[kk] = _mm512_fmadd_pd(q[i], _mm512_loadu_pd(k0 + kk * stride + 8 * i), acc[kk]);
+    for (int i = 0; i < V; ++i) acc[kk] = _mm512_fmadd_pd(q[i], widened(k0 + kk * stride + 8 * i), acc[kk]);
   }
   return lane_sums(acc);
 }
@@ -307,7 +345,7 @@ SPECDEC_AVX512 inline __m512d dots8(const __m512d* q, const double* k0, int64_t 
 // Two query rows against 4 keys: each key's vectors are loaded once for both rows. Lanes 0..3 hold the
 // first row's dot products, 4..7 the second's.
 template <int V>
-SPECDEC_AVX512 inline __m512d dots2x4(const __m512d* q0, const __m512d* q1, const double* k0, int64_t stride,
+SPECDEC_AVX512 inline __m512d dots2x4(const __m512d* q0, const __m512d* q1, const float* k0, int64_t stride,
                                       int64_t live) {
   __m512d acc[8];
 #pragma GCC unroll 8
@@ -317,7 +355,7 @@ SPECDEC_AVX512 inline __m512d dots2x4(const __m512d* q0, const __m512d* q1, cons
     for (int i = 0; i < V; ++i) {
 #pragma GCC unroll 4
       for (int kk = 0; kk < 4; ++kk) {
-        const __m512d key = _mm512_loadu_pd(k0 + kk * stride + 8 * i);
+        const __m512d key = widened(k0 + kk * stride + 8 * i);
         acc[kk] = _mm512_fmadd_pd(q0[i], key, acc[kk]);
         acc[4 + kk] = _mm512_fmadd_pd(q1[i], key, acc[4 + kk]);
       }
@@ -325,7 +363,7 @@ SPECDEC_AVX512 inline __m512d dots2x4(const __m512d* q0, const __m512d* q1, cons
   } else {
     for (int64_t kk = 0; kk < live; ++kk) {
       for (int i = 0; i < V; ++i) {
-        const __m512d key = _mm512_loadu_pd(k0 + kk * stride + 8 * i);
+        const __m512d key = widened(k0 + kk * stride + 8 * i);
         acc[kk] = _mm512_fmadd_pd(q0[i], key, acc[kk]);
         acc[4 + kk] = _mm512_fmadd_pd(q1[i], key, acc[4 + kk]);
       }
@@ -337,7 +375,7 @@ SPECDEC_AVX512 inline __m512d dots2x4(const __m512d* q0, const __m512d* q1, cons
 // acc[r][0..8·V) = Σ_j w[r][j] · v[j][0..8·V) for R rows at once, so each value row is loaded once for
 // all R; v's rows are `stride` apart (the cache in place). Integers in float64: exact in any order.
 template <int V, int R>
-SPECDEC_AVX512 void weighted(const double* const* w, const double* v, int64_t stride, int64_t s, double* const* out) {
+SPECDEC_AVX512 void weighted(const double* const* w, const float* v, int64_t stride, int64_t s, double* const* out) {
   __m512d acc[R][V];
 #pragma GCC unroll 4
   for (int r = 0; r < R; ++r) {
@@ -345,13 +383,13 @@ SPECDEC_AVX512 void weighted(const double* const* w, const double* v, int64_t st
     for (int i = 0; i < V; ++i) acc[r][i] = _mm512_setzero_pd();
   }
   for (int64_t j = 0; j < s; ++j) {
-    const double* vj = v + j * stride;
+    const float* vj = v + j * stride;
     __m512d wj[R];
 #pragma GCC unroll 4
     for (int r = 0; r < R; ++r) wj[r] = _mm512_set1_pd(w[r][j]);
 #pragma GCC unroll 16
     for (int i = 0; i < V; ++i) {
-      const __m512d x = _mm512_loadu_pd(vj + 8 * i);
+      const __m512d x = widened(vj + 8 * i);
 #pragma GCC unroll 4
       for (int r = 0; r < R; ++r) acc[r][i] = _mm512_fmadd_pd(wj[r], x, acc[r][i]);
     }
@@ -363,7 +401,7 @@ SPECDEC_AVX512 void weighted(const double* const* w, const double* v, int64_t st
   }
 }
 
-void weighted_any(const double* w, const double* v, int64_t stride, int64_t s, int64_t d, double* out) {
+void weighted_any(const double* w, const float* v, int64_t stride, int64_t s, int64_t d, double* out) {
   for (int64_t c = 0; c < d; ++c) out[c] = 0.0;
   for (int64_t j = 0; j < s; ++j) {
     for (int64_t c = 0; c < d; ++c) out[c] += w[j] * v[j * stride + c];
@@ -378,8 +416,8 @@ namespace {
 
 struct Attend {
   const float* qs;  // (B, H, T, D) queries
-  const double* ks;  // (B, Hkv, S, D + 1) keys in fixed point, their step last: the cache's view, strided
-  const double* vs;  // values, as keys
+  const float* ks;  // (B, Hkv, S, D + 1) keys in fixed point, their step last: the cache's view, strided
+  const float* vs;  // values, as keys
   int64_t k_strides[3], v_strides[3];  // the views' strides over B, Hkv and S (D + 1 is contiguous)
   const bool* mask;  // (B, 1, T, S - first), or null
   double* sc;  // (B·Hkv, group·T, S) scores, then their exp
@@ -391,10 +429,10 @@ struct Attend {
   int64_t heads, kv_heads, group, t, s, s8, d, first;
   double scaling, levels;
 
-  const double* key(int64_t nn, int64_t j) const {
+  const float* key(int64_t nn, int64_t j) const {
     return ks + nn / kv_heads * k_strides[0] + nn % kv_heads * k_strides[1] + j * k_strides[2];
   }
-  const double* value(int64_t nn, int64_t j) const {
+  const float* value(int64_t nn, int64_t j) const {
     return vs + nn / kv_heads * v_strides[0] + nn % kv_heads * v_strides[1] + j * v_strides[2];
   }
 };
@@ -436,7 +474,7 @@ SPECDEC_AVX512 void score_rows(const Attend& a, int64_t r0, int64_t r1) {
   }
   for (int64_t r = r0; r < r1;) {
     const int64_t nn = r / rows;
-    const double* k0 = a.key(nn, 0);
+    const float* k0 = a.key(nn, 0);
     const double* k_steps = a.k_steps + nn * a.s8;
     double* row = a.sc + r * a.s;
     if constexpr (V > 0) {
@@ -553,7 +591,7 @@ SPECDEC_AVX512 void weigh_rows(const Attend& a, int64_t r0, int64_t r1) {
       accs[k] = acc.data() + k * d;
       factors[k] = weights_of(a, r + k, w.data() + k * a.s8, &totals[k]);
     }
-    const double* v0 = a.value(nn, 0);
+    const float* v0 = a.value(nn, 0);
     const int64_t stride = a.v_strides[2];
     if constexpr (V > 0 && MOST == 3) {
       if (n_rows == 3) {
@@ -585,7 +623,7 @@ SPECDEC_AVX512 void weigh_rows(const Attend& a, int64_t r0, int64_t r1) {
 #endif
 
 // exact.attention's arithmetic in one call, for passes of a few rows: (B, H, T, D) float32 queries
-// over (B, Hkv, S, D + 1) float64 keys and values in fixed point (exact.stored), -> (B, T, H, D)
+// over (B, Hkv, S, D + 1) float32 keys and values in fixed point (exact.stored), -> (B, T, H, D)
 // float32. `blocked`: (B, 1, T, S - first) bool, True where a row may not see a key from slot `first`
 // on, or None. Each float operation is exact.py's own, in its order; the sums over the head dimension
 // and over keys are of integers below 2**53; exp is ATen's, on a buffer laid out as exact._attend's.
@@ -594,9 +632,9 @@ torch::Tensor attention_rows(torch::Tensor query, torch::Tensor key, torch::Tens
 #ifndef SPECDEC_X86
   TORCH_CHECK(false, "the exact attention kernel needs an x86-64 CPU with AVX-512");
 #else
-  TORCH_CHECK(query.scalar_type() == torch::kFloat32 && key.scalar_type() == torch::kFloat64 &&
-                  value.scalar_type() == torch::kFloat64,
-              "attention takes float32 queries and float64 fixed-point keys and values");
+  TORCH_CHECK(query.scalar_type() == torch::kFloat32 && key.scalar_type() == torch::kFloat32 &&
+                  value.scalar_type() == torch::kFloat32,
+              "attention takes float32 queries and float32 fixed-point keys and values (exact.stored)");
   const int64_t b = query.size(0), heads = query.size(1), t = query.size(2), d = query.size(3);
   const int64_t kv_heads = key.size(1), s = key.size(2), group = heads / kv_heads, n = b * kv_heads;
   TORCH_CHECK(key.size(3) == d + 1 && value.size(3) == d + 1, "keys and values carry their step as a last column");
@@ -609,14 +647,14 @@ torch::Tensor attention_rows(torch::Tensor query, torch::Tensor key, torch::Tens
   if (blocked.has_value()) blocked_c = blocked->to(torch::kBool).contiguous();
   const int64_t rows = group * t, size = n * rows * s, s8 = (s + 7) / 8 * 8;
   // the scores sit in a buffer padded to whole vector widths, so exp runs every element on one path
-  auto buffer = torch::empty({size + (LANES - size % LANES) % LANES}, k.options());
+  auto buffer = torch::empty({size + (LANES - size % LANES) % LANES}, k.options().dtype(torch::kFloat64));
   buffer.narrow(0, size, buffer.size(0) - size).zero_();
   std::vector<double> k_steps(static_cast<size_t>(n * s8), 1.0), v_steps(static_cast<size_t>(n * s8), 0.0);
   std::vector<double> q_int(static_cast<size_t>(n * rows * d)), q_step(static_cast<size_t>(n * rows));
   auto out = torch::empty({b, t, heads, d}, q.options());
   const Attend a{q.data_ptr<float>(),
-                 k.data_ptr<double>(),
-                 v.data_ptr<double>(),
+                 k.data_ptr<float>(),
+                 v.data_ptr<float>(),
                  {k.stride(0), k.stride(1), k.stride(2)},
                  {v.stride(0), v.stride(1), v.stride(2)},
                  blocked.has_value() ? blocked_c.data_ptr<bool>() : nullptr,
@@ -643,11 +681,18 @@ torch::Tensor attention_rows(torch::Tensor query, torch::Tensor key, torch::Tens
   auto scores = d == 64 ? &score_rows<8> : d == 128 ? &score_rows<16> : &score_rows<0>;
   auto weigh = d == 64 ? &weigh_rows<8> : d == 128 ? &weigh_rows<16> : &weigh_rows<0>;
   at::parallel_for(0, n * rows, grain, [&](int64_t r0, int64_t r1) { scores(a, r0, r1); });
-  // exp as exact.exp_: ATen's own, on slices of whole vector widths below its grain
-  for (int64_t start = 0; start < buffer.size(0); start += GRAIN) {
-    auto part = buffer.narrow(0, start, std::min(GRAIN, buffer.size(0) - start));
-    at::exp_out(part, part);
-  }
+  // exp as exact.exp_: ATen's own, on slices of whole vector widths below its grain, so every element
+  // takes the vector path whichever thread runs its slice; a verify pass's rows split over the threads
+  const int64_t slice = std::min(GRAIN, std::max<int64_t>(LANES, (buffer.size(0) / 2 + LANES - 1) / LANES * LANES));
+  const int64_t slices = (buffer.size(0) + slice - 1) / slice;
+  const at::ThreadLocalState caller;  // inference mode and the like: ATen's ops on other threads need it
+  at::parallel_for(0, slices, size >= GRAIN / 4 ? 1 : slices, [&](int64_t i0, int64_t i1) {
+    const at::ThreadLocalStateGuard as_caller(caller);
+    for (int64_t i = i0; i < i1; ++i) {
+      auto part = buffer.narrow(0, i * slice, std::min(slice, buffer.size(0) - i * slice));
+      at::exp_out(part, part);
+    }
+  });
   at::parallel_for(0, n * rows, grain, [&](int64_t r0, int64_t r1) { weigh(a, r0, r1); });
   return out;
 #endif
@@ -684,8 +729,8 @@ torch::Tensor rms_norm(const torch::Tensor& h, const torch::Tensor& weight, doub
 namespace {
 
 // exact.fixed's rows with their step as a last column (exact.stored), from float32 rows of d.
-void stored_row(const float* x, int64_t d, double* out) {
-  double peak = 1e-300;
+void stored_row(const float* x, int64_t d, float* out) {
+  double peak = STORED_LEAST;
   for (int64_t c = 0; c < d; ++c) {
     const double m = std::fabs(static_cast<double>(x[c]));
     peak = m > peak ? m : peak;
@@ -694,9 +739,9 @@ void stored_row(const float* x, int64_t d, double* out) {
   volatile double per = inv * FIXED;
   for (int64_t c = 0; c < d; ++c) {
     volatile double scaled = static_cast<double>(x[c]) * per;
-    out[c] = std::nearbyint(static_cast<double>(scaled));
+    out[c] = static_cast<float>(std::nearbyint(static_cast<double>(scaled)));
   }
-  out[d] = peak * (1.0 / FIXED);
+  out[d] = static_cast<float>(peak * (1.0 / FIXED));
 }
 
 }  // namespace
@@ -705,7 +750,7 @@ void stored_row(const float* x, int64_t d, double* out) {
 // The first half of an exact decoder layer: RMSNorm, the q, k, v layer (one int8 layer), the model's
 // rotary embedding on queries and keys (x·cos + rotate_half(x)·sin, each product rounded, as
 // ExactAttention.forward), and keys and values in fixed point. No norm weight: no norm. (B, T, H) hidden states ->
-// [(B, heads, T, D) float32 queries, (B, kv_heads, T, D + 1) float64 keys, values].
+// [(B, heads, T, D) float32 queries, (B, kv_heads, T, D + 1) float32 keys, values (exact.stored)].
 std::vector<torch::Tensor> attention_in(torch::Tensor h, c10::optional<torch::Tensor> norm_weight, double eps,
                                         torch::Tensor packed,
                                         torch::Tensor scale, c10::optional<torch::Tensor> bias, int64_t half,
@@ -721,14 +766,14 @@ std::vector<torch::Tensor> attention_in(torch::Tensor h, c10::optional<torch::Te
   auto c = cos.to(torch::kFloat32).expand({b, t, d}).contiguous();
   auto sn = sin.to(torch::kFloat32).expand({b, t, d}).contiguous();
   auto q = torch::empty({b, heads, t, d}, h.options().dtype(torch::kFloat32));
-  auto k = torch::empty({b, kv_heads, t, d + 1}, h.options().dtype(torch::kFloat64));
-  auto v = torch::empty({b, kv_heads, t, d + 1}, h.options().dtype(torch::kFloat64));
+  auto k = torch::empty({b, kv_heads, t, d + 1}, h.options().dtype(torch::kFloat32));
+  auto v = torch::empty({b, kv_heads, t, d + 1}, h.options().dtype(torch::kFloat32));
   const float* src = qkv.data_ptr<float>();
   const float* cs = c.data_ptr<float>();
   const float* ss = sn.data_ptr<float>();
   float* qs = q.data_ptr<float>();
-  double* ks = k.data_ptr<double>();
-  double* vs = v.data_ptr<double>();
+  float* ks = k.data_ptr<float>();
+  float* vs = v.data_ptr<float>();
   const int64_t half_d = d / 2;
   std::vector<float> turned(static_cast<size_t>(d));
   for (int64_t bb = 0; bb < b; ++bb) {
