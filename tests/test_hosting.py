@@ -300,3 +300,26 @@ def test_a_loopback_server_reached_through_a_proxy_is_public(tmp_path):
         assert "Loaded target" in proxied.predict(*custom[:3], "", api_name="/load_pair"), "presets still load"
     log = (tmp_path / "server.log").read_text()
     assert "through a proxy or tunnel" in log and "Traceback" not in log
+
+
+def test_loading_never_asks_the_hub_for_kernels(monkeypatch):
+    """With the `kernels` package installed, transformers kernelizes every load, and on CUDA that fetches
+    kernels-community's rotary from the Hub: offline, the load failed. The app's loads ask for none."""
+    import torch
+    import transformers.modeling_utils
+    from huggingface_hub import constants
+    from transformers.utils import is_kernels_available
+
+    from app.models import loading
+
+    if not is_kernels_available():
+        pytest.skip("the `kernels` package is not installed here")
+
+    def hub(*args, **kwargs):
+        raise RuntimeError("Version 2 of 'kernels-community/rotary' is not available in the local cache")
+
+    monkeypatch.setattr(transformers.modeling_utils, "kernelize", hub)
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    path = loading.resolve(models.TINY_TARGET)
+    model, _ = loading._load_uncached(path, models.TINY_TARGET, None, torch.device("cpu"), torch.float32, False)
+    assert not model.use_kernels

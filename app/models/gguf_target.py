@@ -164,7 +164,12 @@ def _convert(path: Path, out: Path) -> None:
     tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
     bar, gguf_loader.tqdm = gguf_loader.tqdm, _Counted  # conversions run one at a time (_lock)
     try:
-        model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32)
+        model = AutoModelForCausalLM.from_pretrained(
+            str(path.parent),
+            gguf_file=path.name,
+            dtype=torch.float32,
+            use_kernels=False,  # no Hub kernels: loading.py
+        )
     finally:
         gguf_loader.tqdm = bar
     # Dequantized weights are plain tensors; the GGUF marker would only stop save_pretrained.

@@ -226,6 +226,9 @@ def _load_uncached(name: str, shown: str, token, dev: torch.device, torch_dtype:
             device_map="auto" if multi else {"": str(dev)},
             local_files_only=offline,
             token=token,
+            # transformers would fetch Hub kernels (kernels-community's rotary on CUDA) whenever the
+            # `kernels` package is installed, and offline the load fails: the passes here need none
+            use_kernels=False,
         )
     except (OSError, ValueError, KeyError) as e:
         if offline:
