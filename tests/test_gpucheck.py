@@ -82,8 +82,8 @@ def test_gpucheck_gives_a_planted_bug_the_mismatch_verdict(monkeypatch):
     example = {"prompt": "def parse(line):\n", "settings": {"repetition_penalty": 1.0, "no_repeat_ngram_size": 0}}
     real = verify.greedy
 
-    def off_by_one(drafts, logits, teach=True, parents=None):
-        return real(drafts, logits.roll(-1, 0), teach, parents)
+    def off_by_one(drafts, parents, logits, teach=True):
+        return real(drafts, parents, logits.roll(-1, 0), teach)
 
     monkeypatch.setattr(verify, "greedy", off_by_one)
     monkeypatch.setattr(gpucheck, "EQUALITY_SPECS", gpucheck.EQUALITY_SPECS[1::2])  # k = 4 and adaptive

@@ -106,8 +106,8 @@ def test_a_broken_rule_fails_the_same_bound(small, monkeypatch):
     prompt = tok("abba")["input_ids"]
     honest = verify.speculative_sampling
 
-    def broken(drafts, p, q, gen, parents=None):
-        v = honest(drafts, p, q, gen, parents)
+    def broken(drafts, parents, p, q, gen):
+        v = honest(drafts, parents, p, q, gen)
         if v.accepted < len(drafts):
             v.token = int(torch.multinomial(p[v.accepted], 1, generator=gen))
         return v
@@ -126,7 +126,7 @@ def test_one_round_rule_is_exact_for_fixed_p_and_q():
     counts = torch.zeros(4)
     for _ in range(20000):
         x = int(torch.multinomial(q[0], 1, generator=gen))
-        v = verify.speculative_sampling([x], p, q, gen)
+        v = verify.speculative_sampling([x], [-1], p, q, gen)
         counts[x if v.accepted else v.token] += 1
     assert (counts / counts.sum() - p[0]).abs().max() < 0.015
 

@@ -61,7 +61,7 @@ def two_tokens(rule, widths, trials: int, conditional: bool = True) -> dict[tupl
         tokens, parents, q = draft_tree(widths, draft_gen, conditional)
         ctx = contexts(tokens, parents)
         p = torch.stack([p_of(())] + [p_of(c) for c in ctx])
-        v = rule(tokens, p, q, gen, parents=parents)
+        v = rule(tokens, parents, p, q, gen)
         out = [tokens[i] for i in v.path] + [v.token]
         if len(out) < 2:
             out.append(sampling.sample(p_of((out[0],)), gen))
@@ -72,10 +72,6 @@ def two_tokens(rule, widths, trials: int, conditional: bool = True) -> dict[tupl
 
 def exact_two() -> dict[tuple[int, int], float]:
     return {(a, b): float(p_of(())[a] * p_of((a,))[b]) for a, b in itertools.product(range(V), repeat=2)}
-
-
-def chain_of(n: int) -> list[int]:
-    return list(range(-1, n - 1))
 
 
 def tv(a: dict, b: dict) -> float:
@@ -98,36 +94,13 @@ def test_the_distribution_check_bites():
     assert tv(two_tokens(verify.speculative_sampling, (4, 2), TRIALS, conditional=False), exact_two()) > BOUND
 
 
-@pytest.mark.parametrize("n", [0, 1, 3, 6])
-def test_a_chain_through_the_tree_rule_is_the_chain_rule_draw_for_draw(n):
-    """A chain is the tree with one child per node: the same verdict, the same draws, the same state."""
-    p, q = dist(3, n + 1), dist(4, n) if n else torch.zeros(0, V)
-    for seed in range(40):
-        drafts = [int(x) for x in torch.randint(0, V, (n,), generator=torch.Generator().manual_seed(seed))]
-        g1, g2 = torch.Generator().manual_seed(seed), torch.Generator().manual_seed(seed)
-        chain = verify.speculative_sampling(drafts, p, q, g1)
-        tree = verify._tree_sampling(drafts, chain_of(n), p, q, g2)  # the general walk
-        assert (tree.accepted, tree.token, tree.u, tree.accept_prob) == (
-            chain.accepted,
-            chain.token,
-            chain.u,
-            chain.accept_prob,
-        )
-        assert torch.equal(g1.get_state(), g2.get_state())
-        greedy_chain, greedy_tree = (
-            verify.greedy(drafts, p.log()),
-            verify._tree_greedy(drafts, list(range(-1, n - 1)), p.log(), True),
-        )
-        assert (greedy_tree.accepted, greedy_tree.token) == (greedy_chain.accepted, greedy_chain.token)
-
-
 def test_greedy_follows_the_argmax_down_any_branch():
     # Root children 0, 1, 2; below node 1 (token 3) children 3 (token 4) and 4 (token 0).
     tokens, parents = [0, 3, 2, 4, 0], [-1, -1, -1, 1, 1]
     p = torch.full((6, V), -5.0)
     for row, best in enumerate([3, 1, 0, 2, 0, 2]):  # argmax after the root, then after each node
         p[row, best] = 5.0
-    v = verify.greedy(tokens, p, parents=parents)
+    v = verify.greedy(tokens, parents, p)
     assert v.path == [1, 4] and v.token == 2  # 3, then 0 (node 4), then the target's own 2 at a leaf
     assert v.judged == [0, 1, 3, 4]
 
@@ -139,7 +112,7 @@ def test_shared_noise_keeps_the_race_winner_at_every_depth():
         tokens, parents, q = draft_tree((3, 2), gen)
         ctx = contexts(tokens, parents)
         p = torch.stack([p_of(())] + [p_of(c) for c in ctx])
-        v = verify.shared_noise(tokens, p, q, seed, position=10, parents=parents)
+        v = verify.shared_noise(tokens, parents, p, q, seed, position=10)
         out, context = [tokens[i] for i in v.path] + [v.token], ()
         for depth, token in enumerate(out):
             assert token == int(sampling.race(p_of(context), sampling.race_noise(seed, 10 + depth, V)))

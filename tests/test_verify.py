@@ -1,9 +1,9 @@
-"""The vectorised verification rules give exactly the one-draft-at-a-time results and draws."""
+"""The verification rules give exactly the one-draft-at-a-time results and draws."""
 
 import pytest
 import torch
 
-from app.core import sampling, verify
+from app.core import sampling, tree_shape, verify
 
 
 def reference_sampling(drafts, p, q, gen):
@@ -44,7 +44,7 @@ def test_vectorised_sampling_equals_one_by_one(n):
         drafts, p, q = random_case(seed, n, q_width=10 if seed % 4 == 1 else None)
         g1, g2 = torch.Generator().manual_seed(seed), torch.Generator().manual_seed(seed)
         ref = reference_sampling(drafts, p, q, g1)
-        v = verify.speculative_sampling(drafts, p, q, g2)
+        v = verify.speculative_sampling(drafts, tree_shape.chain(n), p, q, g2)
         assert (v.accepted, v.token, v.p_x, v.q_x, v.accept_prob, v.u) == ref[:6]
         assert torch.equal(v.residual, ref[6])
         # The generator is left where the one-by-one loop leaves it: later rounds draw the same.
@@ -61,7 +61,7 @@ def test_vectorised_greedy_keeps_the_argmax_prefix(n):
         best = logits.argmax(-1).tolist()
         cut = seed % (n + 1)  # agree on `cut` drafts, then (if any are left) differ
         drafts = best[:cut] + [(b + 1) % 20 for b in best[cut:n]]
-        v = verify.greedy(drafts, logits)
+        v = verify.greedy(drafts, tree_shape.chain(n), logits)
         assert (v.accepted, v.token) == (cut, best[cut])
         judged = min(cut + 1, n)
         soft = logits.softmax(-1)

@@ -11,7 +11,7 @@ from typing import Any, Protocol
 
 import torch
 
-from app.core import verify
+from app.core import tree_shape
 from app.core.config import SamplingConfig
 
 
@@ -27,14 +27,14 @@ class Proposal:
 
     def __post_init__(self) -> None:
         if not self.parents and self.tokens:
-            self.parents = verify.chain(len(self.tokens))
+            self.parents = tree_shape.chain(len(self.tokens))
         if len(self.parents) != len(self.tokens):
             raise ValueError(f"{len(self.tokens)} drafts need as many parents, got {len(self.parents)}")
 
     @property
     def is_tree(self) -> bool:
         """True when some node has more than one child: a chain's parents are [-1, 0, 1, ..]."""
-        return not verify.is_chain(self.parents)
+        return tree_shape.is_tree(self.parents)
 
 
 class Proposer(Protocol):

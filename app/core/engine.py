@@ -150,7 +150,7 @@ class _Loop:
         tree: the round asked for a tree, so the proposer learns its kept path. Returns (verdict,
         p_logits, p, base)."""
         tokens, lm, base = proposal.tokens, self.lm, len(self.ids)
-        # Told once: a chain's parents go as None, to the plain pass and the vectorised rules.
+        # A chain's parents go as None to the plain pass; the rules take every proposal's parents.
         parents = proposal.parents if proposal.is_tree else None
         assert lm is not None, "generate() sets the target's cache before the first round"
         fed = self.ids[lm.length :]
@@ -161,14 +161,14 @@ class _Loop:
         p_logits = self._penalise(p_logits, tokens, parents)
         p = None
         if self.cfg.greedy:
-            v = verify.greedy(tokens, p_logits, self.greedy_p, parents)
+            v = verify.greedy(tokens, proposal.parents, p_logits, self.greedy_p)
         elif self.cfg.shared_noise:  # the race at absolute positions base.., read by the drafts too
             p = sampling.probs(p_logits, self.cfg)
-            v = verify.shared_noise(tokens, p, proposal.q, self.cfg.seed, base, parents)
+            v = verify.shared_noise(tokens, proposal.parents, p, proposal.q, self.cfg.seed, base)
         else:
             p = sampling.probs(p_logits, self.cfg)
             q = proposal.q if proposal.q is not None else verify.one_hot_q(tokens, p.shape[-1], p.device)
-            v = verify.speculative_sampling(tokens, p, q, self.gen, parents)
+            v = verify.speculative_sampling(tokens, proposal.parents, p, q, self.gen)
         lm.rollback(base, v.path)
         if self.proposer is not None:
             # The target's features of the positions it kept: the fed committed ones, then the kept path.

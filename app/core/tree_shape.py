@@ -1,10 +1,42 @@
-"""The shape of a draft tree: how a node budget spreads over a k-deep chain, and what it is expected to keep."""
+"""The shape of a draft tree: its parents, how a node budget spreads over a k-deep chain, and what it is
+expected to keep."""
 
 from __future__ import annotations
 
 import functools
 import itertools
 from collections.abc import Sequence
+
+
+# A draft is a tree: node i hangs below node parents[i] (-1: below the last committed token), parents
+# before their children. A chain is the tree [-1, 0, 1, ..]: every rule, pass and record takes it as one.
+def chain(n: int) -> list[int]:
+    """The parents of n drafts in a chain: [-1, 0, 1, .., n - 2]."""
+    return list(range(-1, n - 1))
+
+
+def is_tree(parents: Sequence[int]) -> bool:
+    """True when some node (or the committed text) has more than one child: any parents but a chain's."""
+    return any(parent != i - 1 for i, parent in enumerate(parents))
+
+
+def children(parents: Sequence[int]) -> dict[int, list[int]]:
+    """Each node's children (and -1's: the first level), in drafting order."""
+    out: dict[int, list[int]] = {-1: []}
+    for i, parent in enumerate(parents):
+        if not -1 <= parent < i:
+            raise ValueError(f"node {i} hangs below {parent}: a parent must come before its children")
+        out.setdefault(parent, []).append(i)
+        out.setdefault(i, [])
+    return out
+
+
+def depths(parents: Sequence[int]) -> list[int]:
+    """Depth of each node: 1 for the first level."""
+    d: list[int] = []
+    for parent in parents:
+        d.append(1 if parent < 0 else d[parent] + 1)
+    return d
 
 
 @functools.lru_cache(maxsize=4096)  # the cost model weighs the same shapes every round

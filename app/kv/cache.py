@@ -11,7 +11,7 @@ from packaging.version import Version
 from transformers import DynamicCache, PreTrainedModel
 from transformers.cache_utils import DummyLayer, DynamicLayer
 
-from app.core import decoder_layers, verify
+from app.core import decoder_layers, tree_shape
 from app.core.config import UserError
 from app.kv import direct_pass, growing_cache
 
@@ -72,7 +72,7 @@ class RollbackCache(abc.ABC):
             prefix.append(base)
         sees += [[base + n + j] for j in range(pad)]
         prefix += [base] * pad
-        depth = verify.depths(parents)
+        depth = tree_shape.depths(parents)
         ahead = [base - 1 + d for d in depth] + [base] * pad
         position = torch.tensor([list(range(cached, base)) + ahead], device=self.device)
         return position, decoder_layers.tree_pass(sees, prefix, kv, self.model.config, self.device)
@@ -111,7 +111,7 @@ class RollbackCache(abc.ABC):
         return logits, hidden
 
     def _pass(self, ids: list[int], keep: int, parents: list[int] | None, features: bool):
-        if verify.is_chain(parents):
+        if parents is None or not tree_shape.is_tree(parents):
             return self._forward(ids, keep, features)
         assert parents is not None
         m = len(ids) - len(parents)
