@@ -82,7 +82,7 @@ def test_the_contract_check_bites():
         def commit(self, accepted, token, features=None): ...
         def end(self): ...
 
-    assert gaps(Partial(), Proposer) == {"cache_factory", "commit('accepted', 'token', 'features', 'path')"}
+    assert gaps(Partial(), Proposer) == {"cache_factory", "commit('path', 'token', 'features')"}
 
 
 class RepeatLast:
@@ -98,8 +98,8 @@ class RepeatLast:
         self.drafted = [self.ids[-1]] * k
         return Proposal(list(self.drafted), None)
 
-    def commit(self, accepted, token, features=None):
-        self.ids += self.drafted[:accepted] + [token]
+    def commit(self, path, token, features=None):
+        self.ids += [self.drafted[i] for i in path] + [token]
 
     def end(self):
         pass

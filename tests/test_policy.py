@@ -299,7 +299,7 @@ def test_each_round_records_the_context_its_passes_read(target, near_draft, toke
     assert st["predicted_speedup"] != pytest.approx(metrics.summarize(steps, STEEP)["predicted_speedup"])
 
     class Recording(AdaptiveK):
-        def update(self, drafted, accepted, context=None, parents=None, path=None):
+        def update(self, drafted, accepted, context=None, parents=(), path=()):
             seen.append(context)
             super().update(drafted, accepted, context)
 

@@ -279,14 +279,14 @@ def test_token_text_is_readable_everywhere_and_a_tree_table_indents_by_depth():
     assert "the target's token: ```` ``` ```` (**" in note
     plain = _round_note(_step(drafted=[], draft_text=[], decisions=[], accepted=0, token_kind=TARGET))
     assert "no drafts this round" in plain and "target token" not in plain, "the kind is not named twice"
-    # A chain of three drafts as a tree: each depth sits further in than the one above it.
+    # A tree three deep (a sibling below the first node): each depth sits further in than the one above it.
     tree = _step(
-        drafted=[5, 6, 8],
-        draft_text=["a", "b", "c"],
+        drafted=[5, 6, 8, 9],
+        draft_text=["a", "b", "c", "d"],
         decisions=[Decision(t, x, 0.5, 1.0, 1.0, None, True, node=i) for i, (t, x) in enumerate([(5, "a"), (6, "b")])],
         accepted=2,
     )
-    tree.parents = [-1, 0, 1]
+    tree.parents = [-1, 0, 1, 0]
     labels = [row[0] for row in render.decision_rows(tree, render.GREEDY)[:3]]
     assert labels[0] == "a" and labels[1].endswith("└\u2009b") and labels[2].endswith("└\u2009c")
     assert len(labels[2]) > len(labels[1]) > len(labels[0]) and labels[2].startswith("\u2003")

@@ -75,7 +75,7 @@ def feed(policy: TreeShape, rounds: int, sibling_kept: bool) -> list[tuple[int, 
             policy.update(0, 0)
             continue
         if not nodes:  # a chain: the first draft kept, the second missed
-            policy.update(k, min(1, k))
+            policy.update(k, 1, parents=tree_shape.chain(k), path=[0])
             continue
         parents, chain = [], -1  # the chain with sibling leaves, as draw.Branches lists it
         for extra in tree_shape.siblings_per_depth(k, nodes):
@@ -116,8 +116,8 @@ def test_greedy_auto_trees_give_the_targets_own_output(target, near_draft, token
         target, tokenizer, prompt, ModelProposer(near_draft, "near"), tree=16, tree_auto=True, max_new_tokens=40
     )
     assert got == want
-    widths = {len(s.drafted) for s in steps if s.parents is not None}
-    assert widths and any(s.parents is None and s.drafted for s in steps) or len(widths) > 1, widths
+    widths = {len(s.drafted) for s in steps if s.is_tree}
+    assert widths and any(not s.is_tree and s.drafted for s in steps) or len(widths) > 1, widths
 
 
 def test_calibration_with_trees_prices_a_node_and_times_the_wide_passes(target, near_draft, tokenizer, monkeypatch):

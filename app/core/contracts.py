@@ -5,7 +5,7 @@ The engine is written against these Protocols only; `drafts/` and `kv/` implemen
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -26,15 +26,10 @@ class Proposal:
     parents: list[int] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        if not self.parents and self.tokens:
+        if not self.parents:
             self.parents = tree_shape.chain(len(self.tokens))
         if len(self.parents) != len(self.tokens):
             raise ValueError(f"{len(self.tokens)} drafts need as many parents, got {len(self.parents)}")
-
-    @property
-    def is_tree(self) -> bool:
-        """True when some node has more than one child: a chain's parents are [-1, 0, 1, ..]."""
-        return tree_shape.is_tree(self.parents)
 
 
 class Proposer(Protocol):
@@ -56,15 +51,13 @@ class Proposer(Protocol):
         """Draft up to k tokens after the committed ones: a chain, or with a node budget (nodes > 0,
         given only to a source that branches) a tree of at most that many nodes, k deep."""
 
-    def commit(
-        self, accepted: int, token: int, features: torch.Tensor | None = None, path: list[int] | None = None
-    ) -> None:
-        """The target kept the first `accepted` drafts, then chose `token`.
+    def commit(self, path: list[int], token: int, features: torch.Tensor | None = None) -> None:
+        """The target kept the drafted nodes `path` (their tokens, in order, are the accepted drafts; a
+        chain's are its first len(path)), then chose `token`.
 
         features (only when wants_features): (m, H) the target's last-layer hidden states, or (m, 3H)
         the states entering its feature_layers, of the positions it processed this round and kept;
         the last one is where `token` was chosen.
-        path: after a tree, the kept nodes (their tokens, in order, are the accepted drafts).
         """
 
     def end(self) -> None:
@@ -79,20 +72,20 @@ class KVCache(Protocol):
     device: torch.device
     feature_layers: tuple[int, ...]  # the features a pass returns: () the last layer's, else these layers' inputs
 
-    def extend(self, ids: list[int], keep: int = 0, parents: list[int] | None = None) -> torch.Tensor:
-        """Feed ids after the cached ones; (keep, V) logits of the last `keep` (0: all). With parents,
-        the last len(parents) ids are a tree of drafts (node i below parents[i], -1: below the last
-        committed id), and the logits are the (1 + n, V) after the last committed id and each node."""
+    def extend(self, ids: list[int], keep: int = 0, parents: Sequence[int] = ()) -> torch.Tensor:
+        """Feed ids after the cached ones; (keep, V) logits of the last `keep` (0: all). The last
+        len(parents) ids are drafts (node i below parents[i], -1: below the last committed id); a tree of
+        them gives the (1 + n, V) logits after the last committed id and each node."""
 
     def extend_with_features(
-        self, ids: list[int], keep: int = 0, parents: list[int] | None = None
+        self, ids: list[int], keep: int = 0, parents: Sequence[int] = ()
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """As extend, plus the (len(ids), H) features of every fed position."""
 
     def step(self, token: int) -> torch.Tensor:
         """(V,) logits of one more token."""
 
-    def rollback(self, length: int, path: list[int] | None = None) -> None:
+    def rollback(self, length: int, path: Sequence[int] = ()) -> None:
         """Forget every cached position at or after `length`; with path, the drafts fed from slot
         `length` on that the target kept (node indices, in order) move into place and stay."""
 

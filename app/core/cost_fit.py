@@ -9,6 +9,7 @@ import statistics
 
 import numpy
 
+from app.core import tree_shape
 from app.core.costs import Costs, by_width
 
 MIN_SEEN = 3  # rounds of one draft length or pass width before its time is used on its own
@@ -22,20 +23,12 @@ def tree_seconds(trees: list[tuple], costs: Costs, at: AtReference) -> tuple[flo
     for s, _ in trees:
         if s.round <= 2:  # a run's first round after its prefill re-reads the prompt (split_rounds)
             continue
-        depth = tree_depth(s.parents) if s.parents else len(s.drafted)
+        depth = max(tree_shape.depths(s.parents), default=0)
         width = len(s.drafted) + 1
         spent = s.draft_time + at(width, s.verify_time, s.context)
         extra.setdefault(len(s.drafted) - depth, []).append(spent - costs.draft_time(depth) - costs.verify_time(width))
     points = {n: statistics.median(t) for n, t in extra.items()}
     return fit_line(points) if points else (0.0, 0.0)
-
-
-def tree_depth(parents: list[int]) -> int:
-    """How deep a tree with these parents goes."""
-    depths: list[int] = []
-    for parent in parents:
-        depths.append(1 + (depths[parent] if parent >= 0 else 0))
-    return max(depths, default=0)
 
 
 class AtReference:

@@ -143,15 +143,11 @@ class _Loop:
         room = self.draft_limit - len(self.ids) - 1
         return max(0, min(self.policy.next_k(), self.run.max_new_tokens - len(self.out.ids) - 1, room))
 
-    def _verify(self, proposal: Proposal, tree: bool):
+    def _verify(self, proposal: Proposal):
         """One target pass over the uncached ids and every draft (a tree's nodes each seeing their
-        ancestors only); the kept path then moves into place and the rest is rolled back.
-
-        tree: the round asked for a tree, so the proposer learns its kept path. Returns (verdict,
-        p_logits, p, base)."""
-        tokens, lm, base = proposal.tokens, self.lm, len(self.ids)
-        # A chain's parents go as None to the plain pass; the rules take every proposal's parents.
-        parents = proposal.parents if proposal.is_tree else None
+        ancestors only; a chain is the tree [-1, 0, 1, ..]); the kept path then moves into place and the
+        rest is rolled back. Returns (verdict, p_logits, p, base)."""
+        tokens, parents, lm, base = proposal.tokens, proposal.parents, self.lm, len(self.ids)
         assert lm is not None, "generate() sets the target's cache before the first round"
         fed = self.ids[lm.length :]
         if self.proposer is not None and self.proposer.wants_features:
@@ -161,28 +157,22 @@ class _Loop:
         p_logits = self._penalise(p_logits, tokens, parents)
         p = None
         if self.cfg.greedy:
-            v = verify.greedy(tokens, proposal.parents, p_logits, self.greedy_p)
+            v = verify.greedy(tokens, parents, p_logits, self.greedy_p)
         elif self.cfg.shared_noise:  # the race at absolute positions base.., read by the drafts too
             p = sampling.probs(p_logits, self.cfg)
-            v = verify.shared_noise(tokens, proposal.parents, p, proposal.q, self.cfg.seed, base)
+            v = verify.shared_noise(tokens, parents, p, proposal.q, self.cfg.seed, base)
         else:
             p = sampling.probs(p_logits, self.cfg)
             q = proposal.q if proposal.q is not None else verify.one_hot_q(tokens, p.shape[-1], p.device)
-            v = verify.speculative_sampling(tokens, proposal.parents, p, q, self.gen)
+            v = verify.speculative_sampling(tokens, parents, p, q, self.gen)
         lm.rollback(base, v.path)
         if self.proposer is not None:
             # The target's features of the positions it kept: the fed committed ones, then the kept path.
-            kept = None if features is None else _kept(features, len(fed), v.path)
-            if tree:
-                self.proposer.commit(v.accepted, v.token, kept, path=v.path)
-            else:  # a chain's path is its first `accepted` drafts
-                self.proposer.commit(v.accepted, v.token, kept)
+            self.proposer.commit(v.path, v.token, None if features is None else _kept(features, len(fed), v.path))
         return v, p_logits, p, base
 
-    def _penalise(self, p_logits: torch.Tensor, tokens: list[int], parents: list[int] | None) -> torch.Tensor:
-        """The repetition rules on each row of p, after its own branch's history (parents None: a chain)."""
-        if parents is None:
-            return sampling.penalise(p_logits, self.ids, tokens, self.cfg)
+    def _penalise(self, p_logits: torch.Tensor, tokens: list[int], parents: list[int]) -> torch.Tensor:
+        """The repetition rules on each row of p, after its own branch's history."""
         if not self.cfg.penalised:
             return p_logits
         branch: list[list[int]] = []
@@ -205,8 +195,7 @@ class _Loop:
         assert self.lm is not None, "generate() sets the target's cache before the first round"
         sync(self.lm.device)
         t1 = time.perf_counter()
-        tree = nodes > 0 and bool(proposal.tokens)  # asked for a tree: one, whatever shape it took
-        v, p_logits, p, base = self._verify(proposal, tree)
+        v, p_logits, p, base = self._verify(proposal)
         sync(self.lm.device)
         t2 = time.perf_counter()
         n, parents = v.accepted, proposal.parents
@@ -218,7 +207,7 @@ class _Loop:
         if not self.out.stop_reason and len(self.ids) >= self.limit:
             self.out.stop_reason = "context_full"
         stop, plain, times = self.out.stop_reason, self.proposer is None, (t1 - t0, t2 - t1)
-        return Round(number, k, nodes, tree, proposal, v, base, emitted, text, stop, *times, p_logits, p, plain, window)
+        return Round(number, k, nodes, proposal, v, base, emitted, text, stop, *times, p_logits, p, plain, window)
 
 
 def _check_prompt(target: PreTrainedModel, prompt_ids: list[int]) -> None:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
+from app.core.tree_shape import chain, is_tree
+
 ACCEPTED, CORRECTED, BONUS, REJECTED, TARGET = "accepted", "corrected", "bonus", "rejected", "target"
 # TARGET marks a token the target chose with no drafts before it: every token of plain
 # autoregressive decoding, and a speculative round that drafted nothing (prompt lookup
@@ -58,35 +60,23 @@ class Step:
     context: int | None = None  # len(prompt + output) when the round began, which its cost grows with
     # Shared noise, when teaching: [(token_id, text, p, q, p/E, q/E)] of both races where the target chose.
     race: list[tuple[int, str, float, float, float, float]] = field(default_factory=list)
-    # A tree round: each listed draft's parent (an index into drafted; -1: below the committed text).
-    # The kept path is listed first, so drafted[:accepted] are the accepted drafts as for a chain.
-    parents: list[int] | None = None
+    # Each listed draft's parent (an index into drafted; -1: below the committed text); left out, a
+    # chain's [-1, 0, 1, ..]. The kept path is listed first, so drafted[:accepted] are the accepted drafts.
+    parents: list[int] = field(default_factory=list)
     nodes: int = 0  # the node budget the round's draft was given (0: a chain of k)
 
+    def __post_init__(self) -> None:
+        if not self.parents:
+            self.parents = chain(len(self.drafted))
+
+    @property
+    def is_tree(self) -> bool:
+        """True when some node (or the committed text) has more than one child (tree_shape.is_tree)."""
+        return is_tree(self.parents)
+
     def thrown_away(self) -> list[list[int]]:
-        """The drafts thrown away (indices into drafted), branch by branch: a chain's rejected drafts are
-        one branch; a tree's discarded nodes come depth first, a new branch wherever a node does not hang
-        under the one listed before it. The branches off the end of the kept path come first (where a
-        chain's rejected drafts would be), then those forking nearer the committed text."""
-        n, kept = len(self.drafted), self.accepted
-        if self.parents is None:
-            return [list(range(kept, n))] if n > kept else []
-        parents = self.parents
-        children: dict[int, list[int]] = {}
-        for i in range(kept, n):
-            if parents[i] >= kept:
-                children.setdefault(parents[i], []).append(i)
-        roots = sorted((i for i in range(kept, n) if parents[i] < kept), key=lambda i: (-parents[i], i))
-        branches: list[list[int]] = []
-        stack = list(reversed(roots))
-        while stack:
-            i = stack.pop()
-            if branches and parents[i] == branches[-1][-1]:
-                branches[-1].append(i)
-            else:
-                branches.append([i])
-            stack += reversed(children.get(i, []))
-        return branches
+        """The drafts thrown away (indices into drafted), branch by branch (see thrown_away)."""
+        return thrown_away(self.parents, self.accepted)
 
     def spans(self) -> list[tuple[str, str]]:
         """(text, kind) pieces in display order, rejected drafts where they were proposed (a tree's
@@ -103,3 +93,26 @@ class Step:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+def thrown_away(parents: list[int], kept: int) -> list[list[int]]:
+    """The nodes after the kept path (listed first: nodes 0..kept - 1), branch by branch: depth first, a
+    new branch wherever a node does not hang under the one listed before it. The branches off the end of
+    the kept path come first (a chain's rejected drafts are that one branch), then those forking nearer
+    the committed text."""
+    n = len(parents)
+    children: dict[int, list[int]] = {}
+    for i in range(kept, n):
+        if parents[i] >= kept:
+            children.setdefault(parents[i], []).append(i)
+    roots = sorted((i for i in range(kept, n) if parents[i] < kept), key=lambda i: (-parents[i], i))
+    branches: list[list[int]] = []
+    stack = list(reversed(roots))
+    while stack:
+        i = stack.pop()
+        if branches and parents[i] == branches[-1][-1]:
+            branches[-1].append(i)
+        else:
+            branches.append([i])
+        stack += reversed(children.get(i, []))
+    return branches

@@ -70,14 +70,14 @@ def summarize(steps: Sequence[Step], costs: Costs | None = None) -> dict:
         cost_ratio_c=c,
         # Drafts a round that drafted, verified in its one pass: k for a chain, a tree's node count.
         nodes_per_round=mean_k if drafted else None,
-        tree_rounds=sum(1 for s in steps if s.parents is not None),
+        tree_rounds=sum(1 for s in steps if s.is_tree),
         expected_tokens_per_pass=None,
         theoretical_speedup=None,
         predicted_speedup=None,
         stop_reason=steps[-1].stop_reason if steps else None,
     )
     # The formulas are a chain's: a tree's rounds keep more than they expect at the same alpha.
-    if alpha is not None and drafted and all(s.parents is None for s in steps):
+    if alpha is not None and drafted and not any(s.is_tree for s in steps):
         stats |= _expected(steps, min(alpha, 1.0), c, mean_k, costs)
     return stats
 

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 from typing import Protocol
 
+from app.core import tree_shape
 from app.core.config import SpecConfig
 from app.core.costs import Costs
 
@@ -23,11 +25,11 @@ class KPolicy(Protocol):
         drafted: int,
         accepted: int,
         context: int | None = None,
-        parents: list[int] | None = None,
-        path: list[int] | None = None,
+        parents: Sequence[int] = (),
+        path: Sequence[int] = (),
     ) -> None:
         """Learn from one round: drafts offered and kept, the context length the next round starts
-        from, and for a tree its parents and kept path (node indices as proposed)."""
+        from, the drafts' parents (a chain's: [-1, 0, 1, ..]) and the kept path (node indices as proposed)."""
 
 
 class FixedK:
@@ -43,7 +45,7 @@ class FixedK:
     def next_nodes(self) -> int:
         return self.spec.tree
 
-    def update(self, drafted, accepted, context=None, parents=None, path=None) -> None:
+    def update(self, drafted, accepted, context=None, parents=(), path=()) -> None:
         pass
 
 
@@ -54,7 +56,7 @@ class HeuristicK(FixedK):
         super().__init__(spec)
         self.k = min(spec.k, spec.k_max)
 
-    def update(self, drafted, accepted, context=None, parents=None, path=None):
+    def update(self, drafted, accepted, context=None, parents=(), path=()):
         if drafted:
             self.k = min(self.k + 2, self.spec.k_max) if accepted == drafted else max(self.k - 1, 1)
 
@@ -100,7 +102,7 @@ class AdaptiveK(FixedK):
     def next_nodes(self) -> int:
         return 0
 
-    def update(self, drafted, accepted, context=None, parents=None, path=None):
+    def update(self, drafted, accepted, context=None, parents=(), path=()):
         alpha = min(self.alpha, 0.999)
         if not drafted:
             # Only a chosen plain step counts: a k > 0 round can draft nothing (prompt lookup without
@@ -153,9 +155,9 @@ class TreeShape(FixedK):
     def next_nodes(self) -> int:
         return self.nodes if self.nodes > self.k else 0
 
-    def update(self, drafted, accepted, context=None, parents=None, path=None):
+    def update(self, drafted, accepted, context=None, parents=(), path=()):
         if drafted:
-            self._learn(drafted, accepted, parents, path)
+            self._learn(parents, path)
             self.plain = 0
         elif self.k == 0:
             self.plain += 1
@@ -168,14 +170,10 @@ class TreeShape(FixedK):
             k, nodes = shape(plain=False, trees_only=True)
         self.k, self.nodes = k, nodes
 
-    def _learn(self, drafted: int, accepted: int, parents: list[int] | None, path: list[int] | None) -> None:
+    def _learn(self, parents: Sequence[int], path: Sequence[int]) -> None:
         """Count, per child rank, the children judged and the one kept at each depth the round reached."""
-        if parents is None:  # a chain: one child a depth
-            parents, path = list(range(-1, drafted - 1)), list(range(accepted))
-        path = path or []
-        children: dict[int, list[int]] = {}
-        for node, parent in enumerate(parents):
-            children.setdefault(parent, []).append(node)
+        assert parents, "a round that drafted has its parents (a chain's too)"
+        children = tree_shape.children(parents)
         seen = [0] * self.RANKS
         kept = [0] * self.RANKS
         for depth, at in enumerate([-1, *path]):

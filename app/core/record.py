@@ -10,7 +10,7 @@ import torch
 
 from app.core import teaching_tables, verify
 from app.core.contracts import Proposal
-from app.core.events import BONUS, CORRECTED, TARGET, Decision, Step
+from app.core.events import BONUS, CORRECTED, TARGET, Decision, Step, thrown_away
 from app.core.text import Detokenizer
 
 
@@ -23,7 +23,6 @@ class Round:
     number: int
     k: int  # the draft length asked for (0: plain decoding, or no room left)
     nodes: int  # the node budget the round's draft was given (0: a chain of k)
-    tree: bool  # asked for a tree, and drafted one (whatever its shape: its branches may be empty)
     proposal: Proposal
     verdict: verify.Verdict
     base: int  # committed tokens when the round began
@@ -50,13 +49,8 @@ class Recorder:
 
     def step(self, r: Round) -> Step:
         v, proposal, n = r.verdict, r.proposal, r.verdict.accepted
-        if r.tree:  # listed with its kept path first, so drafts[:n] are the accepted drafts
-            drafts, parents, judged, texts, token_text = self._tree(proposal, v, r.window)
-            bonus = not any(parent == (v.path[-1] if v.path else -1) for parent in proposal.parents)
-        else:
-            drafts, parents, judged = proposal.tokens, None, v.judged
-            texts, token_text = self._peek(drafts, n, v.token, r.window)
-            bonus = n == len(drafts)
+        drafts, parents, judged, texts, token_text = self._listed(proposal, v, r.window)
+        bonus = all(parent != n - 1 for parent in parents[n:])  # nothing was drafted below the kept path's end
         top, race = self._tables(r)
         return Step(
             round=r.number,
@@ -73,7 +67,7 @@ class Recorder:
             draft_time=r.draft_time,
             verify_time=r.verify_time,
             elapsed=0.0,
-            decisions=_decisions(drafts, texts, v, judged, parents is not None),
+            decisions=_decisions(drafts, texts, v, judged),
             top=top,
             stop_reason=r.stop_reason,
             feature_position=proposal.feature_position,
@@ -82,11 +76,6 @@ class Recorder:
             parents=parents,
             nodes=r.nodes,
         )
-
-    def _peek(self, drafts: list[int], accepted: int, token: int, window: list[int]) -> tuple[list[str], str]:
-        if self.detok is None:
-            return [""] * len(drafts), ""
-        return self.detok.peek(drafts, accepted, token, window)
 
     def _tables(self, r: Round) -> tuple[list, list]:
         if not self.teach or r.plain:
@@ -97,32 +86,38 @@ class Recorder:
         assert r.p is not None  # shared noise verifies on the processed p
         return top, teaching_tables.race_table(self.tokenizer, r.proposal, r.p, r.verdict)
 
-    def _tree(self, proposal: Proposal, v: verify.Verdict, window: list[int]):
-        """A tree round as its Step lists it: nodes reordered with the kept path first, their parents
-        in that order, the judged nodes by their new index, and each node's text after its own branch."""
+    def _listed(self, proposal: Proposal, v: verify.Verdict, window: list[int]):
+        """The round's drafts as its Step lists them: the kept path first (a chain keeps its order),
+        their parents in that order, the judged nodes by their new index, and each node's text after
+        its own branch: the path and the branch below its end in one decode, each other branch in one."""
         tokens, parents, path = proposal.tokens, proposal.parents, v.path
         order = path + [i for i in range(len(tokens)) if i not in path]
         where = {node: j for j, node in enumerate(order)}
-        shown_parents = [where[parents[i]] if parents[i] >= 0 else -1 for i in order]
-        judged = [where[i] for i in v.judged]
+        shown = [where[parents[i]] if parents[i] >= 0 else -1 for i in order]
+        drafts, judged, a = [tokens[i] for i in order], [where[i] for i in v.judged], len(path)
         if self.detok is None:
-            return [tokens[i] for i in order], shown_parents, judged, [""] * len(tokens), ""
-        texts_by_node: dict[int, str] = {}
-        path_texts, token_text = self.detok.peek([tokens[i] for i in path], len(path), v.token, window)
-        texts_by_node.update(zip(path, path_texts, strict=True))
-        for i in order[len(path) :]:
-            branch: list[int] = []
-            at = i
+            return drafts, shown, judged, [""] * len(drafts), ""
+        branches = thrown_away(shown, a)
+        first = branches.pop(0) if branches and shown[branches[0][0]] == a - 1 else []
+        texts = [""] * len(drafts)
+        head, token_text = self.detok.peek(drafts[:a] + [drafts[i] for i in first], a, v.token, window)
+        for i, text in zip([*range(a), *first], head, strict=True):
+            texts[i] = text
+        for branch in branches:
+            above: list[int] = []
+            at = shown[branch[0]]
             while at >= 0:
-                branch.insert(0, tokens[at])
-                at = parents[at]
-            texts_by_node[i] = self.detok.peek(branch, 0, branch[0], window)[0][-1]
-        return [tokens[i] for i in order], shown_parents, judged, [texts_by_node[i] for i in order], token_text
+                above.insert(0, at)
+                at = shown[at]
+            ids = [drafts[i] for i in above + branch]
+            for i, text in zip(branch, self.detok.peek(ids, 0, ids[0], window)[0][len(above) :], strict=True):
+                texts[i] = text
+        return drafts, shown, judged, texts, token_text
 
 
-def _decisions(drafts, texts, v: verify.Verdict, judged: list[int], tree: bool) -> list[Decision]:
+def _decisions(drafts, texts, v: verify.Verdict, judged: list[int]) -> list[Decision]:
     """One record per judged draft, in the order judged; judged[j] is its index in drafts."""
     return [
-        Decision(drafts[i], texts[i], v.p_x[j], v.q_x[j], v.accept_prob[j], v.u[j], i < v.accepted, i if tree else None)
+        Decision(drafts[i], texts[i], v.p_x[j], v.q_x[j], v.accept_prob[j], v.u[j], i < v.accepted, i)
         for j, i in enumerate(judged)
     ]

@@ -191,11 +191,9 @@ class CrossTokenizerProposer:
                 self.fed.append(x)
         return tokens, torch.stack(qs) if qs else None
 
-    def commit(
-        self, accepted: int, token: int, features: torch.Tensor | None = None, path: list[int] | None = None
-    ) -> None:
+    def commit(self, path: list[int], token: int, features: torch.Tensor | None = None) -> None:
         # The draft's cache is brought back in line with the committed text at the next propose.
-        self.ids += self._drafts[:accepted] + [token]
+        self.ids += [self._drafts[i] for i in path] + [token]
         self._drafts = []
 
     def end(self) -> None:

@@ -222,7 +222,7 @@ def proposer_seconds_per_token(proposer: Proposer, target, prompt_ids: list[int]
         _, features = DynamicRollbackCache(target, getattr(proposer, "feature_layers", ())).extend_with_features(
             prompt_ids, keep=1
         )
-        proposer.commit(0, int(prompt_ids[-1]), features)
+        proposer.commit([], int(prompt_ids[-1]), features)
     greedy, gen = SamplingConfig(), torch.Generator()
     times = []
     for _ in range(rounds + 2):  # the first two warm up
@@ -231,6 +231,6 @@ def proposer_seconds_per_token(proposer: Proposer, target, prompt_ids: list[int]
         drafted = len(proposer.propose(k, greedy, gen).tokens)
         engine.sync(target.device)
         times.append((time.perf_counter() - start) / max(drafted, 1))
-        proposer.commit(0, int(prompt_ids[-1]), None if features is None else features[-1:])
+        proposer.commit([], int(prompt_ids[-1]), None if features is None else features[-1:])
     proposer.end()
     return statistics.median(times[2:])

@@ -95,11 +95,10 @@ def tree_paths(k: int, nodes: int) -> list[tuple[int, ...]]:
 class Branches:
     """One round's drafts as a chain with sibling leaves: the chain is drafted as ever, and at each
     depth `siblings_per_depth` more children of the same parent are drawn from the same logits. With
-    no budget it is the chain itself (Proposal.parents None)."""
+    no budget it is the chain itself."""
 
     def __init__(self, k: int, budget: int = 0):
-        self.counts = siblings_per_depth(k, budget) if budget else [0] * k
-        self.tree = budget > 0
+        self.counts = siblings_per_depth(k, budget)  # all 0 without a budget past k
         self.tokens: list[int] = []
         self.parents: list[int] = []
         self.qs: list[torch.Tensor | None] = []
@@ -113,7 +112,7 @@ class Branches:
         self.tokens.append(x)
         self.parents.append(parent)
         self.qs.append(q)
-        if self.tree and self.counts[depth]:
+        if self.counts[depth]:
             tokens, rows = draw_siblings(logits, history, cfg, gen, x, self.counts[depth], position)
             self.tokens += tokens
             self.parents += [parent] * len(tokens)
@@ -128,10 +127,8 @@ class Branches:
         q = torch.stack(qs) if qs and len(qs) == len(self.qs) else None
         return Proposal(list(self.tokens), q, feature_position, list(self.parents))
 
-    def kept(self, accepted: int, path: list[int] | None) -> tuple[list[int], int]:
-        """(the accepted drafts, how many of them lead along the chain) after a verdict."""
-        if path is None:
-            return self.chain[:accepted] if self.tree else self.tokens[:accepted], accepted
+    def kept(self, path: list[int]) -> tuple[list[int], int]:
+        """(the accepted drafts, how many of them lead along the chain) after a verdict's kept path."""
         on_chain = 0
         while on_chain < len(path) and on_chain < len(self.main) and path[on_chain] == self.main[on_chain]:
             on_chain += 1

@@ -187,13 +187,8 @@ class FeatureProposer:
             return int(self.vocab[self.head.score(self.head.readout(feature), self.w_sub).argmax()]), None
         return draw(self._logits(feature), history, cfg, gen)
 
-    def commit(
-        self, accepted: int, token: int, features: torch.Tensor | None = None, path: list[int] | None = None
-    ) -> None:
-        if path is not None and self._tree is not None:
-            kept = [self._tree.tokens[i] for i in path]
-        else:
-            kept = self._drafts.kept(accepted, path)[0]
+    def commit(self, path: list[int], token: int, features: torch.Tensor | None = None) -> None:
+        kept = [self._tree.tokens[i] for i in path] if self._tree is not None else self._drafts.kept(path)[0]
         self._tree = None
         if features is None:
             raise ValueError("a feature head needs the target's features at every commit")

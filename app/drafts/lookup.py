@@ -87,10 +87,8 @@ class PromptLookup:
         self._drafts, self._parents = tokens, parents
         return Proposal(list(tokens), None, parents=list(parents))
 
-    def commit(
-        self, accepted: int, token: int, features: torch.Tensor | None = None, path: list[int] | None = None
-    ) -> None:
-        self.ids += (self._drafts[:accepted] if path is None else [self._drafts[i] for i in path]) + [token]
+    def commit(self, path: list[int], token: int, features: torch.Tensor | None = None) -> None:
+        self.ids += [self._drafts[i] for i in path] + [token]
         self._drafts = []
 
     def end(self) -> None:

@@ -65,11 +65,9 @@ class ModelProposer:
                 logits = self.lm.step(x)
         return drafts.proposal()
 
-    def commit(
-        self, accepted: int, token: int, features: torch.Tensor | None = None, path: list[int] | None = None
-    ) -> None:
+    def commit(self, path: list[int], token: int, features: torch.Tensor | None = None) -> None:
         # The cache holds ids + the chain's drafts but its last; keep only the part the target agreed with.
-        kept, on_chain = self._drafts.kept(accepted, path)
+        kept, on_chain = self._drafts.kept(path)
         self.lm.rollback(min(self.lm.length, len(self.ids) + on_chain))
         self.ids += kept + [token]
         self._drafts = Branches(0)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import abc
+from collections.abc import Sequence
 from typing import cast
 
 import torch
@@ -58,7 +59,7 @@ class RollbackCache(abc.ABC):
     def close(self) -> None:  # noqa: B027 (a pooled cache overrides it; nothing to give back here)
         """Nothing is pooled here; a static cache goes back to its pool."""
 
-    def tree_layout(self, m: int, parents: list[int], kv: int, pad: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    def tree_layout(self, m: int, parents: Sequence[int], kv: int, pad: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
         """The (1, m + n + pad) positions and the (1, 1, m + n + pad, kv) mask of a tree pass that feeds
         m committed ids then n nodes after the cached ones: node i sits at the position of its depth
         and sees the committed text and its own ancestors only. `pad` rows after the nodes (a padded
@@ -77,9 +78,9 @@ class RollbackCache(abc.ABC):
         position = torch.tensor([list(range(cached, base)) + ahead], device=self.device)
         return position, decoder_layers.tree_pass(sees, prefix, kv, self.model.config, self.device)
 
-    def move_path(self, layers, base: int, path: list[int]) -> None:
+    def move_path(self, layers, base: int, path: Sequence[int]) -> None:
         """The kept nodes' keys and values, from their slots base + path[j], to slots base + j."""
-        if path == list(range(len(path))):
+        if list(path) == list(range(len(path))):  # a chain's path is in place
             return
         src = torch.tensor([base + i for i in path], device=self.device)
         dst = torch.arange(base, base + len(path), device=self.device)
@@ -90,19 +91,19 @@ class RollbackCache(abc.ABC):
             values[..., dst, :] = values[..., src, :]
 
     @torch.inference_mode()
-    def extend(self, ids: list[int], keep: int = 0, parents: list[int] | None = None) -> torch.Tensor:
+    def extend(self, ids: list[int], keep: int = 0, parents: Sequence[int] = ()) -> torch.Tensor:
         """Feed ids after the cached ones; return the (keep, V) logits of the last `keep` (0: all).
 
-        With parents, the last len(parents) ids are a tree of drafts (node i below node parents[i], -1:
-        below the last committed id) fed in the same pass, each node at the position of its depth and
-        seeing the committed text and its own ancestors only; the logits are then the (1 + n, V) after
-        the last committed id and after each node. A chain's parents take the plain pass.
+        The last len(parents) ids are drafts (node i below node parents[i], -1: below the last committed
+        id). A tree of them is fed in the same pass, each node at the position of its depth and seeing
+        the committed text and its own ancestors only; the logits are then the (1 + n, V) after the last
+        committed id and after each node. A chain takes the plain pass.
         """
         return self._pass(ids, keep, parents, features=False)[0]
 
     @torch.inference_mode()
     def extend_with_features(
-        self, ids: list[int], keep: int = 0, parents: list[int] | None = None
+        self, ids: list[int], keep: int = 0, parents: Sequence[int] = ()
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """As extend, plus the features of every fed position: (len(ids), H) last-layer states, or the
         fused states entering feature_layers."""
@@ -110,10 +111,9 @@ class RollbackCache(abc.ABC):
         assert hidden is not None  # asked for with features=True
         return logits, hidden
 
-    def _pass(self, ids: list[int], keep: int, parents: list[int] | None, features: bool):
-        if parents is None or not tree_shape.is_tree(parents):
+    def _pass(self, ids: list[int], keep: int, parents: Sequence[int], features: bool):
+        if not tree_shape.is_tree(parents):
             return self._forward(ids, keep, features)
-        assert parents is not None
         m = len(ids) - len(parents)
         if m < 1:
             raise ValueError("a tree pass feeds at least the newest committed token, whose logits choose the root")
@@ -124,13 +124,13 @@ class RollbackCache(abc.ABC):
         """A causal pass over ids after the cached ones: (keep, V) logits, and the features if asked."""
 
     def _tree_forward(
-        self, ids: list[int], tokens: list[int], parents: list[int], features: bool
+        self, ids: list[int], tokens: list[int], parents: Sequence[int], features: bool
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Committed ids, then a tree of drafts, in one pass (DynamicRollbackCache, StaticRollbackCache)."""
         raise UserError("this KV cache cannot verify a draft tree: run it as a chain")
 
     @torch.inference_mode()
-    def rollback(self, length: int, path: list[int] | None = None) -> None:
+    def rollback(self, length: int, path: Sequence[int] = ()) -> None:
         """Forget every cached position at or after `length`: a crop, never a recompute.
 
         With path, after a pass whose drafts sit from slot `length`: the kept nodes' keys and values
@@ -194,7 +194,7 @@ class DynamicRollbackCache(RollbackCache):
         return logits, hidden
 
     def _tree_forward(
-        self, ids: list[int], tokens: list[int], parents: list[int], features: bool
+        self, ids: list[int], tokens: list[int], parents: Sequence[int], features: bool
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         if self.windowed:
             raise UserError("draft trees need full-attention layers: this model has sliding windows")

@@ -17,6 +17,7 @@ from __future__ import annotations
 import functools
 import os
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -129,7 +130,7 @@ class StaticRollbackCache(RollbackCache):
         return (logits[-keep:] if keep else logits), hidden
 
     def _tree_forward(
-        self, ids: list[int], tokens: list[int], parents: list[int], features: bool
+        self, ids: list[int], tokens: list[int], parents: Sequence[int], features: bool
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         # One pass over the static cache's every slot: the mask hides the slots past the pass, as the
         # causal mask does. A compiled pass is padded to its bucket like any other.

@@ -103,7 +103,7 @@ def k_per_round(steps: Sequence[Step]) -> go.Figure:
                 marker=dict(color=COLOURS["corrected"], symbol="diamond-open", size=11),
             )
         )
-    trees = [s for s in steps if s.parents is not None]
+    trees = [s for s in steps if s.is_tree]
     if trees:  # a tree round's k is its depth; its width is how many nodes one pass verified
         data.append(
             go.Scatter(
@@ -195,7 +195,6 @@ def tree_figure(step: Step) -> go.Figure:
     """A tree round as drafted: one row per node, depth first and indented by depth (render.tree_order),
     an edge to its parent; the kept path and the target's own token in their colours, judged and
     rejected nodes grey, nodes never judged faint. Hover gives q, p and the decision."""
-    assert step.parents is not None, "a tree figure needs a tree round"
     order = render.tree_order(step.parents)
     row = {node: i + 1 for i, (node, _) in enumerate(order)}  # row 0: the committed text
     depth = dict(order)
@@ -296,7 +295,7 @@ def decision_figure(step: Step, greedy: bool = False, shared_noise: bool = False
     noise the token wins p's race over the position's noise (the teaching note shows the race). A bonus or
     draftless token is drawn from p itself, so p is drawn once. A tree round draws its tree (tree_figure).
     """
-    if step.parents is not None:
+    if step.is_tree:
         return tree_figure(step)
     labels = []
     rejected = step.rejected[0] if step.rejected else None

@@ -79,7 +79,7 @@ def pane_html(prompt: str, steps: Sequence[Step], kind_classes: bool = True, dra
         # A tree's thrown-away branches follow one another, each after a fork mark (style.css draws it,
         # so it adds no text to the pane).
         spans = s.spans()
-        branches = s.thrown_away() if s.parents is not None else []
+        branches = s.thrown_away() if s.is_tree else []
         forks = set(itertools.accumulate(len(b) for b in branches[:-1]))  # where each later branch starts
         pieces, rejected, seen = [], [], 0
         for piece, kind in spans:
@@ -103,7 +103,7 @@ def _round_title(s: Step, branches: int) -> str:
     """A round's tooltip: its draft and what was kept of it (`branches`: a tree's thrown away)."""
     if not s.drafted:
         return ""
-    if s.parents is None:
+    if not s.is_tree:
         return f"round {s.round}: k={s.k}, kept {s.accepted} of {len(s.drafted)}"
     return (
         f"round {s.round}: a tree of {len(s.drafted)} drafts, {s.k} deep; kept {s.accepted} on its path, "
@@ -295,7 +295,7 @@ def decision_rows(step: Step, rule: str = REJECTION) -> list[list]:
     def row(label: str, d) -> list:
         return [label, round(d.q, 4), round(d.p, 4), rule(d), "–" if d.u is None else round(d.u, 4)]
 
-    if step.parents is not None:
+    if step.is_tree:
         by_node = {d.node: d for d in step.decisions}
         rows = []
         for node, depth in tree_order(step.parents):
