@@ -162,6 +162,35 @@ def near_draft(target):
 
 
 ADD_PROMPT = "def add(a, b):\n  return a"  # the render and UI tests' prompt
+TINY_TARGET = "stdlib-code target (bundled)"  # the page's name for the bundled tiny target
+
+
+def form_fields(complete: bool = False, **given) -> dict:
+    """A click's fields by name, in the form's own order (form.fields(), the API's), for a handler or a
+    client: those given and every field an API caller must send (the prompt and the picked pair given, a
+    custom id blank, a setting at the page's start, knob_widgets.start_value, within its slider's range,
+    an unticked box False). `complete`: every other field too, at its API default, as a raw call sends."""
+    import inspect
+
+    from app.core import knobs
+    from app.serve import form, knob_widgets
+
+    assert set(given) <= set(form.names()), f"not fields of the form: {set(given) - set(form.names())}"
+    out = {}
+    for name, default in form.fields():
+        if name in given:
+            out[name] = given[name]
+        elif name in form.PAIR_FIELDS:
+            assert name.startswith("custom_"), f"give the {name}"
+            out[name] = ""
+        elif default is inspect.Parameter.empty:
+            start, widget = knob_widgets.start_value(knobs.by_name(name)), knob_widgets.WIDGETS[name]
+            if widget.kind == "slider":
+                start = min(max(start, widget.lo), widget.hi)
+            out[name] = False if start is None else start
+        elif complete:
+            out[name] = default
+    return out
 
 
 @pytest.fixture(scope="module")

@@ -7,27 +7,14 @@ import json
 import re
 import shlex
 
+from conftest import TINY_TARGET, form_fields
+
 from app import category_runner
 from app.bench import bench
 from app.serve import by_kind, queue_limits
 
-TINY = "stdlib-code target (bundled)"
-FIELDS = dict(
-    prompt="unused by the panel",
-    target=TINY,
-    custom_target="",
-    draft="prompt-lookup",
-    custom_draft="",
-    chat=False,
-    decoding="greedy",
-    temperature=1.0,
-    top_k=0,
-    top_p=1.0,
-    seed=0,
-    max_new_tokens=16,
-    k_policy="fixed",
-    k=3,
-)
+FIELDS = form_fields(prompt="unused by the panel", target=TINY_TARGET, draft="prompt-lookup", temperature=1.0)
+FIELDS |= dict(max_new_tokens=16, k_policy="fixed", k=3)
 
 
 def _run(control=None):

@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import TINY_TARGET, form_fields
 
 from app import cli, models
 from app.models import threads
@@ -210,14 +211,15 @@ def test_the_command_the_page_prints_reproduces_the_pages_run(capsys):
     from app.serve import ui
 
     prompt = "import os\n\n\ndef main(argv=None):\n"
-    args = [prompt, "stdlib-code target (bundled)", "", "distilled draft (bundled)", "", False, "sampling", 0.9, 11]
-    args += [0.95, 0, 24, "adaptive", 3, 1.0, 0, "shared-noise", 6]  # shared noise: the seed's text, any k
+    fields = form_fields(prompt=prompt, target=TINY_TARGET, draft="distilled draft (bundled)", decoding="sampling")
+    fields |= dict(temperature=0.9, top_k=11, top_p=0.95, seed=0, max_new_tokens=24, k_policy="adaptive", k=3)
+    fields |= dict(rule="shared-noise", tree=6)  # shared noise: the seed's text, any k
     control = {"stop": False}
     ui.start_run(11, "sampling", control)
-    ui.check_request(*args, control=control)
-    *_, doc = list(ui.generate_both(*args, control=control))[-1]
-    printed = ui.export_for(*args, control=control)
-    form = ui.form.parse(dict(zip(ui.form.names(), args, strict=False)))
+    ui.check_request(**fields, control=control)
+    *_, doc = list(ui.generate_both(**fields, control=control))[-1]
+    printed = ui.export_for(**fields, control=control)
+    form = ui.form.parse(fields)
     line = command_line(prompt, form.target, form.draft, form.settings, form.dtype)
     assert f"# this run from the command line, these settings exactly\n{line}\n" in printed
     words = shlex.split(line)

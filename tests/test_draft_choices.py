@@ -2,7 +2,7 @@
 default selected, and chat formatting as its template says; a typed target is offered every draft."""
 
 import pytest
-from conftest import ADD_PROMPT
+from conftest import ADD_PROMPT, form_fields
 
 from app.models import presets
 from app.serve import handlers
@@ -40,8 +40,8 @@ def test_every_draft_offered_with_the_tiny_target_runs(draft):
     from app.serve import ui
 
     _, chat = handlers.drafts_for_target(TINY)
-    args = [ADD_PROMPT, TINY, "", draft, "", chat.value, "greedy", 0.8, 0, 1.0, 0, 12, "fixed", 3]
-    *_, doc = list(ui.generate_both(*args, control={"stop": False}))[-1]
+    fields = form_fields(prompt=ADD_PROMPT, target=TINY, draft=draft, chat=chat.value, max_new_tokens=12)
+    *_, doc = list(ui.generate_both(**fields | dict(k_policy="fixed", k=3), control={"stop": False}))[-1]
     spec, plain = doc["speculative"], doc["autoregressive"]
     assert spec["token_ids"] == plain["token_ids"] and spec["draft"] in (draft, presets.id_of(draft))
 

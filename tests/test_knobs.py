@@ -3,6 +3,7 @@
 import argparse
 
 import pytest
+from conftest import form_fields
 
 from app import args
 from app.core import config, knobs
@@ -72,8 +73,7 @@ def test_the_cli_and_the_form_map_to_the_same_settings():
     ap = argparse.ArgumentParser()
     args.add_generation_args(ap)
     cli = args.settings(ap.parse_args(["--temperature", "0.7", "--top-k", "5", "--k", "3", "--k-policy", "heuristic"]))
-    fields = dict(prompt="x", target="t", custom_target="", draft="d", custom_draft="", chat=False)
-    fields |= dict(decoding="sampling", temperature=0.7, top_k=5, top_p=1.0, seed=0, max_new_tokens=128)
+    fields = form_fields(prompt="x", target="t", draft="d", decoding="sampling", temperature=0.7, top_k=5)
     page = form.parse(fields | dict(k_policy="heuristic", k=3)).settings
     assert cli == page
 
@@ -87,9 +87,7 @@ def test_k_raises_k_max_unless_adaptive_by_one_rule_on_the_cli_the_page_and_the_
     ap = argparse.ArgumentParser()
     args.add_generation_args(ap)
     cli = args.settings(ap.parse_args(["--k", "12", "--k-policy", policy]))
-    fields = dict(prompt="x", target="t", custom_target="", draft="d", custom_draft="", chat=False)
-    fields |= dict(decoding="greedy", temperature=0.8, top_k=0, top_p=1.0, seed=0, max_new_tokens=64)
-    page = form.parse(fields | dict(k_policy=policy, k=12)).settings
+    page = form.parse(form_fields(prompt="x", target="t", draft="d", k_policy=policy, k=12)).settings
     cap = config.k_cap(policy, 12, SpecConfig.k_max)
     assert cli.spec.k_max == page.spec.k_max == cap == (SpecConfig.k_max if policy == "adaptive" else 12)
     assert contenders.fixed_k(SpecConfig(), 12).k_max == config.k_cap("fixed", 12, SpecConfig.k_max) == 12
@@ -105,8 +103,7 @@ def test_tree_means_one_thing_on_the_page_the_cli_and_the_command_the_page_print
 
     ap = argparse.ArgumentParser()
     args.add_generation_args(ap)
-    fields = dict(prompt="x", target="t", custom_target="", draft="d", custom_draft="", chat=False)
-    fields |= dict(decoding="greedy", temperature=0.8, top_k=0, top_p=1.0, seed=0, max_new_tokens=64)
+    fields = form_fields(prompt="x", target="t", draft="d", max_new_tokens=64)
     page = form.parse(fields | dict(k_policy=policy, k=3, tree=tree)).settings
     assert (page.spec.tree, page.spec.tree_auto) == (tree, shaped)
     given = ["--max-new-tokens", "64", "--k-policy", policy, "--k", "3", "--no-chat"]

@@ -7,47 +7,31 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from app_server import serve
+from conftest import TINY_TARGET, form_fields
 
 from app import models
 
 pytestmark = pytest.mark.slow  # a server and a few dozen requests
 
 CLIENTS, REQUESTS = 8, 3
-BASE = [
-    "def f(a):\n    return a",
-    "stdlib-code target (bundled)",
-    "",
-    "distilled draft (bundled)",
-    "",
-    False,
-    "greedy",
-    0.8,
-    0,
-    1.0,
-    0,
-    12,
-    "adaptive",
-    4,
-    1.0,
-    0,
-    "rejection",
-    0,  # tree nodes: a chain
-    "fp32",  # precision
-]
+# Every field, as a raw call sends them: greedy, a chain of adaptive k, fp32.
+BASE = form_fields(True, prompt="def f(a):\n    return a", target=TINY_TARGET, draft="distilled draft (bundled)")
+BASE |= dict(temperature=0.8, max_new_tokens=12, dtype="fp32")
 
 
-def _request(i: int) -> list:
+def _request(i: int) -> dict:
     """Five different requests: prompts, drafts and both decodings (sampling with a fixed seed)."""
-    args = list(BASE)
-    args[0] = ["def f(a):\n    return a", "import os\n", "class Point:\n", "for i in range(", "x = [1, 2"][i]
-    args[3] = ["distilled draft (bundled)", "prompt lookup (n-grams)", "small draft (bundled)"][i % 3]
+    fields = BASE | dict(
+        prompt=["def f(a):\n    return a", "import os\n", "class Point:\n", "for i in range(", "x = [1, 2"][i]
+    )
+    fields["draft"] = ["distilled draft (bundled)", "prompt lookup (n-grams)", "small draft (bundled)"][i % 3]
     if i >= 3:
-        args[6], args[10] = "sampling", 100 + i
-    return args
+        fields |= dict(decoding="sampling", seed=100 + i)
+    return fields
 
 
-def _tokens(client, args) -> tuple[list[int], list[int]]:
-    doc = client.predict(*args, api_name="/generate")[-1]
+def _tokens(client, fields) -> tuple[list[int], list[int]]:
+    doc = client.predict(*fields.values(), api_name="/generate")[-1]
     return doc["speculative"]["token_ids"], doc["autoregressive"]["token_ids"]
 
 
@@ -66,7 +50,7 @@ def test_server_memory_levels_off_over_many_generations_and_abandoned_steps(tmp_
     then 3 times as many Steps nobody continues."""
     from app_server import rss_mib
 
-    raw = [json.dumps(v) for v in BASE]
+    raw = [json.dumps(v) for v in BASE.values()]
     kept = 4  # sessions the server keeps (SPECDEC_SESSIONS): every bound is reached in a few dozen calls
     # A server of its own, so the baseline holds only this test's visitors; one address, no join limit.
     env = dict(SPECDEC_JOINS_PER_MINUTE="100000", SPECDEC_SESSIONS=str(kept), SPECDEC_QUEUE_PER_IP="64")
@@ -129,28 +113,26 @@ def _raw_call(url: str, api: str, values: list[str]) -> tuple[str, dict | None]:
     return event, data
 
 
-BAD = [  # (argument index, raw JSON value, what the message says)
-    (10, str(2**70), "seed must be a whole number"),
-    (7, "NaN", "temperature must be a finite number"),
-    (8, "NaN", "top-k must be a finite number"),
-    (13, "NaN", "k must be a finite number"),
-    (11, "NaN", "max new tokens must be a finite number"),
-    (0, '"ab\\ud800cd"', "prompt contains an invalid character"),
-    (2, json.dumps("x" * 300), "model id is too long"),
-    (13, "2.5", "k must be a whole number"),
+BAD = [  # (field, raw JSON value, what the message says)
+    ("seed", str(2**70), "seed must be a whole number"),
+    ("temperature", "NaN", "temperature must be a finite number"),
+    ("top_k", "NaN", "top-k must be a finite number"),
+    ("k", "NaN", "k must be a finite number"),
+    ("max_new_tokens", "NaN", "max new tokens must be a finite number"),
+    ("prompt", '"ab\\ud800cd"', "prompt contains an invalid character"),
+    ("custom_target", json.dumps("x" * 300), "model id is too long"),
+    ("k", "2.5", "k must be a whole number"),
 ]
 
 
 def test_every_bad_input_gets_a_clear_message_and_the_server_keeps_serving(server):
     url, log = server
-    raw = [json.dumps(v) for v in BASE]
+    raw = {name: json.dumps(v) for name, v in BASE.items()}
     for api in ("generate", "step"):
-        for i, value, message in BAD:
-            args = list(raw)
-            args[i] = value
-            event, data = _raw_call(url, api, args)
-            assert event == "error" and message in data["error"], (api, i, value, data)
-    event, data = _raw_call(url, "generate", raw)
+        for name, value, message in BAD:
+            event, data = _raw_call(url, api, list((raw | {name: value}).values()))
+            assert event == "error" and message in data["error"], (api, name, value, data)
+    event, data = _raw_call(url, "generate", list(raw.values()))
     assert event == "complete" and data[-1]["speculative"]["token_ids"] == data[-1]["autoregressive"]["token_ids"]
     logged = log.read_text()
     assert "internal error" not in logged and "Traceback" not in logged, logged[-3000:]
@@ -158,7 +140,7 @@ def test_every_bad_input_gets_a_clear_message_and_the_server_keeps_serving(serve
 
 def test_no_reply_names_a_host_path(server):
     url, _ = server
-    raw = [json.dumps(v) for v in BASE]
+    raw = [json.dumps(v) for v in BASE.values()]
     event, data = _raw_call(url, "generate", raw)
     assert str(models.ROOT) not in json.dumps(data), "records name models as picked, not by install path"
     event, presets = _raw_call(url, "presets", [])

@@ -8,35 +8,23 @@ from types import SimpleNamespace
 
 import pytest
 from app_server import serve
+from conftest import TINY_TARGET, form_fields
 
 from app.core.config import UserError
 from app.models import hosting
 from app.serve import queue_limits
-from app.serve.form import NAMES
 
 pytestmark = pytest.mark.slow  # servers
 
-ARGS = [
-    "def f(a):\n    return a",
-    "stdlib-code target (bundled)",
-    "",
-    "distilled draft (bundled)",
-    "",
-    False,
-    "greedy",
-    0.8,
-    0,
-    1.0,
-    0,
-    40,
-    "adaptive",
-    4,
-    1.0,
-    0,
-    "rejection",
-    0,  # tree nodes: a chain
-    "fp32",  # precision
-]
+# Every field, as a raw join sends them: greedy, a chain of adaptive k, fp32.
+QUEUED = form_fields(True, prompt="def f(a):\n    return a", target=TINY_TARGET, draft="distilled draft (bundled)")
+QUEUED |= dict(temperature=0.8, max_new_tokens=40, dtype="fp32")
+ARGS = list(QUEUED.values())
+
+
+def _args(max_new: int) -> list:
+    """ARGS with another max new tokens."""
+    return list((QUEUED | dict(max_new_tokens=max_new)).values())
 
 
 def _event(session: str, ip: str):
@@ -128,9 +116,7 @@ def test_a_run_past_its_deadline_ends_as_if_stopped(monkeypatch):
     from app.serve import ui
 
     monkeypatch.setattr(queue_limits, "run_seconds", lambda: 0.0)
-    args = list(ARGS)
-    args[11] = 200
-    *_, doc = list(ui.generate_both(*args, control={"stop": False}))[-1]
+    *_, doc = list(ui.generate_both(*_args(200), control={"stop": False}))[-1]
     assert doc["stopped"] and doc["speculative"]["stats"]["new_tokens"] < 200
 
 
@@ -138,8 +124,7 @@ def _join(url: str, fn_index: int, session: str, ip: str | None, max_new: int = 
     """A raw join, as a script sends it; ip: the X-Forwarded-For it claims (None: no header)."""
     import httpx
 
-    data = list(ARGS)
-    data[11] = max_new
+    data = _args(max_new)
     return httpx.post(
         url + "gradio_api/queue/join",
         headers={"x-forwarded-for": ip} if ip else {},
@@ -170,7 +155,7 @@ def test_one_visitor_cannot_fill_the_queue_and_another_is_still_served(tmp_path)
         codes = [r.status_code for r in same_address]
         assert codes.count(200) == queue_limits.PER_IP == 3, "one address holds a few places, whatever its sessions"
         assert "Your network already has" in same_address[-1].json()["detail"]
-        out = Client(url, verbose=False).predict(*ARGS[:11], 8, *ARGS[12:], api_name="/generate")
+        out = Client(url, verbose=False).predict(*_args(8), api_name="/generate")
         assert out[-1]["speculative"]["token_ids"] == out[-1]["autoregressive"]["token_ids"]
         # The direct route skips the queue: it is closed for every queued event, the private one too.
         for api in ("generate", "step", "presets"):
@@ -180,7 +165,7 @@ def test_one_visitor_cannot_fill_the_queue_and_another_is_still_served(tmp_path)
         r = httpx.post(f"{url}gradio_api/run/predict", json={"data": ARGS, "fn_index": private}, timeout=30)
         assert r.status_code == 404
         # Named parameters through the queue still work.
-        named = dict(zip(NAMES, [*ARGS[:11], 8, *ARGS[12:]], strict=True))
+        named = QUEUED | dict(max_new_tokens=8)
         out = Client(url, verbose=False).predict(**named, api_name="/generate")
         assert out[-1]["speculative"]["token_ids"] == out[-1]["autoregressive"]["token_ids"]
 
@@ -239,7 +224,7 @@ def test_forged_session_hashes_and_forwarded_for_take_no_more_than_a_share(tmp_p
         assert admitted + sum(c.count(200) for c in others) < queue_limits.MAX_QUEUED
         # A genuine visitor joins while all of that waits, and is served: it waits behind the others' shares only.
         visitor = Client(url, verbose=False, headers={"x-forwarded-for": "10.8.8.8"})
-        out = visitor.predict(*ARGS[:11], 8, *ARGS[12:], api_name="/generate")
+        out = visitor.predict(*_args(8), api_name="/generate")
         assert out[-1]["speculative"]["token_ids"] == out[-1]["autoregressive"]["token_ids"]
 
 
@@ -254,7 +239,7 @@ def test_a_classroom_behind_one_address_is_served(tmp_path):
 
         def student(i: int) -> bool:
             client = Client(url, verbose=False, headers={"x-forwarded-for": f"172.16.0.{i}, 10.5.5.5"})
-            out = client.predict(*ARGS[:11], 6, *ARGS[12:], api_name="/generate")
+            out = client.predict(*_args(6), api_name="/generate")
             return out[-1]["speculative"]["token_ids"] == out[-1]["autoregressive"]["token_ids"]
 
         with ThreadPoolExecutor(6) as pool:
@@ -387,7 +372,7 @@ def test_a_flood_of_refused_calls_is_refused_cheaply_and_others_are_served(tmp_p
             "another address: Gradio's answer"
         )
         visitor = Client(url, verbose=False, headers={"x-forwarded-for": "10.0.0.3"})
-        out = visitor.predict(*ARGS[:11], 8, *ARGS[12:], api_name="/generate")
+        out = visitor.predict(*_args(8), api_name="/generate")
         assert out[-1]["speculative"]["token_ids"] == out[-1]["autoregressive"]["token_ids"]
         lines = _new_lines(log, before)
         assert not any("Traceback" in line for line in lines), lines[:5]

@@ -8,6 +8,7 @@ import json
 import pickle
 
 import pytest
+from conftest import TINY_TARGET, form_fields
 
 from app.core import engine
 from app.core.config import RunConfig, SamplingConfig, SpecConfig
@@ -154,28 +155,13 @@ def test_thirty_abandoned_teaching_sessions_stay_under_the_memory_bound():
     from app.serve import ui
 
     prompt = json.loads((models.ROOT / "assets" / "prompts-tiny.json").read_text())[0]["prompt"] * 3
-    args = (
-        prompt,
-        "stdlib-code target (bundled)",
-        "",
-        "distilled draft (bundled)",
-        "",
-        False,
-        "greedy",
-        0.8,
-        0,
-        1.0,
-        0,
-        64,
-        "adaptive",
-        4,
-    )
+    fields = form_fields(prompt=prompt, target=TINY_TARGET, draft="distilled draft (bundled)", max_new_tokens=64)
     for _ in range(sessions.MAX_LIVE + 1):  # load the pair and fill the store once
-        ui.step_round(None, *args)
+        ui.step_round(None, **fields)
     gc.collect()
     before = _rss_mib()
     for _ in range(30):  # each visitor presses Step once and leaves
-        ui.step_round(None, *args)
+        ui.step_round(None, **fields)
     gc.collect()
     grown = _rss_mib() - before
     assert len(sessions.LIVE) <= sessions.MAX_LIVE

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import ADD_PROMPT
+from conftest import ADD_PROMPT, TINY_TARGET, form_fields
 
 from app import models
 from app.core.events import ACCEPTED, BONUS, CORRECTED, REJECTED, TARGET
@@ -130,9 +130,8 @@ def test_max_new_tokens_is_capped_to_the_targets_context():
 def _check(max_new, target="stdlib-code target (bundled)", decoding="greedy"):
     from app.serve import ui
 
-    ui.check_request(
-        PROMPT, target, "", "distilled draft (bundled)", "", False, decoding, 0.8, 0, 1.0, 0, max_new, "fixed", 4
-    )
+    fields = form_fields(prompt=PROMPT, target=target, draft="distilled draft (bundled)", decoding=decoding)
+    ui.check_request(**fields | dict(temperature=0.8, max_new_tokens=max_new, k_policy="fixed"))
 
 
 @pytest.mark.parametrize("max_new", [0, -5, 100000, 513, 2.5, None])
@@ -171,8 +170,7 @@ def test_blank_seed_is_filled_and_adaptive_ignores_k():
     assert len(seeds) > 1 and all(isinstance(x, int) and x >= 0 for x in seeds)
     from app.serve import form
 
-    fields = dict(prompt="x", target="t", custom_target="", draft="d", custom_draft="", chat=False)
-    fields |= dict(decoding="sampling", temperature=0.8, top_k=0, top_p=1.0, seed=None, max_new_tokens=32)
+    fields = form_fields(prompt="x", target="t", draft="d", decoding="sampling", temperature=0.8, seed=None)
     adaptive = form.parse(fields | dict(k_policy="adaptive", k=12)).settings
     assert isinstance(adaptive.sampling.seed, int) and adaptive.spec.k_max == 8, "k does not move adaptive's cap"
     assert form.parse(fields | dict(decoding="greedy", k_policy="heuristic", k=12)).settings.spec.k_max == 12
@@ -181,25 +179,11 @@ def test_blank_seed_is_filled_and_adaptive_ignores_k():
 def test_blank_seed_keeps_stepping_the_same_sampled_run():
     from app.serve import ui
 
-    args = (
-        PROMPT,
-        "stdlib-code target (bundled)",
-        "",
-        "distilled draft (bundled)",
-        "",
-        False,
-        "sampling",
-        0.9,
-        0,
-        1.0,
-        None,
-        24,
-        "fixed",
-        3,
-    )
+    fields = form_fields(prompt=PROMPT, target=TINY_TARGET, draft="distilled draft (bundled)", decoding="sampling")
+    fields |= dict(temperature=0.9, seed=None, max_new_tokens=24, k_policy="fixed", k=3)
     session, notes = None, []
     for _ in range(3):
-        session, _pane, _table, note, _fig = ui.step_round(session, *args)
+        session, _pane, _table, note, _fig = ui.step_round(session, **fields)
         notes.append(note.split("**")[1])
     assert notes == ["Round 1", "Round 2", "Round 3"]
 
@@ -210,11 +194,11 @@ def test_a_round_that_drafts_nothing_says_why():
 
     from app.serve import one_round, ui
 
-    args = [PROMPT, "stdlib-code target (bundled)", "", "feature draft (EAGLE-style, bundled)", "", False]
-    args += ["greedy", 0.8, 0, 1.0, 0, 24, "fixed", 3]
+    fields = form_fields(prompt=PROMPT, target=TINY_TARGET, draft="feature draft (EAGLE-style, bundled)")
+    fields |= dict(max_new_tokens=24, k_policy="fixed", k=3)
     session, notes = None, []
     for _ in range(2):
-        session, _pane, _table, note, _fig = ui.step_round(session, *args)
+        session, _pane, _table, note, _fig = ui.step_round(session, **fields)
         notes.append(note)
     assert "drafted 0" in notes[0] and "the prefill" in notes[0]
     assert "drafted 3" in notes[1] and "prefill" not in notes[1] and "The head read" in notes[1]
@@ -241,24 +225,24 @@ def test_the_teaching_view_steps_back_forward_plays_and_resets(monkeypatch):
     from app import request
     from app.serve import one_round, ui
 
-    args = [PROMPT, "stdlib-code target (bundled)", "", "distilled draft (bundled)", "", False]
-    args += ["greedy", 0.8, 0, 1.0, 0, 16, "fixed", 3]
+    fields = form_fields(prompt=PROMPT, target=TINY_TARGET, draft="distilled draft (bundled)")
+    fields |= dict(max_new_tokens=16, k_policy="fixed", k=3)
     rounds = lambda pane: pane.count('class="round')  # noqa: E731
     session = None
     for _ in range(3):
-        session, pane, table, note, _fig = ui.step_round(session, *args)
+        session, pane, table, note, _fig = ui.step_round(session, **fields)
     assert "Round 3" in note and rounds(pane) == 3
     assert "= 1" in table["headers"][1] and "Why q(x) = 1 under greedy" in note, "greedy's q says why it is 1"
-    session, pane, table, note, _fig = one_round.step_back(session, *args)
+    session, pane, table, note, _fig = one_round.step_back(session, **fields)
     assert note.startswith("**Round 2**") and rounds(pane) == 2 and "Step shows round 3 again" in note
     started = []
     monkeypatch.setattr(request, "start", lambda *a, **k: started.append(a))
-    session, pane, _table, note, _fig = ui.step_round(session, *args)
+    session, pane, _table, note, _fig = ui.step_round(session, **fields)
     assert note.startswith("**Round 3**") and rounds(pane) == 3 and not started, "a kept round is not recomputed"
     monkeypatch.undo()
     for _ in range(2):
-        session, *_ = one_round.step_back(session, *args)
-    _, pane, _table, note, _fig = one_round.step_back(session, *args)
+        session, *_ = one_round.step_back(session, **fields)
+    _, pane, _table, note, _fig = one_round.step_back(session, **fields)
     assert note.startswith("Round 1 is the first round.") and rounds(pane) == 1
     session, pane, table, note, fig, timer, button = one_round.reset(session)
     assert session is None and pane == render.STEP_PLACEHOLDER and "Press **Step one round**" in note
@@ -267,13 +251,13 @@ def test_the_teaching_view_steps_back_forward_plays_and_resets(monkeypatch):
     assert timer.active and button.value == one_round.PAUSE and not one_round.toggle_play(one_round.PAUSE)[0].active
     notes = []
     for _ in range(20):  # Auto-play's ticks, until one turns the timer off
-        session, _pane, _table, note, _fig, timer, button = one_round.play_round(session, *args)
+        session, _pane, _table, note, _fig, timer, button = one_round.play_round(session, **fields)
         notes.append(note.split("**")[1])
         if isinstance(timer, gr.Timer):  # else gr.skip(): the timer runs on
             break
     assert notes[:2] == ["Round 1", "Round 2"] and session.ended and not timer.active
     assert button.value == one_round.PLAY and len(notes) == session.rounds > 2
-    out = one_round.play_round(None, *args, control={"stop": True})
+    out = one_round.play_round(None, **fields, control={"stop": True})
     assert not out[-2].active, "Stop ends auto-play at its next tick"
 
 
@@ -326,16 +310,15 @@ def test_a_request_says_it_is_loading_and_measuring_before_its_first_tokens():
             return 0
 
     progress = Tracker()
-    args = [PROMPT, "stdlib-code target (bundled)", "", "prompt lookup (n-grams)", "", False, "greedy", 0.8, 0, 1.0]
-    args += [0, 8, "adaptive", 4]
-    first = next(ui.generate_both(*args, control={"stop": False}, progress=progress))
+    fields = form_fields(prompt=PROMPT, target=TINY_TARGET, draft="prompt lookup (n-grams)", max_new_tokens=8)
+    first = next(ui.generate_both(**fields, control={"stop": False}, progress=progress))
     assert seen == [generation.LOADING, generation.MEASURING] and "loading models" in seen[0]
     assert "measuring this machine" in seen[1] and "tok" in first[0]
     seen.clear()
-    ui.step_round(None, *args, progress=progress)
+    ui.step_round(None, **fields, progress=progress)
     assert seen == [generation.LOADING, generation.MEASURING]
     seen.clear()
-    assert ui.check_request(*args, progress=progress) == "" and seen == [generation.LOADING]
+    assert ui.check_request(**fields, progress=progress) == "" and seen == [generation.LOADING]
     for handler in (ui.generate_both, ui.step_round, ui.check_request):  # gradio fills a gr.Progress default
         assert isinstance(inspect.signature(handler).parameters["progress"].default, gr.Progress)
 
@@ -344,11 +327,11 @@ def test_the_precision_picked_is_the_one_used_and_shown(monkeypatch):
     from app.models import loading, precision
     from app.serve import ui
 
-    args = [PROMPT, "stdlib-code target (bundled)", "", "prompt lookup (n-grams)", "", False, "greedy", 0.8, 0, 1.0]
-    args += [0, 8, "fixed", 3]
+    fields = form_fields(prompt=PROMPT, target=TINY_TARGET, draft="prompt lookup (n-grams)", max_new_tokens=8)
+    fields |= dict(k_policy="fixed", k=3)
     says = {"fp32": "last bits between widths", "bf16": "near-tie the other way", "int8": "same bits at every"}
     for dtype, used in (("fp32", "float32"), ("bf16", "bfloat16"), ("int8", "int8")):
-        *_, summary, _, _, _, _, _, doc = list(ui.generate_both(*args, dtype=dtype, control={"stop": False}))[-1]
+        *_, summary, _, _, _, _, _, doc = list(ui.generate_both(**fields, dtype=dtype, control={"stop": False}))[-1]
         assert doc["dtype"] == {"asked": dtype, "used": used}
         assert f"Target in **{dtype}**" in summary and [d for d in says if says[d] in summary] == [dtype]
     monkeypatch.setattr(precision, "_choice", {})
@@ -356,23 +339,23 @@ def test_the_precision_picked_is_the_one_used_and_shown(monkeypatch):
     monkeypatch.setattr(precision, "native_bf16", lambda: False)
     # as SmolLM2's here: only the int8 passes give a row the same bits at every width
     monkeypatch.setattr(precision, "invariant", lambda model: models.precision_of(model) == "int8")
-    *_, summary, _, _, _, _, _, doc = list(ui.generate_both(*args, dtype="auto", control={"stop": False}))[-1]
+    *_, summary, _, _, _, _, _, doc = list(ui.generate_both(**fields, dtype="auto", control={"stop": False}))[-1]
     assert doc["dtype"] == {"asked": "auto", "used": "int8"} and "(auto: the fastest precision exact" in summary
-    *_, doc = list(ui.generate_both(*args, control={"stop": False}))[-1]
+    *_, doc = list(ui.generate_both(**fields, control={"stop": False}))[-1]
     assert doc["dtype"]["asked"] == "fp32", "an API call without one gets the server's (SPECDEC_DTYPE, conftest.py)"
     with pytest.raises(Exception, match="precision must be one of"):
-        ui.check_request(*args, dtype="fp64")
+        ui.check_request(**fields, dtype="fp64")
 
 
 def test_the_precision_line_promises_what_the_decoding_keeps():
     from app.serve import ui
 
-    args = [PROMPT, "stdlib-code target (bundled)", "", "prompt lookup (n-grams)", "", False, "sampling", 0.8, 7, 1.0]
-    args += [0, 8, "fixed", 3]
+    fields = form_fields(prompt=PROMPT, target=TINY_TARGET, draft="prompt lookup (n-grams)", decoding="sampling")
+    fields |= dict(temperature=0.8, top_k=7, max_new_tokens=8, k_policy="fixed", k=3)
     promises = {}
     for rule in ("rejection", "shared-noise"):
         *_, summary, _, _, _, _, _, doc = list(
-            ui.generate_both(*args, dtype="int8", rule=rule, control={"stop": False})
+            ui.generate_both(**fields, dtype="int8", rule=rule, control={"stop": False})
         )[-1]
         assert doc["dtype"]["used"] == "int8"
         promises[rule] = summary
@@ -385,8 +368,8 @@ def test_a_typed_id_in_an_error_toast_is_text_not_html():
 
     typed = "<img src=x onerror=alert(1)>"
     with pytest.raises(Exception) as e:
-        args = [PROMPT, "stdlib-code target (bundled)", typed, "prompt-lookup", "", False, "greedy", 1.0, 0, 1.0]
-        ui.check_request(*args, 0, 8, "fixed", 3)
+        fields = form_fields(prompt=PROMPT, target=TINY_TARGET, custom_target=typed, draft="prompt-lookup")
+        ui.check_request(**fields | dict(temperature=1.0, max_new_tokens=8, k_policy="fixed", k=3))
     assert "<img" not in str(e.value) and "&lt;img src=x onerror=alert(1)&gt;" in str(e.value)
 
 
@@ -397,22 +380,8 @@ def test_user_error_is_one_log_line_and_keeps_results(caplog):
 
     caplog.set_level(logging.WARNING)
     with pytest.raises(gr.Error) as e:
-        ui.check_request(
-            "",
-            next(iter(models.TARGET_PRESETS)),
-            "",
-            next(iter(models.DRAFT_PRESETS)),
-            "",
-            False,
-            "greedy",
-            0.8,
-            0,
-            1.0,
-            None,
-            32,
-            "adaptive",
-            4,
-        )
+        pair = dict(target=next(iter(models.TARGET_PRESETS)), draft=next(iter(models.DRAFT_PRESETS)))
+        ui.check_request(**form_fields(prompt="", **pair, temperature=0.8, seed=None, max_new_tokens=32))
     assert "prompt is empty" in str(e.value) and e.value.print_exception is False
     assert [r.getMessage() for r in caplog.records] == ["user error: prompt is empty: type some text to continue"]
     # The request is checked by an event whose one output is the status line under the buttons (where a
@@ -431,20 +400,9 @@ def test_stop_ends_the_run_with_a_partial_update():
     control = {"stop": True}  # what the Stop button sets while a run streams
     outs = list(
         ui.generate_both(
-            PROMPT,
-            "stdlib-code target (bundled)",
-            "",
-            "feature draft (EAGLE-style, bundled)",
-            "",
-            False,
-            "greedy",
-            0.8,
-            0,
-            1.0,
-            0,
-            200,
-            "adaptive",
-            4,
+            **form_fields(
+                prompt=PROMPT, target=TINY_TARGET, draft="feature draft (EAGLE-style, bundled)", max_new_tokens=200
+            ),
             control=control,
         )
     )
@@ -491,23 +449,9 @@ def test_gradio_client_greedy_generation(served):
     client = Client(server, verbose=False)
     presets = client.predict(api_name="/presets")
     assert "stdlib-code target (bundled)" in presets["targets"]
-    out = client.predict(
-        PROMPT.replace("  ", "    "),
-        "stdlib-code target (bundled)",
-        "",
-        "distilled draft (bundled)",
-        "",
-        False,
-        "greedy",
-        0.8,
-        0,
-        1.0,
-        0,
-        64,
-        "adaptive",
-        4,
-        api_name="/generate",
-    )
+    # by position, in the form's own order (the fields an API caller must send)
+    fields = form_fields(prompt=PROMPT.replace("  ", "    "), target=TINY_TARGET, draft="distilled draft (bundled)")
+    out = client.predict(*(fields | dict(temperature=0.8, max_new_tokens=64)).values(), api_name="/generate")
     spec_html, ar_html, check, summary, *figs, doc = out
     spec, ar = doc["speculative"], doc["autoregressive"]
     assert spec["text"] == ar["text"] and spec["token_ids"] == ar["token_ids"] and len(spec["token_ids"]) > 0
@@ -534,41 +478,11 @@ def test_gradio_client_greedy_generation(served):
     assert "Loading weights" not in logged, "no progress bars in the server log"
     assert "python app.py --share" in logged and "share=True" not in logged, "the start-up log names the app's flag"
     # A blank seed under sampling gets a fresh seed, reported in the settings (no raw Python error).
-    sampled = client.predict(
-        PROMPT,
-        "stdlib-code target (bundled)",
-        "",
-        "distilled draft (bundled)",
-        "",
-        False,
-        "sampling",
-        0.8,
-        0,
-        1.0,
-        None,
-        8,
-        "adaptive",
-        4,
-        api_name="/generate",
-    )
+    fields = form_fields(prompt=PROMPT, target=TINY_TARGET, draft="distilled draft (bundled)", decoding="sampling")
+    sampled = client.predict(**fields | dict(temperature=0.8, seed=None, max_new_tokens=8), api_name="/generate")
     assert isinstance(sampled[-1]["speculative"]["settings"]["sampling"]["seed"], int)
-    again = client.predict(
-        PROMPT,
-        "stdlib-code target (bundled)",
-        "",
-        "prompt lookup (n-grams)",
-        "",
-        False,
-        "greedy",
-        0.8,
-        0,
-        1.0,
-        0,
-        16,
-        "fixed",
-        3,
-        api_name="/generate",
-    )
+    fields = form_fields(prompt=PROMPT, target=TINY_TARGET, draft="prompt lookup (n-grams)", max_new_tokens=16)
+    again = client.predict(**fields | dict(k_policy="fixed", k=3), api_name="/generate")
     assert again[-1]["speculative"]["token_ids"] == again[-1]["autoregressive"]["token_ids"]
 
 
@@ -592,25 +506,11 @@ def test_gradio_client_steps_one_round_at_a_time(server):
     from gradio_client import Client
 
     client = Client(server, verbose=False)
-    args = (
-        PROMPT,
-        "stdlib-code target (bundled)",
-        "",
-        "distilled draft (bundled)",
-        "",
-        False,
-        "sampling",
-        0.9,
-        0,
-        1.0,
-        3,
-        32,
-        "fixed",
-        4,
-    )
+    fields = form_fields(prompt=PROMPT, target=TINY_TARGET, draft="distilled draft (bundled)", decoding="sampling")
+    fields |= dict(temperature=0.9, seed=3, max_new_tokens=32, k_policy="fixed", k=4)
     notes = []
     for _ in range(3):
-        pane, table, note, fig = client.predict(*args, api_name="/step")
+        pane, table, note, fig = client.predict(**fields, api_name="/step")
         notes.append(note)
         rows = table["data"]
         assert rows[-1][-1].split(":")[0] in ("corrected", "bonus", "target")
@@ -623,7 +523,7 @@ def test_gradio_client_steps_one_round_at_a_time(server):
             assert (u < a) == (decision == "accept")
     assert [n.split("**")[1] for n in notes] == ["Round 1", "Round 2", "Round 3"]
     # Under greedy the table names the rule actually applied.
-    _, table, _, _ = client.predict(*args[:6], "greedy", *args[7:], api_name="/step")
+    _, table, _, _ = client.predict(**fields | dict(decoding="greedy"), api_name="/step")
     assert table["headers"][3] == "draft == argmax p"
     assert {r[3] for r in table["data"] if r[-1] in ("accept", "reject")} <= {"yes", "no"}
 
@@ -989,11 +889,11 @@ def test_step_one_round_draws_a_tree_round_and_lists_every_node():
     from app.serve import ui
     from app.views.render import tree_order
 
-    args = [PROMPT, "stdlib-code target (bundled)", "", "feature draft (EAGLE-style, bundled)", "", False]
-    args += ["greedy", 0.8, 0, 1.0, 0, 24, "fixed", 3]
+    fields = form_fields(prompt=PROMPT, target=TINY_TARGET, draft="feature draft (EAGLE-style, bundled)")
+    fields |= dict(max_new_tokens=24, k_policy="fixed", k=3, tree=8)
     session, figures, tables = None, [], []
     for _ in range(3):
-        session, _pane, table, _note, fig = ui.step_round(session, *args, tree=8)
+        session, _pane, table, _note, fig = ui.step_round(session, **fields)
         figures.append(fig), tables.append(table)
     tree = figures[-1]
     names = {getattr(trace, "name", None) for trace in tree.data}
@@ -1022,25 +922,24 @@ def test_a_click_resolves_its_pair_and_encodes_its_prompt_once(monkeypatch):
 
     monkeypatch.setattr(handlers.models, "load_pair", counted_load)
     monkeypatch.setattr(pair.Pair, "encode", counted_encode)
-    args = [PROMPT, "stdlib-code target (bundled)", "", "prompt lookup (n-grams)", "", False, "greedy", 0.8, 0, 1.0]
-    args += [0, 6, "fixed", 3]
+    fields = form_fields(prompt=PROMPT, target=TINY_TARGET, draft="prompt lookup (n-grams)", max_new_tokens=6)
+    fields |= dict(k_policy="fixed", k=3)
     control = {"stop": False}
     ui.start_run(0, "greedy", control)
-    ui.check_request(*args, control=control)
-    list(ui.generate_both(*args, control=control))
-    assert "vllm serve" in ui.export_for(*args, control=control)
+    ui.check_request(**fields, control=control)
+    list(ui.generate_both(**fields, control=control))
+    assert "vllm serve" in ui.export_for(**fields, control=control)
     assert calls == {"load_pair": 1, "encode": 1}
     assert control["click"] is None, "the click's last handler drops what it shared"
     ui.start_run(0, "greedy", control)
-    ui.check_request(*args, control=control)
-    ui.step_round(None, *args, control=control)
+    ui.check_request(**fields, control=control)
+    ui.step_round(None, **fields, control=control)
     assert calls == {"load_pair": 2, "encode": 2} and control["click"] is None
     # A changed prompt within the same click (an API caller) is prepared afresh, never served stale ids.
     ui.start_run(0, "greedy", control)
-    ui.check_request(*args, control=control)
-    other = list(args)
-    other[0] = PROMPT + "\n# another"
-    first = next(ui.generate_both(*other, control=control))
+    ui.check_request(**fields, control=control)
+    other = fields | dict(prompt=PROMPT + "\n# another")
+    first = next(ui.generate_both(**other, control=control))
     assert "another" in first[0] and calls["encode"] == 4
 
 
@@ -1051,16 +950,16 @@ def test_a_click_parses_its_form_once(monkeypatch):
     parses = []
     parse = form.parse
     monkeypatch.setattr(form, "parse", lambda values: parses.append(1) or parse(values))
-    args = [PROMPT, "stdlib-code target (bundled)", "", "prompt lookup (n-grams)", "", False, "greedy", 0.8, 0, 1.0]
-    args += [0, 6, "fixed", 3]
+    fields = form_fields(prompt=PROMPT, target=TINY_TARGET, draft="prompt lookup (n-grams)", max_new_tokens=6)
+    fields |= dict(k_policy="fixed", k=3)
     control = {"stop": False}
     ui.start_run(0, "greedy", control)
-    ui.check_request(*args, control=control)
-    list(ui.generate_both(*args, control=control))
-    ui.export_for(*args, control=control)
+    ui.check_request(**fields, control=control)
+    list(ui.generate_both(**fields, control=control))
+    ui.export_for(**fields, control=control)
     assert len(parses) == 1, "one parse per click"
     ui.start_run(0, "greedy", control)
-    ui.check_request(*args, control=control)
+    ui.check_request(**fields, control=control)
     assert len(parses) == 2, "a new click parses its own form"
 
 

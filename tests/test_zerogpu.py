@@ -7,29 +7,15 @@ import re
 
 import pytest
 import torch
+from conftest import TINY_TARGET, form_fields
 
 from app import models
 from app.serve import sessions, zerogpu
 from app.serve.boundary import MAX_NEW_TOKENS_CAP
 
-ARGS = [
-    "def f(a):\n    return a",
-    "stdlib-code target (bundled)",
-    "",
-    "distilled draft (bundled)",
-    "",
-    False,
-    "sampling",
-    0.9,
-    0,
-    1.0,
-    5,
-    24,
-    "heuristic",
-    3,
-    1.0,
-    0,
-]
+FIELDS = form_fields(prompt="def f(a):\n    return a", target=TINY_TARGET, draft="distilled draft (bundled)")
+FIELDS |= dict(decoding="sampling", temperature=0.9, seed=5, max_new_tokens=24, k_policy="heuristic", k=3)
+ARGS = list(FIELDS.values())  # by position, as a worker receives them
 
 
 def across(value):
