@@ -426,6 +426,23 @@ def test_dropdowns_mark_presets_that_need_a_download_and_status_names_presets():
     assert bundled in status and "weak draft (bundled)" in status and str(models.BUNDLED) not in status
 
 
+def test_the_model_handlers_take_the_pair_as_the_form_declares_it():
+    """Load pair and its cap read the pair's fields once, as form.model_ids does: a typed id over the pick."""
+    import inspect
+
+    from app.serve import form, handlers
+
+    for handler in (handlers.load_pair, handlers.cap_for_loaded):
+        assert tuple(inspect.signature(handler).parameters)[:4] == form.MODEL_FIELDS, handler.__name__
+
+    @form.takes_models
+    def probe(target, draft, dtype="auto"):
+        return target, draft, dtype
+
+    assert probe("picked target", " typed/target ", "picked draft", "") == ("typed/target", "picked draft", "auto")
+    assert probe(target="t", custom_target="", draft="d", custom_draft="x/y", dtype="int8") == ("t", "x/y", "int8")
+
+
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
     """python app.py on localhost with the bundled models, as a user starts it: (url, its log file)."""

@@ -32,6 +32,7 @@ def server_dtype() -> str:
 
 # What a caller names before the settings: the prompt and the pair as picked or typed.
 PAIR_FIELDS = ("prompt", "target", "custom_target", "draft", "custom_draft")
+MODEL_FIELDS = PAIR_FIELDS[1:]  # the pair: each preset picked, then the id typed over it
 SERVER_DEFAULTS = {"dtype": server_dtype}  # defaults only the server knows
 
 
@@ -58,9 +59,14 @@ def blank(seed) -> bool:
     return seed is None or str(seed).strip() == ""
 
 
-def model_ids(target: str, custom_target: str, draft: str, custom_draft: str) -> tuple[str, str]:
-    """The pair as typed: a custom id, when given, over the preset picked."""
-    return (custom_target or "").strip() or target, (custom_draft or "").strip() or draft
+def typed_id(picked: str, custom: str | None) -> str:
+    """A model as typed: a custom id, when given, over the preset picked."""
+    return (custom or "").strip() or picked
+
+
+def model_ids(values) -> tuple[str, str]:
+    """The pair as typed, from MODEL_FIELDS by name."""
+    return typed_id(values["target"], values["custom_target"]), typed_id(values["draft"], values["custom_draft"])
 
 
 @dataclass(frozen=True)
@@ -119,7 +125,7 @@ def fill_seed(seed, decoding) -> int:
 def parse(values: dict) -> Form:
     """The fields (by name) as one Form; bad settings raise UserError with what to change."""
     v = {name: values.get(name, default) for name, default in fields()}
-    target, draft = model_ids(v["target"], v["custom_target"], v["draft"], v["custom_draft"])
+    target, draft = model_ids(v)
     greedy = v["decoding"] == "greedy"
     given = {k.name: _typed(k, v[k.name]) for k in shown() if k.config and k.name not in ("temperature", "seed")}
     given |= dict(temperature=0.0 if greedy else float(v["temperature"]), seed=fill_seed(v["seed"], v["decoding"]))
@@ -138,36 +144,49 @@ def takes_form(before: tuple[str, ...] = (), after: tuple[tuple[str, object], ..
     (name, default) pairs; a call's field values are parsed into one Form."""
 
     def wrap(fn: Callable) -> Callable:
-        P = inspect.Parameter
-        params = [P(n, P.POSITIONAL_OR_KEYWORD) for n in before]
-        params += [P(n, P.POSITIONAL_OR_KEYWORD, default=d) for n, d in fields()]
-        params += [P(n, P.POSITIONAL_OR_KEYWORD, default=d) for n, d in after]
-        signature = inspect.Signature(params)
-
-        def split(args, kwargs):
-            bound = signature.bind(*args, **kwargs)
-            bound.apply_defaults()
-            values = bound.arguments
+        def call(values: dict) -> tuple[list, dict]:
             typed = {n: values[n] for n, _ in fields() if n in values}
             form = handed_down(typed, values.get("control"))
-            return [values[n] for n in before], form, {n: values[n] for n, _ in after}
+            return [*(values[n] for n in before), form], {n: values[n] for n, _ in after}
 
-        if inspect.isgeneratorfunction(fn):
-
-            @functools.wraps(fn)
-            def gen_wrapper(*args, **kwargs):
-                lead, form, tail = split(args, kwargs)
-                yield from fn(*lead, form, **tail)
-
-            wrapper = gen_wrapper
-        else:
-
-            @functools.wraps(fn)
-            def wrapper(*args, **kwargs):
-                lead, form, tail = split(args, kwargs)
-                return fn(*lead, form, **tail)
-
-        wrapper.__signature__ = signature  # type: ignore[attr-defined]
-        return wrapper
+        return _behind(fn, [*((n, _REQUIRED) for n in before), *fields(), *after], call)
 
     return wrap
+
+
+def takes_models(fn: Callable) -> Callable:
+    """Decorate fn(target, draft, *rest): its public signature is MODEL_FIELDS, then fn's own rest; the
+    pair it gets is the pair as typed (model_ids), as every handler of the form reads it."""
+    rest = list(inspect.signature(fn).parameters.values())[2:]
+    params = [*((n, _REQUIRED) for n in MODEL_FIELDS), *((p.name, p.default) for p in rest)]
+    return _behind(fn, params, lambda values: ([*model_ids(values), *(values[p.name] for p in rest)], {}))
+
+
+def _behind(fn: Callable, params: list[tuple[str, object]], call: Callable[[dict], tuple[list, dict]]) -> Callable:
+    """fn behind a public signature of (name, default) pairs (_REQUIRED: none); call(values by name)
+    gives fn's arguments."""
+    P = inspect.Parameter
+    signature = inspect.Signature([P(n, P.POSITIONAL_OR_KEYWORD, default=d) for n, d in params])
+
+    def split(args, kwargs) -> tuple[list, dict]:
+        bound = signature.bind(*args, **kwargs)
+        bound.apply_defaults()
+        return call(bound.arguments)
+
+    if inspect.isgeneratorfunction(fn):
+
+        @functools.wraps(fn)
+        def gen_wrapper(*args, **kwargs):
+            lead, tail = split(args, kwargs)
+            yield from fn(*lead, **tail)
+
+        wrapper = gen_wrapper
+    else:
+
+        @functools.wraps(fn)
+        def wrapper(*args, **kwargs):
+            lead, tail = split(args, kwargs)
+            return fn(*lead, **tail)
+
+    wrapper.__signature__ = signature  # type: ignore[attr-defined]
+    return wrapper

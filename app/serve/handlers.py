@@ -18,7 +18,7 @@ from app.models import hosting
 from app.request import CONVERTING, LOADING, MEASURING, loading_note  # noqa: F401 - the views' phase names
 from app.serve import boundary, heap, queue_limits
 from app.serve.boundary import MAX_NEW_TOKENS_CAP
-from app.serve.form import Click, Form, fill_seed, model_ids, takes_form  # noqa: F401 - fill_seed: the UI's start_run
+from app.serve.form import Click, Form, fill_seed, takes_form, takes_models, typed_id  # noqa: F401 - fill_seed: the UI's start_run
 from app.serve.texts import EXAMPLES, example_row  # noqa: F401 - the API's examples
 
 log = logging.getLogger(__name__)
@@ -155,7 +155,7 @@ def _cap_box(cap: int, value) -> gr.Number:
 @guarded
 def cap_for_target(target, custom_target, value) -> gr.Slider:
     """When the target changes, cap Max new tokens to its context where that is known without loading."""
-    return _cap_box(_context_cap((custom_target or "").strip() or target), value)
+    return _cap_box(_context_cap(typed_id(target, custom_target)), value)
 
 
 @guarded
@@ -181,9 +181,9 @@ def _choices(presets) -> list[tuple[str, str]]:
 
 
 @guarded
-def load_pair(target, custom_target, draft, custom_draft, dtype="auto", progress=gr.Progress()):
+@takes_models
+def load_pair(target, draft, dtype="auto", progress=gr.Progress()):
     """Load (or fetch from the shared cache) a pair and say what was loaded."""
-    target, draft = model_ids(target, custom_target, draft, custom_draft)
     progress(0.1, desc=f"loading {target}")
     pair = loaded_pair(target, draft, dtype, progress)
     progress(1.0, desc="ready")
@@ -218,9 +218,10 @@ def export_for(form: Form, control=None) -> str:
 
 
 @guarded
-def cap_for_loaded(target, custom_target, draft, custom_draft, dtype, value) -> gr.Slider:
+@takes_models
+def cap_for_loaded(target, draft, dtype, value) -> gr.Slider:
     """After a load: cap Max new tokens to the loaded target's context (the pair is cached by then)."""
-    pair = loaded_pair(*model_ids(target, custom_target, draft, custom_draft), dtype)
+    pair = loaded_pair(target, draft, dtype)
     return _cap_box(min(MAX_NEW_TOKENS_CAP, models.context_length(pair.target)), value)
 
 

@@ -198,7 +198,7 @@ def _teaching(c) -> None:
 
 
 def _wire(c) -> None:
-    model_inputs = [c.target, c.custom_target, c.draft, c.custom_draft, c.dtype]
+    model_inputs = [*(getattr(c, name) for name in form.MODEL_FIELDS), c.dtype]  # form.takes_models' order
     # The settings form's fields (form.fields()), each the component its API parameter reads, in order.
     by_name = {name: getattr(c, name) for name in form.PAIR_FIELDS} | c.fields
     inputs = [by_name[name] for name in form.names()]
