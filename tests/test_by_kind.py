@@ -58,3 +58,21 @@ def test_the_run_limit_ends_the_panel_as_stop_does(monkeypatch):
     monkeypatch.setattr(queue_limits, "run_seconds", lambda: 0.0)
     doc = _run()[-1][2]
     assert doc["stopped"] and doc["questions"] == []
+
+
+def test_the_two_panels_share_one_layout_and_wiring_and_declare_only_their_words():
+    """By kind of text and Which draft is worth it: one panel.layout and one handler each (panel.handler),
+    wired under the handler's API name to the panel's own status, figure and records."""
+    from app.serve import panel, ui, which_draft
+
+    demo = ui.build_ui()
+    props = {c["id"]: c["props"] for c in demo.config["components"]}
+    by_elem = {p.get("elem_id"): i for i, p in props.items() if p.get("elem_id")}
+    for shown in (by_kind.PANEL, which_draft.PANEL):
+        assert isinstance(shown, panel.Panel) and shown.elem_id in by_elem
+        assert props[by_elem[f"{shown.key}-run"]]["value"] == shown.run
+        wired = next(d for d in demo.config["dependencies"] if d["api_name"] == shown.handler.__name__)
+        status, plot, records = (props[i] for i in wired["outputs"])
+        assert (status["elem_id"], plot["elem_id"]) == (f"{shown.key}-status", f"{shown.key}-plot")
+        assert (plot["label"], records["label"]) == (shown.plot, shown.records)
+    assert (by_kind.by_kind.__name__, which_draft.which_draft.__name__) == ("by_kind", "which_draft")

@@ -5,17 +5,15 @@ own runner (app/category_runner.py), streamed question by question and drawn as 
 from __future__ import annotations
 
 import dataclasses
-import functools
 
 import gradio as gr
 
 from app import category_runner, models, request
 from app.core.config import Settings
 from app.models import hosting
-from app.serve import queue_limits
-from app.serve.form import Form, takes_form
-from app.serve.handlers import LOADING, MEASURING, guarded, loaded_pair, measuring, panel_stream
-from app.serve.zerogpu import gpu
+from app.serve import panel, queue_limits
+from app.serve.form import Form
+from app.serve.handlers import LOADING, MEASURING, loaded_pair, measuring
 from app.views import bench_figures, render
 
 PER_CATEGORY = 2  # questions of each category (the whole sample): the run fits one visitor's run limit
@@ -31,33 +29,9 @@ def panel_settings(settings: Settings, tokenizer) -> Settings:
     return dataclasses.replace(settings, run=dataclasses.replace(settings.run, max_new_tokens=n, chat=chat))
 
 
-def layout(c) -> None:
-    """The panel's accordion, its components set on c."""
-    with gr.Accordion("By kind of text: where a draft saves most", open=False, elem_id="by-kind"):
-        gr.Markdown(
-            f"Two short questions of each kind (code, writing, translation, summaries, questions, arithmetic, "
-            f"answers from a passage), each answered by plain decoding and by speculation with the pair and "
-            f"settings above, at most {TOKENS} new tokens a turn. Code and structured answers usually "
-            "keep more drafts per target pass than open-ended writing."
-        )
-        with gr.Row():
-            c.kind_btn = gr.Button("Run by kind of text", variant="primary", elem_id="kind-run")
-            c.kind_stop = gr.Button("Stop", variant="stop", elem_id="kind-stop")
-        c.kind_status = gr.Markdown(elem_id="kind-status")
-        c.kind_plot = gr.Plot(label="speedup and tokens per target pass, by kind of text", elem_id="kind-plot")
-        c.kind_records = gr.JSON(label="per question and per category (JSON)", open=False)
-
-
-@functools.partial(gpu, longest=True)
-@guarded
-@takes_form(after=(("control", None), ("progress", gr.Progress())))
-def by_kind(form: Form, control=None, progress=gr.Progress()):
+def _stream(form: Form, control, progress):
     """Stream (status, chart, records) question by question; Stop or the run limit ends it after the
     current round, with the figures of the questions answered so far."""
-    yield from panel_stream(_stream, form, control, progress)
-
-
-def _stream(form: Form, control, progress):
     picked = category_runner.select(category_runner.read_questions(category_runner.SAMPLE), None, PER_CATEGORY)
     progress(0.0, desc=LOADING)
     pair = loaded_pair(form.target, form.draft, form.dtype, progress)
@@ -133,3 +107,19 @@ def _doc(rows: list[dict], summary: dict, draft: str, settings: Settings, stoppe
         summary=summary,
         questions=rows,
     )
+
+
+by_kind = panel.handler(_stream, "by_kind")
+PANEL = panel.Panel(
+    "By kind of text: where a draft saves most",
+    "by-kind",
+    "kind",
+    f"Two short questions of each kind (code, writing, translation, summaries, questions, arithmetic, answers "
+    f"from a passage), each answered by plain decoding and by speculation with the pair and settings above, at "
+    f"most {TOKENS} new tokens a turn. Code and structured answers usually keep more drafts per target pass "
+    "than open-ended writing.",
+    "Run by kind of text",
+    "speedup and tokens per target pass, by kind of text",
+    "per question and per category (JSON)",
+    by_kind,
+)

@@ -16,7 +16,7 @@ from app import models
 from app.core.config import UserError
 from app.models import hosting
 from app.request import CONVERTING, LOADING, MEASURING, loading_note  # noqa: F401 - the views' phase names
-from app.serve import boundary, heap, queue_limits
+from app.serve import boundary, queue_limits
 from app.serve.boundary import MAX_NEW_TOKENS_CAP
 from app.serve.form import Click, Form, fill_seed, takes_form, takes_models, typed_id  # noqa: F401 - fill_seed: the UI's start_run
 from app.serve.texts import EXAMPLES, example_row  # noqa: F401 - the API's examples
@@ -52,17 +52,6 @@ class Prepared:
 
     pair: models.Pair
     ids: list[int]
-
-
-def panel_stream(stream: Callable, form: Form, control, progress):
-    """A panel's updates from stream(form, control, progress): a user's mistake reaches the page as
-    its error, and the memory the run freed goes back to the OS however it ends."""
-    try:
-        yield from stream(form, control, progress)
-    except UserError as e:
-        raise as_user_error(e) from None
-    finally:
-        heap.release()
 
 
 def new_click(control: dict | None) -> None:

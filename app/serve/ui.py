@@ -13,7 +13,7 @@ from types import SimpleNamespace
 import gradio as gr
 
 from app import models
-from app.serve import by_kind, controls, form, knob_widgets, one_round, queue_limits, sessions, which_draft
+from app.serve import by_kind, controls, form, knob_widgets, one_round, panel, queue_limits, sessions, which_draft
 from app.serve.generation import generate_both, request_stop, start_run  # noqa: F401
 from app.serve.handlers import (  # noqa: F401 - the handlers are the app's API, reached through ui too
     _cap_label,
@@ -185,8 +185,7 @@ def _teaching(c) -> None:
         )
         # A short label: a long one wraps to two lines on a phone, over the figure's own title.
         c.residual = gr.Plot(label="p, q and the target token's source", elem_id="residual")
-    by_kind.layout(c)
-    which_draft.layout(c)
+    c.panels = [panel.layout(p) for p in (by_kind.PANEL, which_draft.PANEL)]
     with gr.Accordion("How speculative decoding works", open=False):
         gr.Markdown(EXPLANATION)
     with gr.Accordion("Records (JSON)", open=False):
@@ -217,15 +216,12 @@ def _wire(c) -> None:
         **device,
     ).success(export_for, [*inputs, c.control], c.export_code, **private)
     _wire_teaching(c, inputs, device, private)
-    panels = (
-        (by_kind.by_kind, c.kind_btn, c.kind_stop, [c.kind_status, c.kind_plot, c.kind_records]),
-        (which_draft.which_draft, c.size_btn, c.size_stop, [c.size_status, c.size_plot, c.size_records]),
-    )
-    for handler, run, stop, outputs in panels:
-        run.click(start_run, [c.seed, c.decoding, c.control], c.seed, queue=False, **private).then(
-            handler, [*inputs, c.control], outputs, api_name=handler.__name__, **device
+    for shown in c.panels:
+        handler = shown.panel.handler
+        shown.run.click(start_run, [c.seed, c.decoding, c.control], c.seed, queue=False, **private).then(
+            handler, [*inputs, c.control], shown.outputs, api_name=handler.__name__, **device
         )
-        stop.click(request_stop, c.control, None, queue=False, **private)
+        shown.stop.click(request_stop, c.control, None, queue=False, **private)
     # One round of Step is short, so Stop only ends a generation or a panel's run (cooperatively, after a round).
     c.stop_btn.click(request_stop, c.control, None, queue=False, **private)
     c.load_btn.click(load_pair, model_inputs, c.status, api_name="load_pair", **device).success(

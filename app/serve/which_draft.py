@@ -5,7 +5,6 @@ question by question and drawn as speedup against draft cost, with a sentence th
 from __future__ import annotations
 
 import dataclasses
-import functools
 import shlex
 
 import gradio as gr
@@ -13,10 +12,9 @@ import gradio as gr
 from app import category_runner, models, sweep
 from app.args import flags
 from app.core.config import Settings
-from app.serve import queue_limits
-from app.serve.form import Form, takes_form
-from app.serve.handlers import LOADING, guarded, loaded_pair, panel_stream
-from app.serve.zerogpu import gpu
+from app.serve import panel, queue_limits
+from app.serve.form import Form
+from app.serve.handlers import LOADING, loaded_pair
 from app.views import draft_size
 
 # A few minutes on the default target on two cores: one question of each kind, few tokens, four
@@ -36,33 +34,9 @@ def panel_settings(settings: Settings, tokenizer) -> Settings:
     return dataclasses.replace(settings, run=run, spec=spec)
 
 
-def layout(c) -> None:
-    """The panel's accordion, its components set on c."""
-    with gr.Accordion("Which draft is worth it: speedup against draft size", open=False, elem_id="which-draft"):
-        gr.Markdown(
-            f"Early exit at {EXITS} depths of the target, its bundled drafts and prompt lookup, each on one short "
-            f"question of every kind of text (at most {TOKENS} new tokens, your k, fixed), against plain "
-            "decoding. Too small a draft is rejected too often; too large a one costs as much as it saves. "
-            "Dashed: Leviathan's speedup predicted from the same α and cost c. A few minutes on the default target."
-        )
-        with gr.Row():
-            c.size_btn = gr.Button("Run the draft-size sweep", variant="primary", elem_id="size-run")
-            c.size_stop = gr.Button("Stop", variant="stop", elem_id="size-stop")
-        c.size_status = gr.Markdown(elem_id="size-status")
-        c.size_plot = gr.Plot(label="speedup against draft cost, by kind of text", elem_id="size-plot")
-        c.size_records = gr.JSON(label="per draft and kind of text (JSON)", open=False)
-
-
-@functools.partial(gpu, longest=True)
-@guarded
-@takes_form(after=(("control", None), ("progress", gr.Progress())))
-def which_draft(form: Form, control=None, progress=gr.Progress()):
+def _stream(form: Form, control, progress):
     """Stream (status, figure, document) question by question; Stop or the run limit ends the sweep
     after the current measurement, with the figures measured so far."""
-    yield from panel_stream(_stream, form, control, progress)
-
-
-def _stream(form: Form, control, progress):
     picked = category_runner.select(category_runner.read_questions(category_runner.SAMPLE), None, PER_CATEGORY)
     progress(0.0, desc=LOADING)
     first = loaded_pair(form.target, models.PROMPT_LOOKUP, form.dtype, progress)
@@ -129,3 +103,19 @@ def _table(doc: dict, category: str) -> str:
         pred = f"{p['predicted']:.2f}×" if p["predicted"] is not None else "–"
         lines.append(f"| {p['label']} | {p['c']:.3f} | {alpha} | {tpp} | {p['speedup']:.2f}× | {pred} |")
     return "\n".join(lines)
+
+
+which_draft = panel.handler(_stream, "which_draft")
+PANEL = panel.Panel(
+    "Which draft is worth it: speedup against draft size",
+    "which-draft",
+    "size",
+    f"Early exit at {EXITS} depths of the target, its bundled drafts and prompt lookup, each on one short question "
+    f"of every kind of text (at most {TOKENS} new tokens, your k, fixed), against plain decoding. Too small a draft "
+    "is rejected too often; too large a one costs as much as it saves. Dashed: Leviathan's speedup predicted from "
+    "the same α and cost c. A few minutes on the default target.",
+    "Run the draft-size sweep",
+    "speedup against draft cost, by kind of text",
+    "per draft and kind of text (JSON)",
+    which_draft,
+)
