@@ -114,3 +114,24 @@ def test_sampling_with_a_penalty_matches_the_processed_target(monkeypatch):
 def test_bad_repetition_settings_are_refused(bad):
     with pytest.raises(UserError):
         SamplingConfig(**bad).validate()
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 6])
+def test_the_n_gram_ban_is_generates_own_on_every_history(n):
+    """sampling.ban_repeated_ngrams bans exactly what transformers' NoRepeatNGramLogitsProcessor bans,
+    on short and long histories over a small alphabet (many repeats) and a large one (few)."""
+    import random
+
+    from transformers import NoRepeatNGramLogitsProcessor
+
+    from app.core.sampling import ban_repeated_ngrams
+
+    rng = random.Random(n)
+    processor = NoRepeatNGramLogitsProcessor(n)
+    for trial in range(200):
+        vocab = rng.choice([3, 7, 50])
+        history = [rng.randrange(vocab) for _ in range(rng.randrange(0, 80 if trial % 10 else 400))]
+        row = torch.randn(1, 50, generator=torch.Generator().manual_seed(trial))
+        ids = torch.tensor(history, dtype=torch.long)
+        want = processor(ids[None], row.clone())
+        assert torch.equal(ban_repeated_ngrams(ids, row.clone(), n), want), (n, history)
