@@ -299,3 +299,32 @@ def test_the_training_time_test_unrolls_as_drafting_does(target):
                 assert torch.allclose(f[0, -1], deep[j][0, start + j], atol=1e-5), (start, j)
         broken = unrolled(head, embeds, features.roll(1, dims=1), depth=3)
         assert not torch.allclose(broken[2][0, 9], deep[2][0, 9], atol=1e-3), "the check must bite"
+
+
+def test_a_penalised_greedy_head_drafts_over_its_vocabulary_as_over_the_full_row(
+    target, tokenizer, head, no_eos, monkeypatch
+):
+    """Under repetition controls a greedy head with a draft vocabulary penalises only its own scores
+    (sampling.penalise_subset): every round drafts what the full row's argmax drafted, and the output
+    is plain decoding's."""
+    from app.core import sampling
+
+    def proposer():
+        p = FeatureProposer(target, head)
+        p.vocab = torch.arange(0, len(tokenizer), 2)  # a draft vocabulary of every other id
+        p.w_sub = target.get_output_embeddings().weight[p.vocab]
+        return p
+
+    settings = dict(k=4, k_policy="fixed", max_new_tokens=40, repetition_penalty=1.3, no_repeat_ngram_size=3)
+    fast, fast_steps = run(target, tokenizer, PROMPTS[1], proposer(), **settings)
+
+    def full_row(scores, slot_of, history, cfg):  # the reference: the whole row, penalised, at those places
+        vocab = (slot_of >= 0).nonzero().flatten()[slot_of[slot_of >= 0].argsort()]
+        row = torch.full((len(slot_of),), float("-inf"))
+        row[vocab] = scores.float()
+        return sampling.penalise(row[None], history, [], SamplingConfig(**{**cfg.__dict__}))[0][vocab]
+
+    monkeypatch.setattr(sampling, "penalise_subset", full_row)
+    slow, slow_steps = run(target, tokenizer, PROMPTS[1], proposer(), **settings)
+    assert [s.drafted for s in fast_steps] == [s.drafted for s in slow_steps]
+    assert fast == slow and sum(len(s.drafted) for s in fast_steps) > 0

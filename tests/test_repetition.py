@@ -135,3 +135,25 @@ def test_the_n_gram_ban_is_generates_own_on_every_history(n):
         ids = torch.tensor(history, dtype=torch.long)
         want = processor(ids[None], row.clone())
         assert torch.equal(ban_repeated_ngrams(ids, row.clone(), n), want), (n, history)
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [dict(no_repeat_ngram_size=3), dict(repetition_penalty=1.3), dict(repetition_penalty=0.8, no_repeat_ngram_size=2)],
+)
+def test_a_draft_vocabularys_scores_are_penalised_as_the_full_rows_places(settings):
+    """penalise_subset gives a draft vocabulary's places the numbers penalise() gives them in the full
+    row (-inf elsewhere), so a greedy feature head picks the same token without building that row."""
+    g = torch.Generator().manual_seed(4)
+    vocab_size = 40
+    vocab = torch.randperm(vocab_size, generator=g)[:15]
+    slot_of = torch.full((vocab_size,), -1, dtype=torch.long)
+    slot_of[vocab] = torch.arange(len(vocab))
+    cfg = SamplingConfig(**settings)
+    for trial in range(100):
+        history = torch.randint(0, 6 if trial % 2 else vocab_size, (trial % 30,), generator=g).tolist()
+        scores = torch.randn(len(vocab), generator=g) * 3
+        full = torch.full((vocab_size,), float("-inf"))
+        full[vocab] = scores
+        want = sampling.penalise(full[None], history, [], cfg)[0][vocab]
+        assert torch.equal(sampling.penalise_subset(scores, slot_of, history, cfg), want), (settings, history)

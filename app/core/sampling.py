@@ -38,16 +38,36 @@ def ban_repeated_ngrams(history: torch.Tensor, row: torch.Tensor, n: int) -> tor
     token that would end an n-gram already in the history. The same banned set, found in a few tensor
     operations instead of a Python pass over every n-gram of the history, which for a few hundred
     tokens cost a verify row and a draft token about a tenth of a one-token pass each."""
+    row[0, repeated_ngram_ends(history, n)] = float("-inf")
+    return row
+
+
+def repeated_ngram_ends(history: torch.Tensor, n: int) -> torch.Tensor:
+    """The token ids that would end an n-gram already in the 1-D history (with repeats)."""
     length = history.numel()
     if length < n:  # no n-gram ends in a next token yet (the processor's own early return)
-        return row
+        return history[:0]
     if n == 1:
-        row[0, history] = float("-inf")
-        return row
+        return history
     windows = history.unfold(0, n - 1, 1)[: length - n + 1]  # every (n-1)-gram that a token followed
-    repeats = (windows == history[length - n + 1 :]).all(dim=-1)
-    row[0, history[n - 1 :][repeats]] = float("-inf")
-    return row
+    return history[n - 1 :][(windows == history[length - n + 1 :]).all(dim=-1)]
+
+
+def penalise_subset(scores: torch.Tensor, slot_of: torch.Tensor, history: list[int], cfg: SamplingConfig):
+    """penalise() for the (S,) scores of a subset of the vocabulary, -inf elsewhere (a draft vocabulary):
+    slot_of maps a token id to its place in scores, -1 outside. The same numbers on those places as the
+    full row's, without building the full row (a greedy draft token's whole cost otherwise)."""
+    scores = scores.float().clone()
+    ids = torch.tensor(history, dtype=torch.long, device=scores.device)
+    if cfg.repetition_penalty != 1.0:
+        seen = slot_of[ids.unique()]
+        seen = seen[seen >= 0]
+        score = scores[seen]  # as RepetitionPenaltyLogitsProcessor: divide a positive score, multiply others
+        scores[seen] = torch.where(score < 0, score * cfg.repetition_penalty, score / cfg.repetition_penalty)
+    if cfg.no_repeat_ngram_size > 0:
+        banned = slot_of[repeated_ngram_ends(ids, cfg.no_repeat_ngram_size)]
+        scores[banned[banned >= 0]] = float("-inf")
+    return scores
 
 
 def probs(logits: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor:

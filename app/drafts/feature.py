@@ -182,10 +182,24 @@ class FeatureProposer:
 
     def _draw(self, feature: torch.Tensor, history: list[int], cfg: SamplingConfig, gen: torch.Generator):
         """A draft token from a predicted feature, through the LM head (or its draft-vocabulary rows)."""
-        if self.vocab is not None and cfg.greedy and not cfg.penalised:  # the subset's argmax: no full row
+        if self.vocab is not None and cfg.greedy:  # the subset's argmax: no full row
             assert self.w_sub is not None
-            return int(self.vocab[self.head.score(self.head.readout(feature), self.w_sub).argmax()]), None
+            scores = self.head.score(self.head.readout(feature), self.w_sub)
+            if cfg.penalised:
+                scores = sampling.penalise_subset(scores, self._slot_of(), history, cfg)
+                if not bool(torch.isfinite(scores).any()):  # every draft token banned: the full row's pick
+                    return draw(self._logits(feature), history, cfg, gen)
+            return int(self.vocab[scores.argmax()]), None
         return draw(self._logits(feature), history, cfg, gen)
+
+    def _slot_of(self) -> torch.Tensor:
+        """Token id -> its place among the draft vocabulary's scores, -1 outside (built once)."""
+        if getattr(self, "_slots", None) is None:
+            assert self.vocab is not None
+            size = max(self.vocab_size, int(self.vocab.max()) + 1)
+            self._slots = torch.full((size,), -1, dtype=torch.long, device=self.vocab.device)
+            self._slots[self.vocab] = torch.arange(len(self.vocab), device=self.vocab.device)
+        return self._slots
 
     def commit(self, path: list[int], token: int, features: torch.Tensor | None = None) -> None:
         kept = [self._tree.tokens[i] for i in path] if self._tree is not None else self._drafts.kept(path)[0]
