@@ -362,3 +362,37 @@ def costs_for(
             _cache[key] = measure(pair, spec.k_max, target_cache, sampling=sampling, tree=tree, report=report)
         _cache[key] = _cache.pop(key)  # now the most recently used
         return _cache[key]
+
+
+DRIFT = 1.3  # a run's one-token passes this many times slower or faster than measured: measure again
+DRIFT_ROUNDS = 8  # the fewest one-token passes a check reads
+
+
+def forget(costs: Costs | None = None) -> int:
+    """Drop the measurement `costs` came from (None: every measurement here), so that the next request
+    of its kind measures this machine again; how many were dropped."""
+    with _lock:
+        gone = [key for key, held in _cache.items() if costs is None or held is costs]
+        for key in gone:
+            del _cache[key]
+    return len(gone)
+
+
+def drift(costs: Costs, plain_steps) -> float | None:
+    """How many times its measured time a run's one-token passes took (the median over the rounds of a
+    plain run beside it, each at its own context), when that is off by more than DRIFT either way: the
+    measurement is then forgotten and the next request measures again. None: within DRIFT, or too few
+    rounds to tell. A measurement taken while the machine was busy (a browser drawing the first page
+    beside it, say) would otherwise steer every later run on this server."""
+    ratios = [
+        s.verify_time / costs.verify_time(1, s.context)
+        for s in plain_steps[1:]  # the first round holds the prefill
+        if not s.drafted and s.verify_time > 0
+    ]
+    if len(ratios) < DRIFT_ROUNDS:
+        return None
+    ratio = statistics.median(ratios)
+    if 1 / DRIFT <= ratio <= DRIFT:
+        return None
+    forget(costs)
+    return ratio

@@ -442,3 +442,28 @@ def test_a_round_never_drafts_past_the_tokens_left_less_the_bonus_slot(target, n
             assert s.k <= n - before - 1, (n, s.round, s.k)
             before += len(s.emitted)
         assert before == n
+
+
+def test_a_run_that_disagrees_with_the_machines_measurement_has_it_measured_again():
+    """calibrate.drift: a plain run whose one-token passes took 1.5x (or 0.6x) the measured time drops
+    the measurement, so the next request measures again; one within DRIFT keeps it; too few rounds tell
+    nothing. The page says so under the summary."""
+    from types import SimpleNamespace
+
+    from app.views import render
+
+    costs = Costs(verify_s=(0.01, 0.012), draft_round_s=0.0, draft_token_s=0.001, overhead_s=0.0, plain_round_s=0.01)
+
+    def plain(seconds: float, n: int = 12):
+        return [SimpleNamespace(drafted=[], verify_time=seconds, context=100 + i) for i in range(n)]
+
+    for seconds, forgotten in ((0.015, True), (0.006, True), (0.011, False), (0.0092, False)):
+        calibrate._cache[("drift test",)] = costs
+        ratio = calibrate.drift(costs, plain(seconds))
+        assert (ratio is not None) == forgotten and (("drift test",) not in calibrate._cache) == forgotten
+        calibrate._cache.pop(("drift test",), None)
+    calibrate._cache[("drift test",)] = costs
+    assert calibrate.drift(costs, plain(0.02, n=5)) is None and ("drift test",) in calibrate._cache
+    calibrate.forget(costs)
+    assert ("drift test",) not in calibrate._cache
+    assert "1.50×" in render.drift_note(1.5) and render.drift_note(None) == ""

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import gradio as gr
 import torch
 
-from app import models, request
+from app import calibrate, models, request
 from app.core import divergence, metrics
 from app.core.config import UserError
 from app.models import threads
@@ -110,6 +110,8 @@ def _stream(form: Form, control, progress=None) -> Iterator[tuple]:
     }
     doc["comparison"] = metrics.compare(doc["speculative"]["stats"], doc["autoregressive"]["stats"])
     doc["stopped"] = stopped  # True: Stop ended both runs early, so every figure is partial
+    if costs is not None and not stopped:
+        doc["machine_drift"] = calibrate.drift(costs, ar)  # not None: the next request measures again
     doc["threads"] = threads.key()  # "auto" or the fixed count (docs/threads.md)
     used = models.precision_of(pair.target)
     doc["dtype"] = dict(asked=dtype, used=used if used == "int8" else str(pair.target.dtype).removeprefix("torch."))
@@ -173,6 +175,7 @@ def _outputs(
     prompt, spec, ar, rule, figures, doc, done=True, stopped=False, costs=None, verdict=None, precision="", decode=None
 ):
     summary = render.summary_markdown(spec, ar, done and not stopped, stopped, costs)
+    summary += render.drift_note(doc.get("machine_drift") if doc else None)
     shown = verdict is not None and decode is not None and not stopped
     below = check_line.branch_point(verdict, decode) if shown else ""
     check = check_line.identity_check(spec, ar, rule, done and not stopped, stopped, verdict, below)

@@ -162,6 +162,17 @@ def summary_markdown(
     return head + "\n\n" + table
 
 
+def drift_note(ratio: float | None) -> str:
+    """The line that says a run disagreed with the machine's measurement (calibrate.drift), or ""."""
+    if ratio is None:
+        return ""
+    return (
+        f"\n\nThis run's one-token passes took {ratio:.2f}× the time this machine's measurement says "
+        "(it was taken at the first request, perhaps while the machine was busy): the next Generate "
+        "measures again, and its prediction and choice of k follow."
+    )
+
+
 def unequal_note(b: dict, a: dict) -> str:
     """Where the two runs ended at different lengths (an end-of-turn token one of them reached first),
     the speedup is a ratio of rates over unequal texts: said under the headline, with both lengths."""
