@@ -311,8 +311,8 @@ def test_a_penalised_greedy_head_drafts_over_its_vocabulary_as_over_the_full_row
 
     def proposer():
         p = FeatureProposer(target, head)
-        p.vocab = torch.arange(0, len(tokenizer), 2)  # a draft vocabulary of every other id
-        p.w_sub = target.get_output_embeddings().weight[p.vocab]
+        vocab = torch.arange(0, len(tokenizer), 2)  # a draft vocabulary of every other id
+        p.use_vocab(vocab, target.get_output_embeddings().weight[vocab])
         return p
 
     settings = dict(k=4, k_policy="fixed", max_new_tokens=40, repetition_penalty=1.3, no_repeat_ngram_size=3)

@@ -59,11 +59,10 @@ def penalise_subset(scores: torch.Tensor, slot_of: torch.Tensor, history: list[i
     full row's, without building the full row (a greedy draft token's whole cost otherwise)."""
     scores = scores.float().clone()
     ids = torch.tensor(history, dtype=torch.long, device=scores.device)
-    if cfg.repetition_penalty != 1.0:
-        seen = slot_of[ids.unique()]
-        seen = seen[seen >= 0]
-        score = scores[seen]  # as RepetitionPenaltyLogitsProcessor: divide a positive score, multiply others
-        scores[seen] = torch.where(score < 0, score * cfg.repetition_penalty, score / cfg.repetition_penalty)
+    if cfg.repetition_penalty != 1.0:  # generate()'s own processor, on the places of the seen tokens
+        seen = slot_of[ids]
+        penalty = RepetitionPenaltyLogitsProcessor(cfg.repetition_penalty)
+        scores = penalty(seen[seen >= 0][None], scores[None])[0]
     if cfg.no_repeat_ngram_size > 0:
         banned = slot_of[repeated_ngram_ends(ids, cfg.no_repeat_ngram_size)]
         scores[banned[banned >= 0]] = float("-inf")

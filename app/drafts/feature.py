@@ -44,9 +44,18 @@ class FeatureProposer:
         # A head with a reduced draft vocabulary scores only those rows of the LM head (q = 0 elsewhere).
         self.vocab: torch.Tensor | None
         self.w_sub: torch.Tensor | None
-        self.vocab, self.w_sub = head.draft_rows(self.lm_head) or (None, None)
+        self.slot_of: torch.Tensor | None  # token id -> its place among the draft vocabulary's scores, -1 outside
+        self.use_vocab(*(head.draft_rows(self.lm_head) or (None, None)))
         # The target's features the head reads: its last layer (EAGLE-1), or three layers fused (EAGLE-3).
         self.feature_layers: tuple[int, ...] = head.feature_layers
+
+    def use_vocab(self, vocab: torch.Tensor | None, w_sub: torch.Tensor | None) -> None:
+        """Draft over these ids (their LM-head rows w_sub), or over the whole vocabulary (None)."""
+        self.vocab, self.w_sub, self.slot_of = vocab, w_sub, None
+        if vocab is not None:
+            size = max(int(self.lm_head.weight.shape[0]), int(vocab.max()) + 1)
+            self.slot_of = torch.full((size,), -1, dtype=torch.long, device=vocab.device)
+            self.slot_of[vocab] = torch.arange(len(vocab), device=vocab.device)
 
     def begin(self, prompt_ids: list[int], vocab_size: int) -> None:
         self.ids = list(prompt_ids)
@@ -183,23 +192,14 @@ class FeatureProposer:
     def _draw(self, feature: torch.Tensor, history: list[int], cfg: SamplingConfig, gen: torch.Generator):
         """A draft token from a predicted feature, through the LM head (or its draft-vocabulary rows)."""
         if self.vocab is not None and cfg.greedy:  # the subset's argmax: no full row
-            assert self.w_sub is not None
+            assert self.w_sub is not None and self.slot_of is not None
             scores = self.head.score(self.head.readout(feature), self.w_sub)
             if cfg.penalised:
-                scores = sampling.penalise_subset(scores, self._slot_of(), history, cfg)
+                scores = sampling.penalise_subset(scores, self.slot_of, history, cfg)
                 if not bool(torch.isfinite(scores).any()):  # every draft token banned: the full row's pick
                     return draw(self._logits(feature), history, cfg, gen)
             return int(self.vocab[scores.argmax()]), None
         return draw(self._logits(feature), history, cfg, gen)
-
-    def _slot_of(self) -> torch.Tensor:
-        """Token id -> its place among the draft vocabulary's scores, -1 outside (built once)."""
-        if getattr(self, "_slots", None) is None:
-            assert self.vocab is not None
-            size = max(self.vocab_size, int(self.vocab.max()) + 1)
-            self._slots = torch.full((size,), -1, dtype=torch.long, device=self.vocab.device)
-            self._slots[self.vocab] = torch.arange(len(self.vocab), device=self.vocab.device)
-        return self._slots
 
     def commit(self, path: list[int], token: int, features: torch.Tensor | None = None) -> None:
         kept = [self._tree.tokens[i] for i in path] if self._tree is not None else self._drafts.kept(path)[0]
