@@ -157,3 +157,29 @@ def test_a_draft_vocabularys_scores_are_penalised_as_the_full_rows_places(settin
         full[vocab] = scores
         want = sampling.penalise(full[None], history, [], cfg)[0][vocab]
         assert torch.equal(sampling.penalise_subset(scores, slot_of, history, cfg), want), (settings, history)
+
+
+def test_one_penalise_call_gives_each_tree_row_its_own_branchs_history():
+    """sampling.penalise over a round's rows with the drafts' parents: each row is what it is alone
+    after the context and its own branch, for trees and chains (parents left out: a chain)."""
+    import random
+
+    rng = random.Random(1)
+    for trial in range(300):
+        cfg = SamplingConfig(repetition_penalty=1.3 if trial % 2 else 1.0, no_repeat_ngram_size=trial % 3 + 1)
+        context = [rng.randrange(6) for _ in range(rng.randrange(1, 30))]
+        n = rng.randrange(0, 8)
+        parents = [-1 if i == 0 else rng.randrange(-1, i) for i in range(n)]
+        tokens = [rng.randrange(6) for _ in range(n)]
+        logits = torch.randn(n + 1, 6, generator=torch.Generator().manual_seed(trial))
+        branches: list[list[int]] = []
+        for i, parent in enumerate(parents):
+            branches.append((branches[parent] if parent >= 0 else []) + [tokens[i]])
+        alone = [
+            sampling.penalise(logits[r : r + 1], h, [], cfg)
+            for r, h in enumerate([context, *(context + b for b in branches)])
+        ]
+        together = sampling.penalise(logits, context, tokens, cfg, parents)
+        assert torch.equal(together, torch.cat(alone)), parents
+        if parents == list(range(-1, n - 1)):
+            assert torch.equal(sampling.penalise(logits, context, tokens, cfg), together)

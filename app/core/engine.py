@@ -173,13 +173,7 @@ class _Loop:
 
     def _penalise(self, p_logits: torch.Tensor, tokens: list[int], parents: list[int]) -> torch.Tensor:
         """The repetition rules on each row of p, after its own branch's history."""
-        if not self.cfg.penalised:
-            return p_logits
-        branch: list[list[int]] = []
-        for i, parent in enumerate(parents):
-            branch.append((branch[parent] if parent >= 0 else []) + [tokens[i]])
-        histories = [self.ids, *(self.ids + b for b in branch)]
-        return torch.cat([sampling.penalise(p_logits[r : r + 1], h, [], self.cfg) for r, h in enumerate(histories)])
+        return sampling.penalise(p_logits, self.ids, tokens, self.cfg, parents)
 
     def round(self, number: int) -> Round:
         """Draft, verify with one target pass, commit: what the round did."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+from collections.abc import Sequence
 
 import torch
 from transformers import RepetitionPenaltyLogitsProcessor
@@ -11,8 +12,12 @@ from transformers import RepetitionPenaltyLogitsProcessor
 from app.core.config import K_MAX, SamplingConfig
 
 
-def penalise(logits: torch.Tensor, context: list[int], drafts: list[int], cfg: SamplingConfig) -> torch.Tensor:
-    """(n, V) logits, row i scored after context + drafts[:i], through generate()'s own processors.
+def penalise(
+    logits: torch.Tensor, context: list[int], drafts: list[int], cfg: SamplingConfig, parents: Sequence[int] = ()
+) -> torch.Tensor:
+    """(n, V) logits through generate()'s own processors: row 0 after the context, row i + 1 after the
+    context and the drafts on the branch to draft i (parents: each draft's parent, -1 for the context;
+    none given, the drafts are a chain).
 
     Speculation stays lossless because the target's rows and the draft's rows at the same
     position see the same history, so p and q get identical processing.
@@ -21,9 +26,16 @@ def penalise(logits: torch.Tensor, context: list[int], drafts: list[int], cfg: S
         return logits
     penalty = RepetitionPenaltyLogitsProcessor(cfg.repetition_penalty) if cfg.repetition_penalty != 1.0 else None
     full = torch.tensor(context + drafts, dtype=torch.long, device=logits.device)
+    branches: list[list[int]] = [[]]  # the drafts before each row, in order
+    for node, parent in enumerate(parents or range(-1, len(drafts) - 1)):
+        branches.append(branches[parent + 1] + [node])
     rows = []
     for i in range(logits.shape[0]):
-        history = full[: len(context) + i]
+        branch = branches[i]
+        if branch == list(range(len(branch))):  # a chain's prefix: one slice of the tensor
+            history = full[: len(context) + len(branch)]
+        else:
+            history = torch.cat([full[: len(context)], full[len(context) :][branch]])
         row = logits[i : i + 1].float().clone()  # processors may write in place
         if penalty is not None:
             row = penalty(history[None], row)
