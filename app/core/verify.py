@@ -90,11 +90,11 @@ def greedy(tokens: list[int], parents: list[int], p_logits: torch.Tensor, teach:
         best, p_of = [int(b) for b in host[: n + 1]], host[n + 1 :]
     else:
         best, p_of = argmax.tolist(), [None] * n
-    path, judged = _walk(parents, lambda node: tokens[node] == best[parents[node] + 1])
+    path, judged, ok = _follow(tokens, parents, best)
     pick = best[path[-1] + 1 if path else 0]
     residual = torch.zeros(logits.shape[-1], device=logits.device)
     residual[pick] = 1.0
-    ok, m = [1.0 if node in path else 0.0 for node in judged], len(judged)
+    m = len(judged)
     return Verdict(path, pick, judged, [p_of[j] for j in judged], [1.0] * m, ok, [None] * m, residual)
 
 
@@ -172,11 +172,10 @@ def shared_noise(
     else:
         host = winners.double().tolist()
     best = [int(b) for b in host[: n + 1]]
-    path, judged = _walk(parents, lambda node: tokens[node] == best[parents[node] + 1])
+    path, judged, ok = _follow(tokens, parents, best)
     row = path[-1] + 1 if path else 0
     p_x: list[float | None] = [host[n + 1 + j] for j in judged]
     q_x = [host[2 * n + 1 + j] for j in judged]
-    ok = [1.0 if node in path else 0.0 for node in judged]
     # The token is a draw from p itself (the race), not from a residual.
     return Verdict(path, best[row], judged, p_x, q_x, ok, [None] * len(judged), p[row], noise[row])
 
@@ -185,6 +184,13 @@ def _index(tokens: list[int], parents: list[int], device) -> tuple[torch.Tensor,
     """(n,) each node's token and (n,) the row of p it is judged at: its parent's, one past it."""
     x = torch.tensor(tokens, dtype=torch.long, device=device)
     return x, torch.tensor(parents, dtype=torch.long, device=device) + 1
+
+
+def _follow(tokens: list[int], parents: list[int], best: list[int]) -> tuple[list[int], list[int], list[float]]:
+    """(path, judged, ok) of a walk that keeps a node where its token is the one its parent's row picked
+    (`best`: each row's pick): greedy's argmax, shared noise's race winner."""
+    path, judged = _walk(parents, lambda node: tokens[node] == best[parents[node] + 1])
+    return path, judged, [1.0 if node in path else 0.0 for node in judged]
 
 
 def _walk(parents: list[int], keep: Callable[[int], bool]) -> tuple[list[int], list[int]]:
