@@ -128,7 +128,6 @@ KNOBS: list[Knob] = [
         default=None,  # the CLI's: fixed when --k or a tree is given, else adaptive
         choices=K_POLICIES,
         required=True,
-        cli={},
     ),
     Knob(
         "k",
