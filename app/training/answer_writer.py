@@ -41,14 +41,12 @@ class Answer:
 @dataclass
 class _Row:
     request: int
-    next: int  # the token the next step feeds
-    position: int
+    next: int  # the token the next step feeds, at position len(fed)
     fed: list[int]
     features: list[torch.Tensor]
     generator: torch.Generator | None
     written: int = 0
     ending: bool = False  # its end-of-turn token is fed this step, for its features, and then it leaves
-    done: bool = False
 
 
 class FinalNorm:
@@ -178,7 +176,7 @@ class _Writer:
         generator = None
         if self.temperature > 0:
             generator = torch.Generator(device=self.device).manual_seed(seed_of(self.seed, request))
-        row = _Row(request, prompt[-1], len(prompt) - 1, list(prompt[:-1]), [], generator)
+        row = _Row(request, prompt[-1], list(prompt[:-1]), [], generator)
         n = len(prompt) - 1
         alone = DynamicCache()
         self.target(input_ids=torch.tensor([prompt[:-1]], device=self.device), cache=alone, use_cache=True)
@@ -206,7 +204,7 @@ class _Writer:
         rows = self.rows
         # a free row feeds a token too (the batch keeps its shape); its output is not read
         ids = torch.tensor([[r.next if r else self.eos] for r in rows], device=self.device)
-        position = torch.tensor([[r.position if r else 0] for r in rows], device=self.device)
+        position = torch.tensor([[len(r.fed) if r else 0] for r in rows], device=self.device)
         live = torch.tensor([[1 if r else 0] for r in rows], device=self.device, dtype=torch.long)
         # a free row sees only its own new position, so its attention has a key to read
         self.mask = torch.cat([self.mask, self.mask.new_ones(len(rows), 1)], dim=1)
@@ -216,31 +214,29 @@ class _Writer:
         self.mask[:, -1:] *= live
         features = self.hook.take()[:, -1]
         logits = out.logits[:, -1].float()
-        self.row_steps += int(live.sum())
+        self.row_steps += sum(r is not None for r in rows)
+        # greedy rows take every row's argmax in one call (one read of the device, not one a row)
+        picks = logits.argmax(dim=-1).tolist() if self.temperature <= 0 else None
         for b, row in enumerate(rows):
             if row is None:
                 continue
             row.fed.append(row.next)
             row.features.append(features[b : b + 1])
-            row.position += 1
-            if row.ending:
-                row.done = True
-            else:
-                token = self._next_token(logits[b], row.generator)
+            done = row.ending
+            if not done:
+                token = picks[b] if picks is not None else self._sampled(logits[b], row.generator)
                 row.written += 1
                 if token == self.eos:
                     row.next, row.ending = token, True
                 elif row.written == self.new_tokens:
-                    row.done = True  # the cap: its last token is never fed, so it has no features
+                    done = True  # the cap: its last token is never fed, so it has no features
                 else:
                     row.next = token
-            if row.done:
+            if done:
                 self._leave(b)
         self._trim()
 
-    def _next_token(self, logits: torch.Tensor, generator: torch.Generator | None) -> int:
-        if generator is None:
-            return int(logits.argmax())
+    def _sampled(self, logits: torch.Tensor, generator: torch.Generator | None) -> int:
         p = torch.softmax(logits / self.temperature, dim=-1)
         return int(torch.multinomial(p, 1, generator=generator))
 
