@@ -264,9 +264,10 @@ class AddressRate:
 
     def admit(self, ip: str) -> bool:
         """Count a join from `ip` and say whether it is within the limit (a refused join is not counted)."""
-        if self.full(ip):
+        seen = self._recent(ip, keep=True)
+        if len(seen) >= self.limit:
             return False
-        self.count(ip)
+        seen.append(self.clock())
         return True
 
 
