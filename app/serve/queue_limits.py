@@ -264,10 +264,9 @@ class AddressRate:
 
     def admit(self, ip: str) -> bool:
         """Count a join from `ip` and say whether it is within the limit (a refused join is not counted)."""
-        seen = self._recent(ip, keep=True)
-        if len(seen) >= self.limit:
+        if self.full(ip):
             return False
-        seen.append(self.clock())
+        self.count(ip)
         return True
 
 
