@@ -85,10 +85,12 @@ def test_the_attention_gives_the_torch_paths_bits_under_every_mask(kernel, torch
         assert torch.equal(got, want), f"width {queries.shape[2]}, mask {mask is not None}"
 
 
-def test_a_models_logits_are_the_torch_paths_on_every_row(kernel, torch_path):
+# head dims of 8 (the rotary embedding number by number) and 32 (whole vectors, as SmolLM2's 64)
+@pytest.mark.parametrize("hidden", [32, 128])
+def test_a_models_logits_are_the_torch_paths_on_every_row(kernel, torch_path, hidden):
     from tests.conftest import tiny_llama
 
-    fp32 = tiny_llama(vocab=96).eval()
+    fp32 = tiny_llama(vocab=96, hidden=hidden).eval()
     ids = [(7 * i + 3) % 96 for i in range(80)]
 
     def rows(model, width: int) -> torch.Tensor:

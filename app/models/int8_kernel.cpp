@@ -51,7 +51,7 @@ bool available() {
 #ifdef SPECDEC_X86
   __builtin_cpu_init();
   return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
-         __builtin_cpu_supports("avx512vnni");
+         __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vnni");
 #else
   return false;
 #endif
@@ -150,7 +150,7 @@ struct Job {
 };
 
 // Column blocks b0..b1-1 of the output: the integer sums, then exact.Int8Linear's rescale.
-__attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni"))) void run_blocks(const Job& j, int64_t b0, int64_t b1) {
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni"))) void run_blocks(const Job& j, int64_t b0, int64_t b1) {
   alignas(64) int32_t lanes[MAX_ROWS][COLS];
   const int64_t per = chunk_tokens(j.t, j.parts);
   for (int64_t b = b0; b < b1; ++b) {
@@ -165,13 +165,20 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni"))) void run_blocks(
       for (int r = 0; r < tokens; ++r) {
         const int64_t row = r0 + r;
         float* out = j.ys + row * j.n + c0;
-        if (j.wide && j.parts == 2) {  // int64 sums: rows past about 1,000 inputs at 15 bits, one by one
-          for (int64_t c = 0; c < cols; ++c) {
-            const int64_t hi = int64_t{lanes[2 * r][c]} - j.shifts[2 * row];
-            const int64_t lo = int64_t{lanes[2 * r + 1][c]} - j.shifts[2 * row + 1];
-            volatile float v = static_cast<float>(lo + hi * j.half) * j.steps[row];
-            volatile float scaled = v * j.scale[c0 + c];
-            out[c] = j.bias ? scaled + j.bias[c0 + c] : scaled;
+        if (j.wide && j.parts == 2) {  // int64 sums: rows past about 1,000 inputs at 15 bits, 8 columns a time
+          const __m512i hi_shift = _mm512_set1_epi64(j.shifts[2 * row]);
+          const __m512i lo_shift = _mm512_set1_epi64(j.shifts[2 * row + 1]);
+          const __m512i halves = _mm512_set1_epi64(j.half);
+          const __m256 step = _mm256_set1_ps(j.steps[row]);
+          const __m512i hi32 = _mm512_load_si512(lanes[2 * r]), lo32 = _mm512_load_si512(lanes[2 * r + 1]);
+          for (int part = 0; part < 2; ++part) {
+            const __m512i hi = _mm512_sub_epi64(_mm512_cvtepi32_epi64(_mm512_extracti64x4_epi64(hi32, part)), hi_shift);
+            const __m512i lo = _mm512_sub_epi64(_mm512_cvtepi32_epi64(_mm512_extracti64x4_epi64(lo32, part)), lo_shift);
+            // int64 to float32 rounds to nearest, as the scalar conversion; then the two products and the sum
+            const __m256 v = _mm512_cvtepi64_ps(_mm512_add_epi64(lo, _mm512_mullo_epi64(hi, halves)));
+            __m256 y = _mm256_mul_ps(_mm256_mul_ps(v, step), _mm512_extractf32x8_ps(scale, part));
+            if (j.bias) y = _mm256_add_ps(y, _mm512_extractf32x8_ps(bias, part));
+            _mm256_mask_storeu_ps(out + 8 * part, static_cast<__mmask8>(live >> (8 * part)), y);
           }
           continue;
         }
@@ -458,17 +465,20 @@ SPECDEC_AVX512 void score_rows(const Attend& a, int64_t r0, int64_t r1) {
     const int64_t nn = r / rows, gi = r % rows, g = gi / a.t, i = gi % a.t;
     const int64_t bb = nn / a.kv_heads, h = (nn % a.kv_heads) * a.group + g;
     const float* x = a.qs + ((bb * a.heads + h) * a.t + i) * d;
-    double peak = 1e-300;
-    for (int64_t c = 0; c < d; ++c) {
-      const double m = std::fabs(static_cast<double>(x[c]));
-      peak = m > peak ? m : peak;
+    constexpr int NEAREST = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+    __m512d peaks = _mm512_set1_pd(1e-300);
+    for (int64_t c = 0; c < d; c += 8) {
+      const __mmask8 m = static_cast<__mmask8>(d - c >= 8 ? 0xff : (1u << (d - c)) - 1);
+      peaks = _mm512_max_pd(_mm512_abs_pd(_mm512_cvtps_pd(_mm256_maskz_loadu_ps(m, x + c))), peaks);
     }
+    const double peak = _mm512_reduce_max_pd(peaks);
     volatile double inv = 1.0 / peak;  // levels / peak is torch's reciprocal, then the product
-    volatile double per = inv * FIXED;
+    const __m512d per = _mm512_set1_pd(inv * FIXED);
     double* q = a.q_int + r * d;
-    for (int64_t c = 0; c < d; ++c) {
-      volatile double scaled = static_cast<double>(x[c]) * per;
-      q[c] = std::nearbyint(static_cast<double>(scaled));
+    for (int64_t c = 0; c < d; c += 8) {
+      const __mmask8 m = static_cast<__mmask8>(d - c >= 8 ? 0xff : (1u << (d - c)) - 1);
+      const __m512d scaled = _mm512_mul_pd(_mm512_cvtps_pd(_mm256_maskz_loadu_ps(m, x + c)), per);
+      _mm512_mask_storeu_pd(q + c, m, _mm512_roundscale_pd(scaled, NEAREST));
     }
     a.q_step[r] = peak * (1.0 / FIXED);
   }
@@ -610,9 +620,11 @@ SPECDEC_AVX512 void weigh_rows(const Attend& a, int64_t r0, int64_t r1) {
       const int64_t gi = (r + k) % rows, g = gi / a.t, i = gi % a.t;
       const int64_t bb = nn / a.kv_heads, h = (nn % a.kv_heads) * a.group + g;
       float* o = a.os + ((bb * a.t + i) * a.heads + h) * d;
-      for (int64_t c = 0; c < d; ++c) {
-        volatile double up = accs[k][c] * factors[k];
-        o[c] = static_cast<float>(up / totals[k]);
+      const __m512d factor = _mm512_set1_pd(factors[k]), total = _mm512_set1_pd(totals[k]);
+      for (int64_t c = 0; c < d; c += 8) {  // the product rounded, then the quotient, as mul_ and div_
+        const __mmask8 m = static_cast<__mmask8>(d - c >= 8 ? 0xff : (1u << (d - c)) - 1);
+        const __m512d up = _mm512_mul_pd(_mm512_maskz_loadu_pd(m, accs[k] + c), factor);
+        _mm256_mask_storeu_ps(o + c, m, _mm512_cvtpd_ps(_mm512_div_pd(up, total)));
       }
     }
     r += n_rows;
@@ -728,20 +740,37 @@ torch::Tensor rms_norm(const torch::Tensor& h, const torch::Tensor& weight, doub
 #ifdef SPECDEC_X86
 namespace {
 
-// exact.fixed's rows with their step as a last column (exact.stored), from float32 rows of d.
-void stored_row(const float* x, int64_t d, float* out) {
-  double peak = STORED_LEAST;
-  for (int64_t c = 0; c < d; ++c) {
-    const double m = std::fabs(static_cast<double>(x[c]));
-    peak = m > peak ? m : peak;
+// exact.fixed's rows with their step as a last column (exact.stored), from float32 rows of d: the peak,
+// its reciprocal times FIXED, and each number times that, rounded to nearest even, 8 at a time.
+SPECDEC_AVX512 void stored_row(const float* x, int64_t d, float* out) {
+  constexpr int NEAREST = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+  __m512d peaks = _mm512_set1_pd(STORED_LEAST);
+  for (int64_t c = 0; c < d; c += 8) {
+    const __mmask8 m = static_cast<__mmask8>(d - c >= 8 ? 0xff : (1u << (d - c)) - 1);
+    peaks = _mm512_max_pd(_mm512_abs_pd(_mm512_cvtps_pd(_mm256_maskz_loadu_ps(m, x + c))), peaks);
   }
+  const double peak = _mm512_reduce_max_pd(peaks);
   volatile double inv = 1.0 / peak;
-  volatile double per = inv * FIXED;
-  for (int64_t c = 0; c < d; ++c) {
-    volatile double scaled = static_cast<double>(x[c]) * per;
-    out[c] = static_cast<float>(std::nearbyint(static_cast<double>(scaled)));
+  const __m512d per = _mm512_set1_pd(inv * FIXED);
+  for (int64_t c = 0; c < d; c += 8) {
+    const __mmask8 m = static_cast<__mmask8>(d - c >= 8 ? 0xff : (1u << (d - c)) - 1);
+    const __m512d scaled = _mm512_mul_pd(_mm512_cvtps_pd(_mm256_maskz_loadu_ps(m, x + c)), per);
+    _mm256_mask_storeu_ps(out + c, m, _mm512_cvtpd_ps(_mm512_roundscale_pd(scaled, NEAREST)));
   }
   out[d] = static_cast<float>(peak * (1.0 / FIXED));
+}
+
+// x·cos + rotate_half(x)·sin for one head of d numbers (d/2 a whole number of vectors): each product
+// rounded, then the sum, as ExactAttention.forward's torch ops.
+SPECDEC_AVX512 void rotated(const float* x, const float* cs, const float* sn, int64_t d, float* out) {
+  const int64_t half_d = d / 2;
+  const __m512 minus = _mm512_set1_ps(-0.0f);
+  for (int64_t e = 0; e < d; e += 16) {
+    const __m512 turned = e < half_d ? _mm512_xor_ps(_mm512_loadu_ps(x + e + half_d), minus)  // -x[e + d/2]
+                                     : _mm512_loadu_ps(x + e - half_d);
+    const __m512 a = _mm512_mul_ps(_mm512_loadu_ps(x + e), _mm512_loadu_ps(cs + e));
+    _mm512_storeu_ps(out + e, _mm512_add_ps(a, _mm512_mul_ps(turned, _mm512_loadu_ps(sn + e))));
+  }
 }
 
 }  // namespace
@@ -787,10 +816,14 @@ std::vector<torch::Tensor> attention_in(torch::Tensor h, c10::optional<torch::Te
           stored_row(x_h, d, vs + ((bb * kv_heads + head - heads - kv_heads) * t + i) * (d + 1));
           continue;
         }
-        for (int64_t e = 0; e < d; ++e) {
-          volatile float a = x_h[e] * ci[e];
-          volatile float r = (e < half_d ? -x_h[e + half_d] : x_h[e - half_d]) * si[e];
-          turned[e] = a + r;
+        if (half_d % 16 == 0) {
+          rotated(x_h, ci, si, d, turned.data());
+        } else {
+          for (int64_t e = 0; e < d; ++e) {
+            volatile float a = x_h[e] * ci[e];
+            volatile float r = (e < half_d ? -x_h[e + half_d] : x_h[e - half_d]) * si[e];
+            turned[e] = a + r;
+          }
         }
         if (head < heads) {
           std::copy(turned.begin(), turned.end(), qs + ((bb * heads + head) * t + i) * d);
