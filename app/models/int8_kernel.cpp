@@ -31,6 +31,10 @@ constexpr int64_t DEPTH = 4;  // inner products per lane per vpdpbusd
 // rows whose sums share one pass over a block's weights: 24 zmm accumulators beside the weights' vector
 // (up to 12 tokens of hi and lo rows)
 constexpr int MAX_ROWS = 24;
+// From 6 rows a block's sums take longer than its weights take to arrive, and the two stop overlapping:
+// the weights 4 KB ahead are asked for while these are summed (a few rows, bound by memory, gain nothing).
+constexpr int64_t PREFETCH = 4096;
+constexpr int PREFETCH_ROWS = 6;
 constexpr double FIXED = 1048576.0;  // exact.FIXED: queries', keys' and values' fixed-point levels
 constexpr double STORED_LEAST = 0x1p-100;  // exact.STORED_LEAST: a stored row's least peak
 constexpr int64_t GRAIN = 32768;  // exact.GRAIN
@@ -106,6 +110,9 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni"))) void block_sums(
     }
   }
   for (; g < k4; ++g) {
+    if constexpr (R >= PREFETCH_ROWS) {
+      _mm_prefetch(reinterpret_cast<const char*>(w + g * COLS * DEPTH + PREFETCH), _MM_HINT_T0);
+    }
     const __m512i wv = _mm512_loadu_si512(w + g * COLS * DEPTH);
     const int32_t* xg = reinterpret_cast<const int32_t*>(x + g * R * DEPTH);
 #pragma GCC unroll 24
