@@ -43,7 +43,7 @@ import threading
 import time
 from collections import OrderedDict, deque
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import TypeVar
 
@@ -131,9 +131,25 @@ def load_seconds() -> float:
 
 
 _loads: dict[tuple, Future] = {}  # loads under way, by what they load: a second request waits on the first
-# Enough workers that a lookup of a model already loaded never waits behind slow downloads of others.
-_loader = ThreadPoolExecutor(max_workers=16, thread_name_prefix="load")
 _loads_lock = threading.RLock()  # reentrant: a load already done runs its callback at once
+
+
+def _in_thread_of_its_own(load: Callable[[], T]) -> Future:
+    """load() on a thread that ends with it, so a lookup never waits behind slow downloads of others.
+    Not a pool: a thread that lives on keeps the OpenMP team a load's torch ops made, and one team more
+    than the compute threads' stops OpenMP's workers spinning in every pass (compute_thread.py)."""
+    future: Future = Future()
+
+    def run() -> None:
+        if not future.set_running_or_notify_cancel():
+            return
+        try:
+            future.set_result(load())
+        except BaseException as e:  # noqa: BLE001 - handed to whoever waits on the future
+            future.set_exception(e)
+
+    threading.Thread(target=run, name="specdec-load", daemon=True).start()
+    return future
 
 
 WAIT_REPORT_SECONDS = 0.5  # how often a request waiting on a load tells its page how far it is
@@ -151,7 +167,7 @@ def within_load_time(
     with _loads_lock:
         future = _loads.get(key)
         if future is None:
-            future = _loads[key] = _loader.submit(load)
+            future = _loads[key] = _in_thread_of_its_own(load)
             future.add_done_callback(lambda _: _forget(key, future))
     deadline = time.monotonic() + (load_seconds() if seconds is None else seconds)
     while True:

@@ -7,7 +7,8 @@ what the worker loads or caches is gone afterwards. So, as ZeroGPU's guidance sa
   (`preload`), so every worker starts with them in place instead of loading them per call;
 - per-request state is plain, picklable data (sessions.Teaching, the Stop flag's dict);
 - `duration` follows the request's max_new_tokens, so short requests queue for less GPU time.
-Everywhere else `gpu` returns the function unchanged and `preload` does nothing.
+Everywhere else `gpu` runs the function on the compute threads (compute_thread.py) and `preload`
+does nothing.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ import inspect
 import logging
 import os
 from collections.abc import Callable
+
+from app.serve import compute_thread
 
 log = logging.getLogger(__name__)
 BASE_SECONDS = 15.0  # loading the request onto the lent GPU, prefill, the first rounds
@@ -41,12 +44,14 @@ def seconds(max_new_tokens) -> int:
 
 def gpu(fn: Callable, longest: bool = False) -> Callable:
     """`spaces.GPU` with a duration from the call's max_new_tokens (`longest`: the longest loan, for
-    a call that runs many prompts) where `spaces` exists, else fn."""
+    a call that runs many prompts) where `spaces` exists, else fn on the compute threads."""
     GPU_FUNCTIONS.append(fn)
     try:
         import spaces
     except ImportError:
-        return fn
+        on_compute = compute_thread.runs_on(fn)  # one OpenMP team per compute thread (compute_thread.py)
+        GPU_FUNCTIONS.append(on_compute)
+        return on_compute
     signature = inspect.signature(fn)
 
     def duration(*args, **kwargs) -> int:
