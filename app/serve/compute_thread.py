@@ -7,8 +7,8 @@ spin-waiting: every parallel region then pays for waking its workers. On a 2-cor
 int8 pass of the bundled target about twice as slow on a server thread as on the main thread
 (a one-token pass 16.6 against 8.7 ms) and every float op about 1.4 times as slow. So the handlers'
 work runs on a pool of `queue_limits.concurrency()` threads that live as long as the process: one
-team each, as in the CLI. A streaming handler's steps are run there one at a time, so two
-visitors' generations still take turns round by round.
+team each, as in the CLI. The queue lets that many device events run at once (ui.py), so none waits
+here for a thread; a streaming handler's steps each run there in turn.
 """
 
 from __future__ import annotations
