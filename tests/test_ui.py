@@ -630,20 +630,19 @@ def test_browser_shows_tokens_plots_and_speedup(page, tmp_path):
     assert "Press Generate" in page.locator("#spec-pane").inner_text(), "a placeholder before the first run"
     # Enough tokens to overflow both panes.
     _set_max_new_tokens(page, 200)
+    # Every state the check line takes, recorded as the page draws it: a run can end between two polls.
+    page.evaluate(
+        "() => { const e = document.querySelector('#greedy-check'); window.checkStates = [];"
+        " new MutationObserver(() => window.checkStates.push("
+        "[e.innerText, [...e.querySelectorAll('.mark')].map(m => m.className)]))"
+        ".observe(e, {subtree: true, childList: true, characterData: true}); }"
+    )
     page.get_by_role("button", name="Generate", exact=True).click()
     page.wait_for_selector("#spec-pane .tok.acc", timeout=240_000)  # first run: load and calibrate SmolLM2
+    page.wait_for_selector("#greedy-check :text('token for token')", timeout=360_000)
     # Until both runs have ended the check line has no verdict: a neutral mark, never "failed".
-    before = []
-    deadline = time.time() + 360
-    while time.time() < deadline:
-        text, marks = page.evaluate(  # one read of the line, so its words and its mark are of one update
-            "() => { const e = document.querySelector('#greedy-check');"
-            " return [e.innerText, [...e.querySelectorAll('.mark')].map(m => m.className)]; }"
-        )
-        if "token for token" in text:
-            break
-        before.append((text, marks))
-        page.wait_for_timeout(200)
+    states = [(t, m) for t, m in page.evaluate("() => window.checkStates")]
+    before = states[: next(i for i, (t, _) in enumerate(states) if "token for token" in t)]
     running = [(t, m) for t, m in before if "running" in t or "checking" in t]
     assert running and all(m == ["mark run"] for _, m in running), before[-3:]
     assert not any("failed" in t or "mark fail" in m for t, m in before), before
