@@ -163,3 +163,16 @@ def test_a_pass_runs_its_layers_as_one_stack_with_the_bits_of_each_layers_own_ca
         assert ran and not any(ran)
     for width, out in stacked.items():
         assert torch.equal(out, layered[width]), f"width {width}"
+
+
+def test_a_fresh_build_removes_older_sources_builds_for_this_torch_only(tmp_path):
+    kernels = tmp_path / "kernels"
+    current = kernels / "int8-aaaaaaaaaaaa-torch2.13.0-cpu"
+    older = kernels / "int8-bbbbbbbbbbbb-torch2.13.0-cpu"
+    other_torch = kernels / "int8-bbbbbbbbbbbb-torch2.11.0-cu130"
+    unrelated = kernels / "notes"
+    for folder in (current, older, other_torch, unrelated):
+        folder.mkdir(parents=True)
+        (folder / "specdec_int8.so").write_bytes(b"")
+    assert int8_kernel.prune_others(current) == [older]
+    assert sorted(p.name for p in kernels.iterdir()) == sorted(p.name for p in (current, other_torch, unrelated))

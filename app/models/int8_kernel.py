@@ -1,9 +1,10 @@
 """The exact int8 linear layer as one compiled call (int8_kernel.cpp), built at first use.
 
 The build takes torch's extension tools (a C++ compiler and ninja) about a minute once per machine and
-torch version; the library is kept on disk beside the converted GGUF, named by its source's digest. Where
-it cannot be built or the CPU lacks AVX-512 VNNI, the int8 precision keeps its pure-torch path, which
-gives the same bits, and says why once on stderr.
+torch version; the library is kept on disk beside the converted GGUF, named by its source's digest, and
+a fresh build removes other sources' builds for the same torch. Where it cannot be built or the CPU
+lacks AVX-512 VNNI, the int8 precision keeps its pure-torch path, which gives the same bits, and says
+why once on stderr.
 """
 
 from __future__ import annotations
@@ -35,6 +36,19 @@ def build_dir() -> Path:
 
     digest = hashlib.sha256(SOURCE.read_bytes()).hexdigest()[:12]
     return cache_root() / "kernels" / f"int8-{digest}-torch{torch.__version__.replace('+', '-')}"
+
+
+def prune_others(path: Path) -> list[Path]:
+    """Remove the builds of other sources for this torch version beside `path` (an updated checkout's
+    old kernels, a few MB each, which nothing loads again); other torch versions' builds stay, since
+    another environment may share the cache. Returns what was removed."""
+    import shutil
+
+    suffix = path.name[path.name.index("-torch") :]
+    gone = [p for p in path.parent.glob(f"int8-*{suffix}") if p != path and p.is_dir() and p.name.endswith(suffix)]
+    for old in gone:
+        shutil.rmtree(old, ignore_errors=True)
+    return gone
 
 
 def built() -> bool:
@@ -103,6 +117,7 @@ def _load() -> ModuleType | None:
     if fresh:
         _state["seconds"] = time.perf_counter() - began
         print(f"specdec: built the int8 kernel in {_state['seconds']:.0f} s", file=sys.stderr, flush=True)
+        prune_others(path)
     if not mod.available():
         _state["why"] = "this CPU has no AVX-512 VNNI"
         return None
