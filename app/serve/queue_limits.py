@@ -378,3 +378,18 @@ def install(demo) -> None:
             return await push(body=body, request=request, username=username)
 
     queue.push = capped_push
+    clean = queue.clean_events
+
+    async def clean_and_forget(*args, **kwargs):
+        """Gradio's clean_events, run when a stream's client has gone; then, once no live job of the
+        session is left, its message queue goes too. Gradio drops it on one of its two ways of noticing
+        the client left but keeps it on the other, and a stream reopened for the session then waited on
+        it for ever (the cancelled job never writes again); now Gradio refuses that stream at once."""
+        await clean(*args, **kwargs)
+        session = kwargs.get("session_hash")
+        if session and not any(e.session_hash == session and e.alive for e in _events(queue)):
+            with contextlib.suppress(KeyError):
+                del queue.pending_messages_per_session[session]
+            queue.pending_event_ids_session.pop(session, None)
+
+    queue.clean_events = clean_and_forget
