@@ -45,7 +45,7 @@ def prune_others(path: Path) -> list[Path]:
     import shutil
 
     suffix = path.name[path.name.index("-torch") :]
-    gone = [p for p in path.parent.glob(f"int8-*{suffix}") if p != path and p.is_dir() and p.name.endswith(suffix)]
+    gone = [p for p in path.parent.glob(f"int8-*{suffix}") if p != path and p.is_dir()]
     for old in gone:
         shutil.rmtree(old, ignore_errors=True)
     return gone
