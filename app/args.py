@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 
 from app.core import knobs
-from app.core.config import Settings, SpecConfig, UserError, chat_default
+from app.core.config import FAST_PATHS, Settings, SpecConfig, UserError, chat_default
 from app.core.knobs import MAX_NEW_TOKENS, Knob
 from app.drafts import kinds
 from app.models import threads
@@ -52,9 +52,12 @@ def add_generation_args(ap: argparse.ArgumentParser) -> None:
         help="torch threads: N or auto (default: auto, or SPECDEC_THREADS; see README)",
     )
     ap.add_argument(
-        "--compile",
-        action="store_true",
-        help="CUDA only: static KV cache and CUDA graphs (torch.compile); off on ZeroGPU",
+        "--fast-path",
+        choices=FAST_PATHS,
+        default="auto",
+        help="CUDA: static KV cache with every short pass replayed as a CUDA graph (auto, graphs: captured "
+        "from the eager passes; compile: by torch.compile); off: dynamic cache, eager passes. "
+        "auto is graphs on CUDA and off elsewhere (and on ZeroGPU)",
     )
 
 

@@ -47,14 +47,14 @@ def cmd_generate(args) -> int:
         speculative,
         args.device,
         args.dtype,
-        args.compile,
+        args.fast_path,
         auto_chat=args.chat is None,
     )
     phase, report, measured = _phases()
     run = request.open_request(req, phase, report)
     measured()
-    if args.compile:
-        print(f"--compile: {run.note}", file=sys.stderr)
+    if args.fast_path != "auto" or run.pair.target.device.type == "cuda":
+        print(f"fast path: {run.note}", file=sys.stderr)
     steps = list(run.steps(teach=args.json))
     s = run.settings
     # Models named as typed (a preset's label, the default by its name), never by an install path.

@@ -30,7 +30,7 @@ class Request:
     speculative: bool = True
     device: str | None = None
     dtype: str | None = None
-    compile: bool = False
+    fast_path: str = "auto"  # config.FAST_PATHS
     auto_chat: bool = False  # chat formatting on when the target has a chat template
 
     def __post_init__(self):
@@ -44,7 +44,7 @@ def start(
     settings: Settings,
     *,
     speculative: bool = True,
-    compile: bool = False,
+    fast_path: str = "auto",
     calibrated: bool = True,
     measured: Costs | None = None,
     caches: Callable | None = None,
@@ -54,7 +54,7 @@ def start(
     `report` hears a first measurement's progress). `measured`: costs the caller measured already (a
     timed loop repeats no set-up); calibrated=False: none (a fixed k plans nothing); `caches`: the
     target's cache kind, where a check times each kind (runs.prepare)."""
-    run = runs.prepare(pair, ids, settings, speculative=speculative, compile=compile, caches=caches)
+    run = runs.prepare(pair, ids, settings, speculative=speculative, fast_path=fast_path, caches=caches)
     if speculative and measured is not None:
         run.costs = measured
     elif speculative and calibrated:
@@ -108,4 +108,4 @@ def open_request(
     pair = models.load_pair(req.target, req.draft, req.device, req.dtype, draft=req.speculative)
     settings = chat_default(req.settings, pair.tokenizer) if req.auto_chat else req.settings
     ids = pair.encode(req.prompt, settings.run.chat)
-    return start(pair, ids, settings, speculative=req.speculative, compile=req.compile, report=report)
+    return start(pair, ids, settings, speculative=req.speculative, fast_path=req.fast_path, report=report)

@@ -82,18 +82,31 @@ def prepare(
     settings: Settings,
     *,
     speculative: bool = True,
-    compile: bool = False,
+    fast_path: str = "auto",
     caches: Callable | None = None,
 ) -> Run:
-    """A Run on the usual caches, or on static caches and CUDA graphs where --compile asks and they run.
-    `caches` names the target's cache instead (a measurement's own); a static pool serves the draft too."""
+    """A Run on static caches and CUDA graphs where the fast path runs (static_cache.available: by
+    default on CUDA), else on the usual caches. `caches` names the target's cache instead (a
+    measurement's own); a static pool serves a model draft too."""
     if caches is not None:
-        draft_cache = caches if isinstance(caches, static_cache.StaticCachePool) else None
+        draft_cache = _draft_side(caches) if isinstance(caches, static_cache.StaticCachePool) else None
         return Run(pair, list(ids), settings, speculative, caches, draft_cache)
-    ok, note = static_cache.available(compile, pair.target.device)
-    if not ok:
+    kind, note = static_cache.available(fast_path, pair.target.device, pair.target)
+    if kind is None:
         return Run(pair, list(ids), settings, speculative, note=note)
     caches = static_cache.StaticCachePool(
-        static_cache.cache_length(len(ids), settings.run.max_new_tokens), compile=True
+        static_cache.cache_length(len(ids), settings.run.max_new_tokens),
+        compile=kind == "compile",
+        graphs=kind == "graphs",
     )
-    return Run(pair, list(ids), settings, speculative, caches, caches, note=note)
+    return Run(pair, list(ids), settings, speculative, caches, _draft_side(caches), note=note)
+
+
+def _draft_side(caches: static_cache.StaticCachePool) -> Callable:
+    """A model draft's cache beside a static target cache: the same pool, or the dynamic cache for a
+    draft the static path cannot hold (sliding windows), which then runs eagerly."""
+
+    def make(model):
+        return caches(model) if static_cache.unsupported(model) is None else DynamicRollbackCache(model)
+
+    return make

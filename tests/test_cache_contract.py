@@ -11,7 +11,8 @@ from app.drafts.model import ModelProposer
 from app.kv.cache import DynamicRollbackCache, RollbackCache
 from app.kv.static_cache import StaticCachePool, StaticRollbackCache, _pool
 
-KINDS = {"dynamic": DynamicRollbackCache, "static": StaticCachePool(256)}
+# "graphs": the CUDA-graph path's buffers and in-pass mask, run eagerly on a CPU.
+KINDS = {"dynamic": DynamicRollbackCache, "static": StaticCachePool(256), "graphs": StaticCachePool(256, graphs=True)}
 IDS = list(range(3, 23))
 
 

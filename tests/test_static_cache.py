@@ -42,15 +42,35 @@ def test_rollback_moves_the_pointer_and_never_recomputes(target):
     assert first.shape == again.shape
 
 
-def test_fast_path_is_cuda_only_and_off_on_zerogpu(monkeypatch):
+def test_fast_path_is_graphs_by_default_on_cuda_and_off_elsewhere(target, monkeypatch):
     import torch
 
-    assert not available(True, torch.device("cpu"))[0]
-    assert not available(False, torch.device("cuda"))[0]
-    assert available(True, torch.device("cuda"))[0]
+    from app.core.config import UserError
+
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    assert available("auto", cuda) == ("graphs", "static cache and CUDA graphs of the eager passes")
+    assert available("compile", cuda)[0] == "compile"
+    assert available("off", cuda)[0] is None and "--fast-path off" in available("off", cuda)[1]
+    assert available("auto", cpu)[0] is None and available("graphs", cpu)[0] is None
+    assert available("auto", cuda, target)[0] == "graphs"  # a full-attention model
+    with pytest.raises(UserError, match="--fast-path takes auto, graphs, compile, off"):
+        available("fast", cuda)
     monkeypatch.setenv("SPACES_ZERO_GPU", "1")
-    assert "ZeroGPU" in available(True, torch.device("cuda"))[1]
+    assert "ZeroGPU" in available("auto", cuda)[1]
     assert cache_length(100, 128) % 256 == 0 and cache_length(100, 128) >= 100 + 128 + BUCKETS[-1]
+
+
+def test_a_sliding_window_model_keeps_the_dynamic_cache_by_default(tokenizer):
+    """The default fast path steps aside for a model the static cache cannot hold, rather than failing it."""
+    import torch
+
+    from app.kv import static_cache
+
+    windowed = tiny_llama(len(tokenizer))
+    windowed.config.layer_types = ["sliding_attention"] * windowed.config.num_hidden_layers
+    windowed.config.sliding_window = 16
+    kind, note = static_cache.available("auto", torch.device("cuda"), windowed)
+    assert kind is None and "full-attention" in note
 
 
 def test_calibration_fits_a_static_cache_sized_for_a_short_request(tokenizer):
@@ -127,3 +147,74 @@ def test_greedy_trees_on_the_static_cache_give_the_targets_own_output(target, ne
             got, steps = run(target, tokenizer, PROMPT, proposer, **settings)
             assert got == ar, (tree, proposer)
         assert any(s.parents and len(s.drafted) > s.k for s in steps), "the run must have verified real trees"
+
+
+def graphs_run(target, tokenizer, proposer, **settings):
+    """One greedy engine run on the CUDA-graph path's static cache, its passes run eagerly on the CPU."""
+    cache = StaticCachePool(cache_length(len(tokenizer(PROMPT)["input_ids"]), 40), graphs=True)
+    return run(target, tokenizer, PROMPT, proposer, max_new_tokens=40, target_cache=cache, **settings)
+
+
+@pytest.mark.parametrize("k_policy,k,tree", [("fixed", 1, 0), ("fixed", 4, 0), ("fixed", 8, 0), ("fixed", 4, 8)])
+def test_the_graph_path_gives_the_targets_own_greedy_output(target, near_draft, tokenizer, k_policy, k, tree):
+    """The graphs' passes (ids, positions and sight in one buffer, the mask built inside the pass, padded
+    to a bucket) for the target and a model draft alike: chains of every width and trees equal plain decoding."""
+    ar, _ = run(target, tokenizer, PROMPT, max_new_tokens=40)
+    max_len = cache_length(len(tokenizer(PROMPT)["input_ids"]), 40)
+    draft = ModelProposer(near_draft, "near", StaticCachePool(max_len, graphs=True))
+    spec, steps = graphs_run(target, tokenizer, draft, k=k, k_policy=k_policy, tree=tree)
+    lookup, _ = graphs_run(target, tokenizer, PromptLookup(3, 1), k=k, k_policy=k_policy, tree=tree)
+    assert spec == lookup == ar
+    assert 0 < sum(s.accepted for s in steps) < sum(len(s.drafted) for s in steps), "needs accepts and rejections"
+    if tree:
+        assert any(s.parents and len(s.drafted) > s.k for s in steps), "the run must have verified real trees"
+
+
+def test_a_chain_and_a_tree_of_one_width_share_one_graph_and_its_numbers(target):
+    """One buffer layout serves both: a tree pass and a chain pass of the same bucket go through one
+    WidthPass per output kind, and each row's logits equal a fresh forward over its branch."""
+    ids = list(range(3, 15))
+    lm = StaticRollbackCache(target, 256, graphs=True)
+    lm.extend(ids[:-1])
+    tree = lm.extend(ids[-1:] + [5, 6, 7, 8], parents=[-1, -1, 0, 2])  # 5 nodes: bucket 5
+    passes = dict(lm.pooled.graphs.passes)
+    assert (5, False, ()) in passes
+    lm.rollback(len(ids) - 1)
+    chain = lm.extend(ids[-1:] + [5, 7, 8], keep=4)  # 4 tokens: bucket 5 as well
+    assert lm.pooled.graphs.passes == passes, "the chain reused the tree's pass of width 5"
+    whole = StaticRollbackCache(target, 256).extend(ids + [5, 7, 8])
+    for row, at in ((0, len(ids) - 1), (1, len(ids)), (3, len(ids) + 1), (4, len(ids) + 2)):
+        assert (tree[row] - whole[at]).abs().max() < 1e-4, row
+    assert (chain - whole[len(ids) - 1 :]).abs().max() < 1e-4
+
+
+def test_a_graph_pass_reads_nothing_back_to_the_host(target):
+    """What a CUDA graph cannot hold and a round must not pay: no op in a pass makes the host wait on the
+    device (.item(), a data-dependent shape, a comparison read as a bool). The model's own mask builder
+    does (its causal-skip test), which is why the graph path builds its mask inside the pass."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    reads = {"_local_scalar_dense", "is_nonzero", "nonzero", "equal", "masked_select", "unique_dim", "_unique2"}
+
+    class HostReads(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.seen = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func.overloadpacket.__name__ in reads:
+                self.seen.append(func.overloadpacket.__name__)
+            return func(*args, **(kwargs or {}))
+
+    ids = list(range(3, 23))
+    graphs, plain = StaticRollbackCache(target, 256, graphs=True), StaticRollbackCache(target, 256)
+    for lm in (graphs, plain):
+        lm.extend(ids)
+    with HostReads() as on_graphs:
+        graphs.extend([5, 6, 7, 8], keep=4)
+        graphs.extend([9], keep=1)
+        graphs.extend([5, 6, 7], parents=[-1, 0])
+    with HostReads() as on_plain:
+        plain.extend([5, 6, 7, 8], keep=4)
+    assert on_graphs.seen == []
+    assert on_plain.seen, "the probe must see the model's own mask builder read a value"

@@ -15,12 +15,13 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import itertools
+import functools
 import json
 import statistics
 import sys
 import time
 import traceback
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -36,7 +37,7 @@ from app.core.config import SHARED_NOISE, RunConfig, SamplingConfig, Settings, S
 from app.drafts import model as model_draft
 from app.drafts.draft_spec import DraftSpec
 from app.kv import static_cache
-from app.kv.cache import DynamicRollbackCache
+from app.kv.cache import DynamicRollbackCache, RollbackCache
 from app.models import threads
 from app.models.pair import Pair
 
@@ -119,22 +120,67 @@ def self_pair(target, tok) -> Pair:
     return Pair(target, tok, "gpucheck", model_draft.ModelDraft(model_draft.KIND, spec, "self", model=target))
 
 
+@contextmanager
+def pass_clock(device: torch.device):
+    """Seconds spent inside KV-cache passes (every pass of a round: the draft's steps and the verify),
+    device-synchronised, as a one-item list. The caches' entry points are wrapped for the run, outside
+    any compiled or captured forward, so the clock times a graph's replay as it does an eager pass."""
+    total, depth = [0.0], [0]
+
+    def timed(fn):
+        @functools.wraps(fn)
+        def run(*args, **kwargs):
+            if depth[0]:  # a pass made of passes (step via extend) counts once
+                return fn(*args, **kwargs)
+            engine.sync(device)
+            start = time.perf_counter()
+            depth[0] += 1
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                depth[0] -= 1
+                engine.sync(device)
+                total[0] += time.perf_counter() - start
+
+        return run
+
+    owners = [RollbackCache, *_subclasses(RollbackCache)]
+    names = ("extend", "extend_with_features", "step")
+    saved = [(cls, name, cls.__dict__[name]) for cls in owners for name in names if name in cls.__dict__]
+    for cls, name, fn in saved:
+        setattr(cls, name, timed(fn))
+    try:
+        yield total
+    finally:
+        for cls, name, fn in saved:
+            setattr(cls, name, fn)
+
+
+def _subclasses(cls) -> list[type]:
+    return [sub for direct in cls.__subclasses__() for sub in (direct, *_subclasses(direct))]
+
+
 def engine_run(pair: Pair, prompt: list[int], k: int, new_tokens: int, cache, speculative: bool = True) -> dict:
-    """One run through the request path (greedy, fixed k) on one cache kind: tokens/s, alpha and the
-    median round's busy time."""
+    """One run through the request path (greedy, fixed k) on one cache kind: tokens/s, alpha, a round's
+    mean busy time split into the model's passes and the rest, and that rest's share of the busy time
+    (read off the pass clock in the timed run itself, so it holds whichever passes the round chose)."""
     settings = Settings(SamplingConfig(), SpecConfig(k=k, k_policy="fixed"), RunConfig(new_tokens))
     run = request.start(pair, prompt, settings, speculative=speculative, calibrated=False, caches=cache)
-    for _ in range(2):  # the first run warms up (and captures graphs); the second is timed
+    list(run.steps())  # the first run warms up (and captures graphs); the second is timed
+    with pass_clock(pair.target.device) as inside:
         steps = list(run.steps())
     tokens = sum(len(s.emitted) for s in steps)
-    rounds = [b.elapsed - a.elapsed for a, b in itertools.pairwise(steps)]
     accepted = sum(s.accepted for s in steps)
     rejections = sum(s.accepted < len(s.drafted) for s in steps)
+    busy = steps[-1].elapsed
     return dict(
-        tokens_per_s=tokens / steps[-1].elapsed,
+        tokens_per_s=tokens / busy,
         tokens_per_round=tokens / len(steps),
         alpha=accepted / (accepted + rejections) if accepted + rejections else None,
-        round_ms=1000 * statistics.median(rounds),
+        round_ms=1000 * busy / len(steps),
+        model_ms=1000 * inside[0] / len(steps),
+        overhead_ms=1000 * (busy - inside[0]) / len(steps),
+        overhead_share=(busy - inside[0]) / busy,
     )
 
 
@@ -147,29 +193,16 @@ def _reported(fn, *args) -> dict:
         return {"error": f"{type(e).__name__}: {e}"[:2000]}
 
 
-def _kind_times(target, draft, tok, prompt, ks, n, new_tokens, max_len, compiled) -> dict:
-    """Step times and engine runs with one cache kind: None is the dynamic cache every run uses;
-    False/True the static cache, eager or compiled."""
+def _kind_times(target, draft, tok, prompt, ks, n, new_tokens, cache) -> dict:
+    """Step times and engine runs with one cache kind (KINDS)."""
     t0 = time.perf_counter()
-    cache = DynamicRollbackCache if compiled is None else static_cache.StaticCachePool(max_len, compiled)
     times = dict(
         target=step_times(target, prompt, ks, n, cache),
         draft_step_ms=step_times(draft, prompt, [], n, cache)["step_ms"],
     )
     pair = self_pair(target, tok)
-    ar = engine_run(pair, prompt, 1, new_tokens, cache, speculative=False)
-    times["engine_autoregressive"] = ar | dict(overhead_ms=ar["round_ms"] - times["target"]["step_ms"])
-    times["engine_self_draft"] = {}
-    for k in ks:
-        run = engine_run(pair, prompt, k, new_tokens, cache)
-        # A round drafts k tokens (k target steps) and verifies k + 1: the rest is the engine's own.
-        model_ms = k * times["target"]["step_ms"] + times["target"]["verify_ms"][str(k)]
-        run |= dict(
-            model_ms=model_ms,
-            overhead_ms=run["round_ms"] - model_ms,
-            overhead_share=(run["round_ms"] - model_ms) / run["round_ms"],
-        )
-        times["engine_self_draft"][str(k)] = run
+    times["engine_autoregressive"] = engine_run(pair, prompt, 1, new_tokens, cache, speculative=False)
+    times["engine_self_draft"] = {str(k): engine_run(pair, prompt, k, new_tokens, cache) for k in ks}
     times["seconds"] = time.perf_counter() - t0
     return times
 
@@ -194,7 +227,13 @@ def check(
     prompt = prompt.tolist()
     max_len = static_cache.cache_length(context, new_tokens + max(ks) + 2)
     compiled_on = compile_mode == "on" or (compile_mode == "auto" and device.type == "cuda")
-    kinds = {"eager": None, "static_eager": False} | ({"compiled": True} if compiled_on else {})
+    # The dynamic cache (--fast-path off), the static cache's plain passes, its CUDA graphs (on a CPU,
+    # the graphs' buffers and in-pass mask run eagerly) and torch.compile's graphs.
+    kinds = {
+        "eager": DynamicRollbackCache,
+        "static_eager": static_cache.StaticCachePool(max_len),
+        "graphs": static_cache.StaticCachePool(max_len, graphs=True),
+    } | ({"compiled": static_cache.StaticCachePool(max_len, compile=True)} if compiled_on else {})
     report = dict(
         device=str(device),
         dtype=str(dtype),
@@ -205,9 +244,9 @@ def check(
         ks=ks,
         compiled="timed" if compiled_on else "skipped: CUDA only (--compile on forces it)",
     )
-    for name, compiled in kinds.items():
+    for name, cache in kinds.items():
         progress.say("gpucheck", f"timing the {name} cache ({list(kinds).index(name) + 1}/{len(kinds)})")
-        report[name] = _reported(_kind_times, target, draft, tok, prompt, ks, n, new_tokens, max_len, compiled)
+        report[name] = _reported(_kind_times, target, draft, tok, prompt, ks, n, new_tokens, cache)
         if "error" not in report[name]:  # the JSON so far goes to stderr too: a run cut short keeps it
             print(
                 f"gpucheck: {name} done in {report[name]['seconds']:.1f}s {json.dumps(report[name])}", file=sys.stderr
@@ -223,6 +262,9 @@ EQUALITY_SPECS = (
     ("k=8", SpecConfig(k=8, k_policy="fixed")),
     ("adaptive", SpecConfig(k_policy="adaptive")),
 )
+
+
+FAST_PATH = {"eager": "off", "graphs": "graphs", "compiled": "compile"}  # equality's cache kinds
 
 
 def equality(device: torch.device, dtype: str, n_prompts: int, new_tokens: int, compiled_on: bool) -> dict:
@@ -243,8 +285,9 @@ def equality(device: torch.device, dtype: str, n_prompts: int, new_tokens: int, 
         progress.say("gpucheck", f"equality {i}/{len(EQUALITY_DRAFTS)}: {name} against generate()")
         pair = models.load_pair(models.TINY_TARGET, draft, str(device), dtype)
         rows = out[name] = {}
-        for kind in ("eager", "compiled") if compiled_on else ("eager",):
-            row = rows[kind] = _reported(_equal_runs, pair, examples[:n_prompts], new_tokens, kind == "compiled")
+        kinds = ("eager", "graphs") if device.type == "cuda" else ("eager",)
+        for kind in kinds + (("compiled",) if compiled_on else ()):
+            row = rows[kind] = _reported(_equal_runs, pair, examples[:n_prompts], new_tokens, FAST_PATH[kind])
             print(
                 f"gpucheck: equality {name} {kind}: "
                 + (
@@ -258,7 +301,7 @@ def equality(device: torch.device, dtype: str, n_prompts: int, new_tokens: int, 
     return out
 
 
-def _cases(pair, ids: list[int], example: dict, new_tokens: int, compiled: bool):
+def _cases(pair, ids: list[int], example: dict, new_tokens: int, fast_path: str):
     """(what is set, the sampling settings, the reference, whether plain decoding is checked too).
 
     Greedy, bare and with the example's repetition controls, is checked against generate().
@@ -273,11 +316,11 @@ def _cases(pair, ids: list[int], example: dict, new_tokens: int, compiled: bool)
         yield extra, SamplingConfig(**extra), ref, True
     noise = dict(temperature=0.8, seed=11, rule=SHARED_NOISE)
     settings = Settings(SamplingConfig(**noise), SpecConfig(), RunConfig(new_tokens))
-    plain = request.start(pair, ids, settings, speculative=False, compile=compiled)
+    plain = request.start(pair, ids, settings, speculative=False, fast_path=fast_path)
     yield noise, settings.sampling, [t for step in plain.steps() for t in step.emitted], False
 
 
-def _equal_runs(pair, examples: list[dict], new_tokens: int, compiled: bool) -> dict:
+def _equal_runs(pair, examples: list[dict], new_tokens: int, fast_path: str) -> dict:
     """Every run of one draft and cache kind, against its reference: counts, the verdict on each
     difference (core/divergence.py: a near-tie within rounding, or a mismatch, a bug), speeds."""
     checked = matched = 0
@@ -285,13 +328,13 @@ def _equal_runs(pair, examples: list[dict], new_tokens: int, compiled: bool) -> 
     mismatches, speeds = [], {"autoregressive": [], "speculative": []}
     for example in examples:
         ids = pair.encode(example["prompt"])
-        for shown, s, ref, with_plain in _cases(pair, ids, example, new_tokens, compiled):
+        for shown, s, ref, with_plain in _cases(pair, ids, example, new_tokens, fast_path):
             for label, sp in ((("autoregressive", None),) if with_plain else ()) + EQUALITY_SPECS:
                 settings = Settings(s, sp or SpecConfig(), RunConfig(new_tokens))
                 # Only adaptive k reads the machine's costs; a fixed k's output needs no calibration.
                 adaptive = sp is not None and sp.k_policy == "adaptive"
                 run = request.start(
-                    pair, ids, settings, speculative=sp is not None, compile=compiled, calibrated=adaptive
+                    pair, ids, settings, speculative=sp is not None, fast_path=fast_path, calibrated=adaptive
                 )
                 t0 = time.perf_counter()
                 steps = list(run.steps())
@@ -356,7 +399,12 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--steps", type=int, default=20, help="timed calls per measurement (median kept)")
     ap.add_argument("--context", type=int, default=512, help="tokens already in the cache")
     ap.add_argument("--new-tokens", type=int, default=128, help="tokens per engine run")
-    ap.add_argument("--compile", choices=["auto", "on", "off"], default="auto", help="auto: on CUDA only")
+    ap.add_argument(
+        "--compile",
+        choices=["auto", "on", "off"],
+        default="auto",
+        help="time torch.compile's graphs too (auto: on CUDA)",
+    )
     ap.add_argument("--threads", type=threads.cli_value, help="torch threads on CPU: N or auto (default: see README)")
     ap.add_argument("--no-timing", action="store_true", help="skip the random-weight timings")
     ap.add_argument("--no-equality", action="store_true", help="skip the bundled family's equality check")

@@ -6,6 +6,7 @@ from dataclasses import asdict, dataclass, field, replace
 
 K_MAX = 16  # largest draft length any policy may choose
 TREE_MAX = 64  # most nodes a draft tree may have: one target pass verifies them all
+FAST_PATHS = ("auto", "graphs", "compile", "off")  # --fast-path: auto is graphs on CUDA, off elsewhere
 MIN_TEMPERATURE, MAX_TEMPERATURE = 1e-3, 100.0  # outside, sampling is greedy or uniform noise in all but name
 
 # Sampling rules. Rejection: Leviathan et al. and Chen et al.'s min(1, p/q) test, the optimal coupling

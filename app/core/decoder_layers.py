@@ -91,17 +91,23 @@ def through_layers(layers, rotary: nn.Module, h: torch.Tensor, cache: DynamicCac
 def tree_pass(sees: list[list[int]], prefix: list[int], kv: int, config, device) -> torch.Tensor:
     """(1, 1, Q, kv) attention mask for Q new rows over kv key slots: row r sees slots [0, prefix[r])
     and the slots in sees[r] (its ancestors and itself, for a node of a tree). In the form the
-    model's attention reads it: bool (True: attend) for sdpa, 0 / -inf additive for eager."""
+    model's attention reads it (as_mask)."""
     allowed = torch.zeros(len(sees), kv, dtype=torch.bool, device=device)
     for r, (slots, upto) in enumerate(zip(sees, prefix, strict=True)):
         allowed[r, :upto] = True
         allowed[r, slots] = True
+    return as_mask(allowed, config)
+
+
+def as_mask(allowed: torch.Tensor, config) -> torch.Tensor:
+    """The (1, 1, Q, kv) mask of a (Q, kv) bool `allowed` (True: attend) in the form the model's
+    attention reads it: bool for sdpa, 0 / -inf additive for eager."""
     kind = getattr(config, "_attn_implementation", None) or "eager"
     if kind == "sdpa" or ALL_MASK_ATTENTION_FUNCTIONS.get(kind) is sdpa_mask:  # a kind that reads sdpa's masks
         return allowed[None, None]
     if kind == "eager":
         dtype = getattr(config, "dtype", None) or torch.float32
         dtype = dtype if isinstance(dtype, torch.dtype) else torch.float32
-        additive = torch.zeros(allowed.shape, dtype=dtype, device=device)
+        additive = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device)
         return additive.masked_fill(~allowed, torch.finfo(dtype).min)[None, None]
     raise UserError(f"draft trees need sdpa or eager attention; this model runs {kind!r}: run it without a tree")

@@ -59,11 +59,11 @@ class RollbackCache(abc.ABC):
     def close(self) -> None:  # noqa: B027 (a pooled cache overrides it; nothing to give back here)
         """Nothing is pooled here; a static cache goes back to its pool."""
 
-    def tree_layout(self, m: int, parents: Sequence[int], kv: int, pad: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-        """The (1, m + n + pad) positions and the (1, 1, m + n + pad, kv) mask of a tree pass that feeds
-        m committed ids then n nodes after the cached ones: node i sits at the position of its depth
-        and sees the committed text and its own ancestors only. `pad` rows after the nodes (a padded
-        pass's) see only the committed text and themselves; their outputs are thrown away."""
+    def tree_rows(self, m: int, parents: Sequence[int], pad: int = 0) -> tuple[list[int], list[int], list[list[int]]]:
+        """Each row's position, prefix and own slots in a tree pass that feeds m committed ids then n
+        nodes (then `pad` padding rows) after the cached ones: row r sees slots [0, prefix[r]) and the
+        slots in sees[r]. Node i sits at the position of its depth and sees the committed text and its
+        own ancestors only; a padding row sees the committed text and itself (its outputs are thrown away)."""
         cached, n = self.length, len(parents)
         base = cached + m  # node i's slot is base + i
         sees: list[list[int]] = [[] for _ in range(m)]
@@ -73,10 +73,14 @@ class RollbackCache(abc.ABC):
             prefix.append(base)
         sees += [[base + n + j] for j in range(pad)]
         prefix += [base] * pad
-        depth = tree_shape.depths(parents)
-        ahead = [base - 1 + d for d in depth] + [base] * pad
-        position = torch.tensor([list(range(cached, base)) + ahead], device=self.device)
-        return position, decoder_layers.tree_pass(sees, prefix, kv, self.model.config, self.device)
+        ahead = [base - 1 + d for d in tree_shape.depths(parents)] + [base] * pad
+        return list(range(cached, base)) + ahead, prefix, sees
+
+    def tree_layout(self, m: int, parents: Sequence[int], kv: int, pad: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+        """The (1, m + n + pad) positions and the (1, 1, m + n + pad, kv) mask of a tree pass (tree_rows)."""
+        position, prefix, sees = self.tree_rows(m, parents, pad)
+        mask = decoder_layers.tree_pass(sees, prefix, kv, self.model.config, self.device)
+        return torch.tensor([position], device=self.device), mask
 
     def move_path(self, layers, base: int, path: Sequence[int]) -> None:
         """The kept nodes' keys and values, from their slots base + path[j], to slots base + j."""

@@ -1,13 +1,16 @@
 """The GPU fast path: a static KV cache with a position pointer, and CUDA graphs for its shapes.
 
 A static cache is allocated once at its full length; rolling back a rejected draft only
-moves the pointer back (the next pass overwrites the stale keys, and the causal mask hides
-any beyond it). Fixed shapes let torch.compile(mode="reduce-overhead") capture each pass
-as a CUDA graph: passes over few tokens (draft steps, verify over k+1) are padded up to a
-bucket width, so a handful of graphs serve every k. Longer passes (the prompt) run eagerly.
+moves the pointer back (the next pass overwrites the stale keys, and the mask hides any beyond
+it). Fixed shapes let each pass be captured as a CUDA graph and replayed: passes over few tokens
+(draft steps, verify over k+1, a tree's nodes) are padded up to a bucket width, so a handful of
+graphs serve every k and tree. Longer passes (the prompt) run eagerly.
 
-CUDA only and behind --compile: on CPU the static cache is correct (the greedy tests run
-it) but was not faster than the dynamic one, and ZeroGPU does not support it.
+Two ways to get the graphs: `graphs` captures the model's eager forward with torch.cuda.CUDAGraph
+(cuda_graphs.py; the default on CUDA, no compiler at run time), `compile` lets
+torch.compile(mode="reduce-overhead") capture them (--fast-path compile). On a CPU the static cache
+and the graphs' buffers run eagerly (the tests prove their numbers there); they were not faster than
+the dynamic cache there, so a CPU keeps that. ZeroGPU runs each call in a fresh process: no graphs.
 A feature-level draft's head keeps its own small dynamic cache; the target's passes, which
 also hand it their hidden states, run on the static cache like any other.
 """
@@ -23,22 +26,44 @@ from dataclasses import dataclass
 import torch
 from transformers import PreTrainedModel, StaticCache
 
-from app.core.config import K_MAX, TREE_MAX, UserError
+from app.core import decoder_layers
+from app.core.config import FAST_PATHS, K_MAX, TREE_MAX, UserError
+from app.kv import cuda_graphs
 from app.kv.cache import RollbackCache
 
-BUCKETS = (1, 2, 3, 5, 9, 17)  # pass widths with a graph: a draft step, and verify over k+1 for k = 1, 2, 4, 8, 16
+# Pass widths with a graph: a draft step, verify over k+1 for k = 1, 2, 4, 8, 16, and trees up to TREE_MAX nodes.
+BUCKETS = (1, 2, 3, 5, 9, 17, 33, 65)
 LENGTH_STEP = 256  # cache lengths are rounded up to this, so requests of similar length share graphs
 
 
-def available(requested: bool, device: torch.device) -> tuple[bool, str]:
-    """Whether the fast path runs for this request, and why not when it does not."""
-    if not requested:
-        return False, "not requested (--compile)"
+def available(mode: str, device: torch.device, model: PreTrainedModel | None = None) -> tuple[str | None, str]:
+    """Which fast path runs for this request ("graphs", "compile" or None: the dynamic cache), and why."""
+    if mode not in FAST_PATHS:
+        raise UserError(f"--fast-path takes {', '.join(FAST_PATHS)}, got {mode!r}")
+    if mode == "off":
+        return None, "off (--fast-path off): dynamic cache, eager passes"
     if os.environ.get("SPACES_ZERO_GPU"):
-        return False, "off on ZeroGPU, which does not support CUDA graphs"
+        return None, "off on ZeroGPU, which runs each call in a fresh process (no graphs to replay)"
+    if device.type != "cuda" and mode == "auto":
+        return None, "CUDA only: on CPU the static cache was not faster"
     if device.type != "cuda":
-        return False, "CUDA only: on CPU the static cache was not faster"
-    return True, "static cache and CUDA graphs"
+        return None, f"--fast-path {mode} is CUDA only: on CPU the static cache was not faster"
+    why = unsupported(model) if model is not None else None
+    if why:
+        return None, f"off: {why}"
+    kind = "compile" if mode == "compile" else "graphs"
+    how = "torch.compile's CUDA graphs" if kind == "compile" else "CUDA graphs of the eager passes"
+    return kind, f"static cache and {how}"
+
+
+def unsupported(model: PreTrainedModel) -> str | None:
+    """Why this model cannot run on a static cache with graphs (None: it can)."""
+    if any(getattr(t, "is_sliding", False) for t in StaticCache(config=model.config, max_cache_len=1).layers):
+        return "the static cache path supports full-attention models only"
+    kind = getattr(model.config, "_attn_implementation", None) or "eager"
+    if kind not in ("sdpa", "eager"):
+        return f"graphs build their own mask, read by sdpa or eager attention; this model runs {kind!r}"
+    return None
 
 
 def cache_length(prompt_len: int, max_new_tokens: int) -> int:
@@ -58,32 +83,53 @@ def compiled(model: PreTrainedModel):
     return torch.compile(model, mode="reduce-overhead", dynamic=False)
 
 
-_pool: dict[tuple[int, int], list[StaticCache]] = {}
+@dataclass
+class Pooled:
+    """A static cache and the graphs captured on its tensors: they are reused together."""
+
+    cache: StaticCache
+    graphs: cuda_graphs.Graphs
+
+
+_pool: dict[tuple[int, int], list[Pooled]] = {}
 _pool_lock = threading.Lock()
 
 
 class StaticRollbackCache(RollbackCache):
     """The KV cache contract (extend, rollback, length) over a static cache with a pointer.
 
-    Caches are pooled per model and length and reused by later requests, so a compiled
-    graph sees the same cache tensors again instead of being recaptured; close() gives one back.
+    Caches are pooled per model and length and reused by later requests, so a graph sees the
+    same cache tensors again instead of being recaptured; close() gives one back. `graphs`: passes
+    up to the widest bucket run through cuda_graphs (captured on CUDA, the same buffers eagerly on a
+    CPU); `compile`: through torch.compile's graphs.
     """
 
     cache: StaticCache | None  # None once close() gave it back
 
     def __init__(
-        self, model: PreTrainedModel, max_len: int, compile: bool = False, feature_layers: tuple[int, ...] = ()
+        self,
+        model: PreTrainedModel,
+        max_len: int,
+        compile: bool = False,
+        feature_layers: tuple[int, ...] = (),
+        graphs: bool = False,
     ):
-        if any(getattr(t, "is_sliding", False) for t in StaticCache(config=model.config, max_cache_len=1).layers):
-            raise UserError("the static cache path supports full-attention models only: run without --compile")
+        why = unsupported(model)
+        if why and (graphs or "full-attention" in why):
+            raise UserError(f"{why}: run with --fast-path off")
         super().__init__(model, feature_layers)
         self.max_len = max_len
         self.forward = compiled(model) if compile else model
-        self.compile = compile
+        self.compile, self.graphs = compile, graphs
         self._key = (id(model), max_len)
         with _pool_lock:
             free = _pool.get(self._key, [])
-            self.cache = free.pop() if free else StaticCache(config=model.config, max_cache_len=max_len)
+            self.pooled = (
+                free.pop()
+                if free
+                else Pooled(StaticCache(config=model.config, max_cache_len=max_len), cuda_graphs.Graphs())
+            )
+        self.cache = self.pooled.cache
         used = int(self.cache.get_seq_length())
         if used:  # a reused cache: move its pointer back to 0
             with torch.inference_mode():  # the cache's tensors were made under it
@@ -94,7 +140,7 @@ class StaticRollbackCache(RollbackCache):
         cache, self.cache = self.cache, None
         if cache is not None:
             with _pool_lock:
-                _pool.setdefault(self._key, []).append(cache)
+                _pool.setdefault(self._key, []).append(self.pooled)
 
     def step(self, token: int) -> torch.Tensor:
         """(V,) logits of one more token (a draft step: one graph when compiled)."""
@@ -105,8 +151,16 @@ class StaticRollbackCache(RollbackCache):
         n = len(ids)
         if self.length + n > room(self.max_len):
             raise UserError(f"static cache of {self.max_len} tokens is full: raise its length")
-        width = next((b for b in BUCKETS if b >= n), None)
-        if self.compile and width is not None:
+        width = bucket(n)
+        if self.graphs and width is not None:
+            # Padded to the bucket as below; the graph's outputs are overwritten by its next replay.
+            out, fused = self._replay(width, features, cuda_graphs.chain(ids + ids[-1:] * (width - n), self.length))
+            logits = out[:n].clone()
+            hidden = fused[:n].clone() if fused is not None else None
+            if width > n:
+                assert self.cache is not None, "the cache was given back (close)"
+                self.cache.crop(n - width)
+        elif self.compile and width is not None:
             # Pad to the bucket: the padding sits after the real tokens, so causal attention
             # keeps it out of their logits, and the pointer is moved back over it below.
             # Graph outputs are overwritten by the next replay: clone what is kept.
@@ -139,25 +193,45 @@ class StaticRollbackCache(RollbackCache):
         m, n = len(ids), len(tokens)
         if self.length + m + n > room(self.max_len):
             raise UserError(f"static cache of {self.max_len} tokens is full: raise its length")
-        width = next((b for b in BUCKETS if b >= m + n), None) if self.compile else None
+        width = bucket(m + n) if self.compile or self.graphs else None
         pad = width - (m + n) if width is not None else 0
-        position, mask = self.tree_layout(m, parents, self.max_len, pad)
-        x = torch.tensor([fed + fed[-1:] * pad], dtype=torch.long, device=self.device)
-        common = dict(input_ids=x, position_ids=position, attention_mask=mask, cache=self.cache, use_cache=True)
-        if width is not None:  # the bucket's graph, as for a chain's pass: every row's logits, a fixed shape
-            torch.compiler.cudagraph_mark_step_begin()
-            out = self.forward(**common, output_hidden_states=features)
-            logits = out.logits[0, m - 1 : m + n].clone()
+        if self.graphs and width is not None:  # the bucket's graph, shared with chains of its width
+            position, prefix, sees = self.tree_rows(m, parents, pad)
+            out, fused = self._replay(
+                width, features, cuda_graphs.packed(fed + fed[-1:] * pad, position, prefix, self.length, sees)
+            )
+            logits = out[m - 1 : m + n].clone()
         else:
-            out = self.model(**common, logits_to_keep=n + 1, output_hidden_states=features)
-            logits = out.logits[0]
-        fused = self._features(out, features)
+            position, mask = self.tree_layout(m, parents, self.max_len, pad)
+            x = torch.tensor([fed + fed[-1:] * pad], dtype=torch.long, device=self.device)
+            common = dict(input_ids=x, position_ids=position, attention_mask=mask, cache=self.cache, use_cache=True)
+            if width is not None:  # the bucket's graph, as for a chain's pass: every row's logits, a fixed shape
+                torch.compiler.cudagraph_mark_step_begin()
+                out = self.forward(**common, output_hidden_states=features)
+                logits = out.logits[0, m - 1 : m + n].clone()
+            else:
+                out = self.model(**common, logits_to_keep=n + 1, output_hidden_states=features)
+                logits = out.logits[0]
+            fused = self._features(out, features)
         hidden = fused[: m + n].clone() if fused is not None else None
         if pad:
             self.cache.crop(-pad)
         self.length += m + n
         self.tokens_processed += m + n
         return logits, hidden
+
+    def _replay(self, width: int, features: bool, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """A pass of `width` rows through this cache's graph of that width and output kind."""
+        model, cache, layers = self.model, self.cache, self.feature_layers
+
+        def make() -> cuda_graphs.WidthPass:
+            def forward(**inputs):
+                out = model(**inputs, cache=cache, use_cache=True, output_hidden_states=features)
+                return out.logits[0], (decoder_layers.entering(out.hidden_states, layers)[0] if features else None)
+
+            return cuda_graphs.WidthPass(model, forward, width, self.max_len)
+
+        return self.pooled.graphs.get((width, features, layers), make)(rows)
 
     def _layers(self) -> list:
         assert self.cache is not None, "the cache was given back (close)"
@@ -169,6 +243,11 @@ class StaticRollbackCache(RollbackCache):
             assert self.cache is not None, "the cache was given back (close)"
             self.cache.crop(length - self.length)
             self.length = length
+
+
+def bucket(n: int) -> int | None:
+    """The graph width a pass of n tokens is padded to (None: wider than every graph, run eagerly)."""
+    return next((b for b in BUCKETS if b >= n), None)
 
 
 def room(max_len: int) -> int:
@@ -184,6 +263,7 @@ class StaticCachePool:
 
     max_len: int
     compile: bool = False
+    graphs: bool = False
 
     def __call__(self, model: PreTrainedModel) -> StaticRollbackCache:
-        return StaticRollbackCache(model, self.max_len, self.compile)
+        return StaticRollbackCache(model, self.max_len, self.compile, graphs=self.graphs)

@@ -1,0 +1,131 @@
+"""Passes of one width over one static KV cache, replayed as CUDA graphs.
+
+A pass's inputs live in one static buffer: the ids, their positions, and what each row sees (a
+prefix of the cache, plus rows of the pass itself: a tree node's ancestors). The attention mask is
+built from them inside the pass, so a chain and a tree of one width share one graph, and nothing
+in a pass reads a value back to the host: the cache's write position is its own device counter
+(transformers' StaticLayer). On CUDA a pass is captured at its first use, with
+torch.cuda.CUDAGraph over the model's eager forward (no compiler at run time, so a fresh process
+needs nothing built), and replayed after. On a CPU the same pass runs eagerly on the same buffers,
+which is how the tests prove its numbers without a GPU.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+
+import torch
+from transformers import PreTrainedModel
+
+from app.core import decoder_layers
+
+HEADER = 4  # rows of the input buffer before the in-pass sight rows: ids, positions, prefixes, start
+
+
+def packed(
+    ids: Sequence[int], positions: Sequence[int], prefix: Sequence[int], start: int, sees: Sequence[Sequence[int]]
+) -> torch.Tensor:
+    """The (HEADER + W, W) input buffer of a pass of W rows from slot `start`: row r attends to slots
+    [0, prefix[r]) and to the slots in sees[r] (each in start .. start + W - 1)."""
+    width = len(ids)
+    rows = torch.zeros(HEADER + width, width, dtype=torch.long)
+    rows[0], rows[1], rows[2], rows[3, 0] = torch.tensor(ids), torch.tensor(positions), torch.tensor(prefix), start
+    for r, slots in enumerate(sees):
+        rows[HEADER + r, [s - start for s in slots]] = 1
+    return rows
+
+
+def chain(ids: Sequence[int], start: int) -> torch.Tensor:
+    """The input buffer of a causal pass: each row at its own slot, seeing everything up to it."""
+    slots = range(start, start + len(ids))
+    return packed(ids, slots, [s + 1 for s in slots], start, [])
+
+
+class WidthPass:
+    """One pass width and output kind over one static cache: the input buffer, and on CUDA the graph.
+
+    `forward(model inputs) -> (logits, features or None)` is the pass itself (the caller's, so a
+    request's features come out as its cache returns them); its outputs are the graph's static
+    tensors on CUDA, overwritten by the next replay: a caller keeps what it needs by copying.
+    """
+
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        forward: Callable[..., tuple[torch.Tensor, torch.Tensor | None]],
+        width: int,
+        max_len: int,
+    ):
+        device = model.get_input_embeddings().weight.device
+        self.model, self.forward, self.width = model, forward, width
+        self.inputs = torch.zeros(HEADER + width, width, dtype=torch.long, device=device)
+        self.slots = torch.arange(max_len, device=device)
+        self.cuda = device.type == "cuda"
+        self.pool = None  # the graphs' memory pool, and who hears of a capture's time (Graphs sets them)
+        self.captured: Callable[[float], None] | None = None
+        self.graph: torch.cuda.CUDAGraph | None = None
+        self.out: tuple[torch.Tensor, torch.Tensor | None] | None = None
+
+    def __call__(self, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Run the pass on these inputs (packed): eagerly on a CPU, else by its graph (captured now if new)."""
+        # A pinned source lets the copy queue behind the device's work instead of waiting for it; the
+        # caching host allocator keeps the block until the copy has read it.
+        self.inputs.copy_(rows.pin_memory() if self.cuda else rows, non_blocking=self.cuda)
+        if not self.cuda:
+            return self._pass()
+        if self.graph is None:
+            return self._capture()
+        self.graph.replay()
+        assert self.out is not None  # set by the capture
+        return self.out
+
+    def _pass(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+        width = self.width
+        ids, position, prefix, start = self.inputs[0], self.inputs[1], self.inputs[2], self.inputs[3, :1]
+        sees = self.inputs[HEADER:].bool()
+        offset = self.slots - start  # each cache slot's place in this pass (in range for its own rows)
+        inside = (offset >= 0) & (offset < width)
+        allowed = (self.slots[None] < prefix[:, None]) | (sees[:, offset.clamp(0, width - 1)] & inside)
+        mask = decoder_layers.as_mask(allowed, self.model.config)
+        return self.forward(input_ids=ids[None], position_ids=position[None], attention_mask=mask)
+
+    def _capture(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+        # PyTorch's recipe: run once on a side stream (lazy set-up, library workspaces), then capture.
+        # That run is this request's pass; capturing runs nothing, so the cache is written once.
+        t0 = time.perf_counter()
+        current = torch.cuda.current_stream()
+        side = torch.cuda.Stream()
+        side.wait_stream(current)
+        with torch.cuda.stream(side):
+            logits, features = self._pass()
+            result = logits.clone(), (features.clone() if features is not None else None)
+        current.wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.pool):
+            self.out = self._pass()
+        self.graph = graph
+        if self.captured is not None:
+            self.captured(time.perf_counter() - t0)
+        return result
+
+
+class Graphs:
+    """Every width's pass over one static cache, keyed by width and output kind, with one memory pool
+    for all their graphs (they never run at once). It lives as long as the cache it was captured on."""
+
+    def __init__(self):
+        self.passes: dict[tuple, WidthPass] = {}
+        self.pool = None
+        self.capture_s = 0.0  # seconds spent capturing, for the first start's message
+
+    def get(self, key: tuple, make: Callable[[], WidthPass]) -> WidthPass:
+        if key not in self.passes:
+            self.passes[key] = make()
+            if self.passes[key].cuda:
+                self.pool = self.pool if self.pool is not None else torch.cuda.graph_pool_handle()
+                self.passes[key].pool, self.passes[key].captured = self.pool, self._captured
+        return self.passes[key]
+
+    def _captured(self, seconds: float) -> None:
+        self.capture_s += seconds
