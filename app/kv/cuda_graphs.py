@@ -21,6 +21,12 @@ from transformers import PreTrainedModel
 from app.core import decoder_layers
 
 HEADER = 4  # rows of the input buffer before the in-pass sight rows: ids, positions, prefixes, start
+_captured = [0, 0.0]  # graphs captured in this process, and the seconds it took (for the first start's note)
+
+
+def captures() -> tuple[int, float]:
+    """(graphs captured so far in this process, seconds spent capturing them)."""
+    return _captured[0], _captured[1]
 
 
 def packed(
@@ -102,11 +108,15 @@ class WidthPass:
             result = logits.clone(), (features.clone() if features is not None else None)
         current.wait_stream(side)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool):
+        # thread_local: another request on another compute thread may run its passes meanwhile.
+        with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):
             self.out = self._pass()
         self.graph = graph
+        seconds = time.perf_counter() - t0
+        _captured[0] += 1
+        _captured[1] += seconds
         if self.captured is not None:
-            self.captured(time.perf_counter() - t0)
+            self.captured(seconds)
         return result
 
 
