@@ -218,3 +218,23 @@ def test_a_graph_pass_reads_nothing_back_to_the_host(target):
         plain.extend([5, 6, 7, 8], keep=4)
     assert on_graphs.seen == []
     assert on_plain.seen, "the probe must see the model's own mask builder read a value"
+
+
+def test_a_first_start_names_the_graphs_captured_while_measuring(target, tokenizer, monkeypatch):
+    """The first request of a kind measures this machine, which on CUDA runs each pass width once and so
+    captures its graph: the run's note (the CLI prints it) says how many and how long. A CPU captures
+    nothing, so the tally is stood in for here; a later request that captures nothing adds nothing."""
+    from app import request
+    from app.core.config import RunConfig, SamplingConfig, Settings, SpecConfig
+    from app.kv import cuda_graphs
+
+    pair = pair_of(target, tokenizer, "tiny")
+    ids = tokenizer(PROMPT)["input_ids"]
+    settings = Settings(SamplingConfig(), SpecConfig(k=4, k_policy="fixed"), RunConfig(8))
+    tallies = iter([(3, 0.5), (17, 2.8), (17, 2.8), (17, 2.8)])
+    monkeypatch.setattr(cuda_graphs, "captures", lambda: next(tallies))
+    caches = StaticCachePool(cache_length(len(ids), 8), graphs=True)
+    first = request.start(pair, ids, settings, measured=None, caches=caches)
+    assert first.note.endswith("; 14 CUDA graphs captured in 2.3 s while measuring")
+    again = request.start(pair, ids, settings, caches=caches)
+    assert "captured" not in again.note

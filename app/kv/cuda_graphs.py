@@ -12,8 +12,10 @@ which is how the tests prove its numbers without a GPU.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Sequence
+from typing import cast
 
 import torch
 from transformers import PreTrainedModel
@@ -21,12 +23,14 @@ from transformers import PreTrainedModel
 from app.core import decoder_layers
 
 HEADER = 4  # rows of the input buffer before the in-pass sight rows: ids, positions, prefixes, start
-_captured = [0, 0.0]  # graphs captured in this process, and the seconds it took (for the first start's note)
+_captured = {"graphs": 0, "seconds": 0.0}  # in this process, for the first start's note
+_captured_lock = threading.Lock()
 
 
 def captures() -> tuple[int, float]:
     """(graphs captured so far in this process, seconds spent capturing them)."""
-    return _captured[0], _captured[1]
+    with _captured_lock:
+        return int(_captured["graphs"]), float(_captured["seconds"])
 
 
 def packed(
@@ -63,13 +67,12 @@ class WidthPass:
         width: int,
         max_len: int,
     ):
-        device = model.get_input_embeddings().weight.device
+        device = cast(torch.Tensor, model.get_input_embeddings().weight).device
         self.model, self.forward, self.width = model, forward, width
         self.inputs = torch.zeros(HEADER + width, width, dtype=torch.long, device=device)
         self.slots = torch.arange(max_len, device=device)
         self.cuda = device.type == "cuda"
-        self.pool = None  # the graphs' memory pool, and who hears of a capture's time (Graphs sets them)
-        self.captured: Callable[[float], None] | None = None
+        self.pool = None  # the graphs' memory pool (Graphs sets it)
         self.graph: torch.cuda.CUDAGraph | None = None
         self.out: tuple[torch.Tensor, torch.Tensor | None] | None = None
 
@@ -112,11 +115,9 @@ class WidthPass:
         with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):
             self.out = self._pass()
         self.graph = graph
-        seconds = time.perf_counter() - t0
-        _captured[0] += 1
-        _captured[1] += seconds
-        if self.captured is not None:
-            self.captured(seconds)
+        with _captured_lock:
+            _captured["graphs"] += 1
+            _captured["seconds"] += time.perf_counter() - t0
         return result
 
 
@@ -127,15 +128,11 @@ class Graphs:
     def __init__(self):
         self.passes: dict[tuple, WidthPass] = {}
         self.pool = None
-        self.capture_s = 0.0  # seconds spent capturing, for the first start's message
 
     def get(self, key: tuple, make: Callable[[], WidthPass]) -> WidthPass:
         if key not in self.passes:
-            self.passes[key] = make()
-            if self.passes[key].cuda:
+            made = self.passes[key] = make()
+            if made.cuda:
                 self.pool = self.pool if self.pool is not None else torch.cuda.graph_pool_handle()
-                self.passes[key].pool, self.passes[key].captured = self.pool, self._captured
+                made.pool = self.pool
         return self.passes[key]
-
-    def _captured(self, seconds: float) -> None:
-        self.capture_s += seconds

@@ -196,9 +196,9 @@ class StaticRollbackCache(RollbackCache):
         width = bucket(m + n) if self.compile or self.graphs else None
         pad = width - (m + n) if width is not None else 0
         if self.graphs and width is not None:  # the bucket's graph, shared with chains of its width
-            position, prefix, sees = self.tree_rows(m, parents, pad)
+            rows, prefix, sees = self.tree_rows(m, parents, pad)
             out, fused = self._replay(
-                width, features, cuda_graphs.packed(fed + fed[-1:] * pad, position, prefix, self.length, sees)
+                width, features, cuda_graphs.packed(fed + fed[-1:] * pad, rows, prefix, self.length, sees)
             )
             logits = out[m - 1 : m + n].clone()
         else:
