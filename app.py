@@ -3,6 +3,8 @@
 import argparse
 import os
 
+from app.core.config import FAST_PATHS
+from app.kv import static_cache
 from app.models import hosting, threads
 from app.serve import queue_limits, zerogpu
 from app.serve.ui import launch  # imports `spaces` where it exists, before anything touches CUDA
@@ -17,7 +19,15 @@ if __name__ == "__main__":
         type=threads.cli_value,
         help="torch threads: N or auto (default: auto, or SPECDEC_THREADS; see README)",
     )
+    ap.add_argument(
+        "--fast-path",
+        choices=FAST_PATHS,
+        help="CUDA passes: graphs (CUDA graphs on a static cache), compile (torch.compile's), off (eager); "
+        "default auto, or SPECDEC_FAST_PATH: graphs on CUDA",
+    )
     args = ap.parse_args()
+    if args.fast_path:  # every request's default (static_cache.default_mode)
+        os.environ[static_cache.FAST_PATH_ENV] = args.fast_path
     threads.apply(args.threads, share=queue_limits.concurrency())  # auto threads divide free cores among runs
     # A non-loopback bind, or a share link anyone can open, is public hosting: presets only by default.
     shared = args.share or os.environ.get("GRADIO_SHARE", "").lower() in ("1", "true")

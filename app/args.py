@@ -54,10 +54,9 @@ def add_generation_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument(
         "--fast-path",
         choices=FAST_PATHS,
-        default="auto",
         help="CUDA: static KV cache with every short pass replayed as a CUDA graph (auto, graphs: captured "
         "from the eager passes; compile: by torch.compile); off: dynamic cache, eager passes. "
-        "auto is graphs on CUDA and off elsewhere (and on ZeroGPU)",
+        "auto (default, or SPECDEC_FAST_PATH) is graphs on CUDA and off elsewhere (and on ZeroGPU)",
     )
 
 

@@ -53,7 +53,7 @@ def cmd_generate(args) -> int:
     phase, report, measured = _phases()
     run = request.open_request(req, phase, report)
     measured()
-    if args.fast_path != "auto" or run.pair.target.device.type == "cuda":
+    if args.fast_path is not None or run.pair.target.device.type == "cuda":
         print(f"fast path: {run.note}", file=sys.stderr)
     steps = list(run.steps(teach=args.json))
     s = run.settings

@@ -31,7 +31,7 @@ class Request:
     speculative: bool = True
     device: str | None = None
     dtype: str | None = None
-    fast_path: str = "auto"  # config.FAST_PATHS
+    fast_path: str | None = None  # config.FAST_PATHS; None: SPECDEC_FAST_PATH, else auto
     auto_chat: bool = False  # chat formatting on when the target has a chat template
 
     def __post_init__(self):
@@ -45,7 +45,7 @@ def start(
     settings: Settings,
     *,
     speculative: bool = True,
-    fast_path: str = "auto",
+    fast_path: str | None = None,
     calibrated: bool = True,
     measured: Costs | None = None,
     caches: Callable | None = None,

@@ -82,16 +82,17 @@ def prepare(
     settings: Settings,
     *,
     speculative: bool = True,
-    fast_path: str = "auto",
+    fast_path: str | None = None,
     caches: Callable | None = None,
 ) -> Run:
     """A Run on static caches and CUDA graphs where the fast path runs (static_cache.available: by
-    default on CUDA), else on the usual caches. `caches` names the target's cache instead (a
-    measurement's own); a static pool serves a model draft too."""
+    default on CUDA; None: the server's setting, static_cache.default_mode), else on the usual caches.
+    `caches` names the target's cache instead (a measurement's own); a static pool serves a model
+    draft too."""
     if caches is not None:
         draft_cache = _draft_side(caches) if isinstance(caches, static_cache.StaticCachePool) else None
         return Run(pair, list(ids), settings, speculative, caches, draft_cache)
-    kind, note = static_cache.available(fast_path, pair.target.device, pair.target)
+    kind, note = static_cache.available(fast_path or static_cache.default_mode(), pair.target.device, pair.target)
     if kind is None:
         return Run(pair, list(ids), settings, speculative, note=note)
     caches = static_cache.StaticCachePool(

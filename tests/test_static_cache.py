@@ -238,3 +238,17 @@ def test_a_first_start_names_the_graphs_captured_while_measuring(target, tokeniz
     assert first.note.endswith("; 14 CUDA graphs captured in 2.3 s while measuring")
     again = request.start(pair, ids, settings, caches=caches)
     assert "captured" not in again.note
+
+
+def test_the_servers_fast_path_setting_is_every_requests_default(monkeypatch):
+    """app.py --fast-path (SPECDEC_FAST_PATH) is the off switch for the page, whose requests name none."""
+    import torch
+
+    from app.kv import static_cache
+
+    cuda = torch.device("cuda")
+    assert static_cache.default_mode() == "auto"
+    monkeypatch.setenv(static_cache.FAST_PATH_ENV, "off")
+    assert static_cache.available(static_cache.default_mode(), cuda)[0] is None
+    monkeypatch.setenv(static_cache.FAST_PATH_ENV, "Compile ")
+    assert static_cache.available(static_cache.default_mode(), cuda)[0] == "compile"

@@ -68,7 +68,7 @@ class WidthPass:
         max_len: int,
     ):
         device = cast(torch.Tensor, model.get_input_embeddings().weight).device
-        self.model, self.forward, self.width = model, forward, width
+        self.model, self.forward, self.width, self.device = model, forward, width, device
         self.inputs = torch.zeros(HEADER + width, width, dtype=torch.long, device=device)
         self.slots = torch.arange(max_len, device=device)
         self.cuda = device.type == "cuda"
@@ -103,17 +103,18 @@ class WidthPass:
         # PyTorch's recipe: run once on a side stream (lazy set-up, library workspaces), then capture.
         # That run is this request's pass; capturing runs nothing, so the cache is written once.
         t0 = time.perf_counter()
-        current = torch.cuda.current_stream()
-        side = torch.cuda.Stream()
-        side.wait_stream(current)
-        with torch.cuda.stream(side):
-            logits, features = self._pass()
-            result = logits.clone(), (features.clone() if features is not None else None)
-        current.wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        # thread_local: another request on another compute thread may run its passes meanwhile.
-        with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):
-            self.out = self._pass()
+        with torch.cuda.device(self.device):  # the model's GPU, which need not be the current one
+            current = torch.cuda.current_stream()
+            side = torch.cuda.Stream()
+            side.wait_stream(current)
+            with torch.cuda.stream(side):
+                logits, features = self._pass()
+                result = logits.clone(), (features.clone() if features is not None else None)
+            current.wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            # thread_local: another request on another compute thread may run its passes meanwhile.
+            with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):
+                self.out = self._pass()
         self.graph = graph
         with _captured_lock:
             _captured["graphs"] += 1

@@ -36,6 +36,14 @@ BUCKETS = (1, 2, 3, 5, 9, 17, 33, 65)
 LENGTH_STEP = 256  # cache lengths are rounded up to this, so requests of similar length share graphs
 
 
+FAST_PATH_ENV = "SPECDEC_FAST_PATH"  # the server's --fast-path, and the CLI's default
+
+
+def default_mode() -> str:
+    """The fast path a request that names none takes: SPECDEC_FAST_PATH, else auto."""
+    return os.environ.get(FAST_PATH_ENV, "").strip().lower() or "auto"
+
+
 def available(mode: str, device: torch.device, model: PreTrainedModel | None = None) -> tuple[str | None, str]:
     """Which fast path runs for this request ("graphs", "compile" or None: the dynamic cache), and why."""
     if mode not in FAST_PATHS:
@@ -58,6 +66,8 @@ def available(mode: str, device: torch.device, model: PreTrainedModel | None = N
 
 def unsupported(model: PreTrainedModel) -> str | None:
     """Why this model cannot run on a static cache with graphs (None: it can)."""
+    if len(set(getattr(model, "hf_device_map", {}).values())) > 1:
+        return "a model spread over several devices runs eagerly (a graph is captured on one device)"
     if any(getattr(t, "is_sliding", False) for t in StaticCache(config=model.config, max_cache_len=1).layers):
         return "the static cache path supports full-attention models only"
     kind = getattr(model.config, "_attn_implementation", None) or "eager"
