@@ -24,12 +24,16 @@ class Proposal:
     # distribution it was drawn from given its earlier siblings (verify's tree rule). Left out: a chain,
     # whose parents are [-1, 0, 1, ..].
     parents: list[int] = field(default_factory=list)
+    # A greedy chain's picks still on the device (engine.py's verify feeds them to the target there, and
+    # reads them with its verdict): `tokens` is empty until then, and filled in place.
+    pending: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
+        n = len(self.tokens) if self.pending is None else len(self.pending)
         if not self.parents:
-            self.parents = tree_shape.chain(len(self.tokens))
-        if len(self.parents) != len(self.tokens):
-            raise ValueError(f"{len(self.tokens)} drafts need as many parents, got {len(self.parents)}")
+            self.parents = tree_shape.chain(n)
+        if len(self.parents) != n:
+            raise ValueError(f"{n} drafts need as many parents, got {len(self.parents)}")
 
 
 class Proposer(Protocol):
@@ -71,19 +75,23 @@ class KVCache(Protocol):
     tokens_processed: int  # every token ever fed, so tests can prove rollback never re-prefills
     device: torch.device
     feature_layers: tuple[int, ...]  # the features a pass returns: () the last layer's, else these layers' inputs
+    device_steps: bool  # step() also takes a 0-d tensor on the device (a draft's pick the host never reads)
 
-    def extend(self, ids: list[int], keep: int = 0, parents: Sequence[int] = ()) -> torch.Tensor:
+    def extend(
+        self, ids: list[int], keep: int = 0, parents: Sequence[int] = (), on_device: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """Feed ids after the cached ones; (keep, V) logits of the last `keep` (0: all). The last
         len(parents) ids are drafts (node i below parents[i], -1: below the last committed id); a tree of
-        them gives the (1 + n, V) logits after the last committed id and each node."""
+        them gives the (1 + n, V) logits after the last committed id and each node. Where device_steps,
+        `on_device` holds the values of a chain's last ids on the device (ids holds stand-ins)."""
 
     def extend_with_features(
         self, ids: list[int], keep: int = 0, parents: Sequence[int] = ()
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """As extend, plus the (len(ids), H) features of every fed position."""
 
-    def step(self, token: int) -> torch.Tensor:
-        """(V,) logits of one more token."""
+    def step(self, token: Any) -> torch.Tensor:
+        """(V,) logits of one more token: an id, or where device_steps a 0-d tensor on the device."""
 
     def rollback(self, length: int, path: Sequence[int] = ()) -> None:
         """Forget every cached position at or after `length`; with path, the drafts fed from slot

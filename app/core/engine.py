@@ -96,6 +96,8 @@ def generate(
         loop.lm.feature_layers = getattr(proposer, "feature_layers", ())
     if proposer is not None:
         proposer.begin(loop.ids, target.get_output_embeddings().weight.shape[0])
+        if hasattr(proposer, "picks_on_device"):  # a model draft: its greedy picks may stay on the device
+            proposer.picks_on_device = loop.takes_picks_on_device()
     busy = 0.0  # this run's own clock: it stops while the consumer holds a yielded Step
     try:
         for rnd in range(1, run.max_new_tokens + 1):
@@ -143,6 +145,19 @@ class _Loop:
         room = self.draft_limit - len(self.ids) - 1
         return max(0, min(self.policy.next_k(), self.run.max_new_tokens - len(self.out.ids) - 1, room))
 
+    def takes_picks_on_device(self) -> bool:
+        """Whether verify can feed a greedy chain's picks to the target on the device and read them with
+        its verdict: a bare greedy run (no repetition rules, no teaching p(x)) on a cache that takes them."""
+        assert self.lm is not None, "generate() sets the target's cache first"
+        wants_features = self.proposer is not None and self.proposer.wants_features
+        return (
+            self.lm.device_steps
+            and self.cfg.greedy
+            and not self.cfg.penalised
+            and not self.greedy_p
+            and not wants_features
+        )
+
     def _verify(self, proposal: Proposal):
         """One target pass over the uncached ids and every draft (a tree's nodes each seeing their
         ancestors only; a chain is the tree [-1, 0, 1, ..]); the kept path then moves into place and the
@@ -150,6 +165,14 @@ class _Loop:
         tokens, parents, lm, base = proposal.tokens, proposal.parents, self.lm, len(self.ids)
         assert lm is not None, "generate() sets the target's cache before the first round"
         fed = self.ids[lm.length :]
+        if proposal.pending is not None:  # picks on the device (takes_picks_on_device): one read, below
+            picks, proposal.pending = proposal.pending, None
+            p_logits = lm.extend(fed + [0] * len(picks), len(picks) + 1, on_device=picks)
+            v = verify.greedy(tokens, parents, p_logits, False, pending=picks)  # fills tokens
+            lm.rollback(base, v.path)
+            assert self.proposer is not None  # a proposer's picks
+            self.proposer.commit(v.path, v.token, None)
+            return v, p_logits, None, base
         if self.proposer is not None and self.proposer.wants_features:
             p_logits, features = lm.extend_with_features(fed + tokens, len(tokens) + 1, parents)
         else:
@@ -178,7 +201,8 @@ class _Loop:
     def round(self, number: int) -> Round:
         """Draft, verify with one target pass, commit: what the round did."""
         k, nodes = self._k(), 0
-        t0 = time.perf_counter()
+        assert self.lm is not None, "generate() sets the target's cache before the first round"
+        clock = _PhaseClock(self.lm.device)
         if self.proposer is not None and k:
             nodes = self.policy.next_nodes()
             if nodes and not self.branches:  # drafting a chain instead would be an option silently ignored
@@ -186,12 +210,9 @@ class _Loop:
         # nodes: the policy's budget for this round (policy.TreeShape may change it round by round)
         proposal = Proposal([], None) if self.proposer is None else self.proposer.propose(k, self.cfg, self.gen, nodes)
         _check_drafts(proposal.tokens, self.vocab)
-        assert self.lm is not None, "generate() sets the target's cache before the first round"
-        sync(self.lm.device)
-        t1 = time.perf_counter()
+        clock.drafted()
         v, p_logits, p, base = self._verify(proposal)
-        sync(self.lm.device)
-        t2 = time.perf_counter()
+        times = clock.verified()
         n, parents = v.accepted, proposal.parents
         self.policy.update(len(proposal.tokens), n, context=base + n + 1, parents=parents, path=v.path)
         kept = [proposal.tokens[i] for i in v.path] + [v.token]
@@ -200,8 +221,35 @@ class _Loop:
         self.ids += kept
         if not self.out.stop_reason and len(self.ids) >= self.limit:
             self.out.stop_reason = "context_full"
-        stop, plain, times = self.out.stop_reason, self.proposer is None, (t1 - t0, t2 - t1)
+        stop, plain = self.out.stop_reason, self.proposer is None
         return Round(number, k, nodes, proposal, v, base, emitted, text, stop, *times, p_logits, p, plain, window)
+
+
+class _PhaseClock:
+    """A round's seconds drafting and verifying. On CUDA the boundary between the two is an event on
+    the device, read once the verdict is in: the verdict's read waits for the device anyway, so the
+    round makes no wait of its own for the clock."""
+
+    def __init__(self, device: torch.device):
+        self.events = device.type == "cuda"
+        self.t0 = time.perf_counter()
+        if self.events:
+            self.start, self.end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            self.start.record()
+
+    def drafted(self) -> None:
+        if self.events:
+            self.end.record()
+        else:
+            self.t1 = time.perf_counter()
+
+    def verified(self) -> tuple[float, float]:
+        """(drafting, verifying) in seconds; the two add up to the round's wall time so far."""
+        total = time.perf_counter() - self.t0
+        # The verdict was read after the boundary's event, so the event is done: this does not wait.
+        drafting = self.start.elapsed_time(self.end) / 1000 if self.events else self.t1 - self.t0
+        drafting = min(max(drafting, 0.0), total)
+        return drafting, total - drafting
 
 
 def _check_prompt(target: PreTrainedModel, prompt_ids: list[int]) -> None:

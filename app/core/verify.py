@@ -72,18 +72,30 @@ def one_hot_q(drafts: list[int], width: int, device) -> torch.Tensor:
     return q
 
 
-def greedy(tokens: list[int], parents: list[int], p_logits: torch.Tensor, teach: bool = True) -> Verdict:
+def greedy(
+    tokens: list[int],
+    parents: list[int],
+    p_logits: torch.Tensor,
+    teach: bool = True,
+    pending: torch.Tensor | None = None,
+) -> Verdict:
     """Follow the target's argmax down the drafts. p_logits: (n + 1, V).
 
     All device work is queued first and read back in one transfer: one host sync per round. p(x)
     (softmax at T = 1) is teaching data: without teach it is None, and the (n, V) logsumexp that it
-    needs, the largest cost of a greedy round outside the passes, is skipped.
+    needs, the largest cost of a greedy round outside the passes, is skipped. `pending`: a chain's n
+    picks still on the device (Proposal.pending), read in the same transfer into the empty `tokens`.
     """
-    n, logits = len(tokens), p_logits.float()
+    n, logits = (len(tokens) if pending is None else len(pending)), p_logits.float()
     argmax = logits.argmax(-1)
     best: list[int]
     p_of: list[float | None]
-    if teach and n:  # exp(logit - logsumexp) needs no (n, V) softmax
+    if pending is not None:  # the verdict and the drafts it judged, in one read
+        assert not tokens and not teach, "picks on the device are a bare greedy chain's"
+        host = torch.cat([argmax, pending.to(argmax.dtype)]).tolist()
+        best, p_of = host[: n + 1], [None] * n
+        tokens += host[n + 1 :]
+    elif teach and n:  # exp(logit - logsumexp) needs no (n, V) softmax
         x, rows = _index(tokens, parents, logits.device)
         p_nodes = (logits[rows, x] - logits[:n].logsumexp(-1)[rows]).exp()  # a parent's row is below n
         host = torch.cat([argmax.double(), p_nodes.double()]).tolist()  # the one sync

@@ -32,6 +32,9 @@ class ModelProposer:
     branches = True  # siblings beside its chain (draw.Branches)
 
     wants_features = False
+    # Set by the engine after begin() where it can verify a greedy chain's picks without reading them
+    # first (engine.generate): the host then reads them once, with the verdict.
+    picks_on_device = False
 
     def __init__(
         self,
@@ -51,12 +54,16 @@ class ModelProposer:
         # Padded embedding rows beyond the target's vocabulary must never be drafted.
         self.vocab_size = vocab_size
         self._drafts = Branches(0)
+        self.picks_on_device = False
+        self._pending: Proposal | None = None
 
     def propose(self, k: int, cfg: SamplingConfig, gen: torch.Generator, nodes: int = 0) -> Proposal:
         self._drafts = drafts = Branches(k, nodes)
         if k == 0:
             return Proposal([], None)
         logits = self.lm.extend(self.ids[self.lm.length :], keep=1)[-1]
+        if self.picks_on_device and cfg.greedy and not cfg.penalised and not nodes and self.lm.device_steps:
+            return self._greedy_on_device(logits, k)
         for i in range(k):
             history = self.ids + drafts.chain
             x, q = draw(logits[: self.vocab_size], history, cfg, gen)
@@ -65,7 +72,22 @@ class ModelProposer:
                 logits = self.lm.step(x)
         return drafts.proposal()
 
+    def _greedy_on_device(self, logits: torch.Tensor, k: int) -> Proposal:
+        """A greedy chain whose every pick feeds the next step on the device: no step waits for the
+        device, and the host reads the picks once, with the target's verdict (Proposal.pending)."""
+        picks = [logits[: self.vocab_size].argmax()]
+        for _ in range(k - 1):
+            picks.append(self.lm.step(picks[-1])[: self.vocab_size].argmax())
+        self._pending = Proposal([], None, pending=torch.stack(picks))
+        return self._pending
+
     def commit(self, path: list[int], token: int, features: torch.Tensor | None = None) -> None:
+        if self._pending is not None:  # a chain of picks on the device, read with the verdict by now
+            assert self._pending.pending is None, "the verdict reads the picks before anything commits"
+            self._drafts = Branches(len(self._pending.tokens))
+            for x in self._pending.tokens:
+                self._drafts.add(x, None, None, None, SamplingConfig(), None)
+            self._pending = None
         # The cache holds ids + the chain's drafts but its last; keep only the part the target agreed with.
         kept, on_chain = self._drafts.kept(path)
         self.lm.rollback(min(self.lm.length, len(self.ids) + on_chain))

@@ -35,6 +35,8 @@ class RollbackCache(abc.ABC):
     fed through the model, so tests can prove that rollback never re-prefills.
     """
 
+    device_steps = False  # whether step() takes a token still on the device (a draft's argmax, never read)
+
     def __init__(self, model: PreTrainedModel, feature_layers: tuple[int, ...] = ()):
         self.model = model
         # The features a pass returns: () for the last layer's normed states (EAGLE-1), else the
@@ -95,14 +97,19 @@ class RollbackCache(abc.ABC):
             values[..., dst, :] = values[..., src, :]
 
     @torch.inference_mode()
-    def extend(self, ids: list[int], keep: int = 0, parents: Sequence[int] = ()) -> torch.Tensor:
+    def extend(
+        self, ids: list[int], keep: int = 0, parents: Sequence[int] = (), on_device: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """Feed ids after the cached ones; return the (keep, V) logits of the last `keep` (0: all).
 
         The last len(parents) ids are drafts (node i below node parents[i], -1: below the last committed
         id). A tree of them is fed in the same pass, each node at the position of its depth and seeing
         the committed text and its own ancestors only; the logits are then the (1 + n, V) after the last
-        committed id and after each node. A chain takes the plain pass.
+        committed id and after each node. A chain takes the plain pass. `on_device`: where device_steps
+        (the static cache) only.
         """
+        if on_device is not None:
+            raise ValueError(f"{type(self).__name__} takes no ids on the device (device_steps is False)")
         return self._pass(ids, keep, parents, features=False)[0]
 
     @torch.inference_mode()

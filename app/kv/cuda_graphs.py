@@ -76,11 +76,17 @@ class WidthPass:
         self.graph: torch.cuda.CUDAGraph | None = None
         self.out: tuple[torch.Tensor, torch.Tensor | None] | None = None
 
-    def __call__(self, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Run the pass on these inputs (packed): eagerly on a CPU, else by its graph (captured now if new)."""
+    def __call__(
+        self, rows: torch.Tensor, late: tuple[int, torch.Tensor] | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Run the pass on these inputs (packed): eagerly on a CPU, else by its graph (captured now if new).
+        `late`: (offset, ids on the device) for the ids from that offset on (a draft's picks, which the
+        host has not read), copied over the packed ones on the device."""
         # A pinned source lets the copy queue behind the device's work instead of waiting for it; the
         # caching host allocator keeps the block until the copy has read it.
         self.inputs.copy_(rows.pin_memory() if self.cuda else rows, non_blocking=self.cuda)
+        if late is not None:
+            self.inputs[0, late[0] : late[0] + len(late[1])] = late[1]
         if not self.cuda:
             return self._pass()
         if self.graph is None:

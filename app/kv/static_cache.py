@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import torch
 from transformers import PreTrainedModel, StaticCache
 
-from app.core import decoder_layers
+from app.core import decoder_layers, tree_shape
 from app.core.config import FAST_PATHS, K_MAX, TREE_MAX, UserError
 from app.kv import cuda_graphs
 from app.kv.cache import RollbackCache
@@ -99,6 +99,7 @@ class Pooled:
 
     cache: StaticCache
     graphs: cuda_graphs.Graphs
+    length: int = 0  # where its pointer stands (kept here, so a reuse moves it back without reading it)
 
 
 _pool: dict[tuple[int, int], list[Pooled]] = {}
@@ -115,6 +116,7 @@ class StaticRollbackCache(RollbackCache):
     """
 
     cache: StaticCache | None  # None once close() gave it back
+    device_steps = True  # step() takes a token still on the device
 
     def __init__(
         self,
@@ -140,31 +142,54 @@ class StaticRollbackCache(RollbackCache):
                 else Pooled(StaticCache(config=model.config, max_cache_len=max_len), cuda_graphs.Graphs())
             )
         self.cache = self.pooled.cache
-        used = int(self.cache.get_seq_length())
-        if used:  # a reused cache: move its pointer back to 0
+        if self.pooled.length:  # a reused cache: move its pointer back to 0
             with torch.inference_mode():  # the cache's tensors were made under it
-                self.cache.crop(-used)
+                self.cache.crop(-self.pooled.length)
+            self.pooled.length = 0
 
     def close(self) -> None:
         """Give the cache back for the next request (once; the cache is unusable here afterwards)."""
         cache, self.cache = self.cache, None
         if cache is not None:
+            self.pooled.length = self.length
             with _pool_lock:
                 _pool.setdefault(self._key, []).append(self.pooled)
 
-    def step(self, token: int) -> torch.Tensor:
-        """(V,) logits of one more token (a draft step: one graph when compiled)."""
-        return self.extend([token], keep=1)[-1]
+    def step(self, token: int | torch.Tensor) -> torch.Tensor:
+        """(V,) logits of one more token (a draft step: one graph on the fast path). The token may be a
+        0-d tensor on the device (the previous step's argmax): the host never reads it."""
+        if not isinstance(token, torch.Tensor):
+            return self.extend([token], keep=1)[-1]
+        return self.extend([0], keep=1, on_device=token.reshape(1))[-1]
 
-    def _forward(self, ids: list[int], keep: int, features: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    @torch.inference_mode()
+    def extend(
+        self, ids: list[int], keep: int = 0, parents: Sequence[int] = (), on_device: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """As RollbackCache.extend; `on_device`: the values of the last len(on_device) ids, still on the
+        device (ids holds stand-ins for them), for a chain's pass: a draft's picks, which the host reads
+        only with the verdict."""
+        if on_device is None:
+            return super().extend(ids, keep, parents)
+        if tree_shape.is_tree(parents):
+            raise ValueError("picks on the device are a chain's: a tree's nodes are read first")
+        return self._forward(list(ids), keep, False, on_device)[0]
+
+    def _forward(
+        self, ids: list[int], keep: int, features: bool, on_device: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         ids = self._embeddable(ids)
         n = len(ids)
         if self.length + n > room(self.max_len):
             raise UserError(f"static cache of {self.max_len} tokens is full: raise its length")
+        late = None
+        if on_device is not None:  # the last ids' values, on the device: _embeddable's guard there too
+            late = (n - len(on_device), torch.where(on_device < self.rows, on_device, self.stand_in))
         width = bucket(n)
         if self.graphs and width is not None:
             # Padded to the bucket as below; the graph's outputs are overwritten by its next replay.
-            out, fused = self._replay(width, features, cuda_graphs.chain(ids + ids[-1:] * (width - n), self.length))
+            rows = cuda_graphs.chain(ids + ids[-1:] * (width - n), self.length)
+            out, fused = self._replay(width, features, rows, late)
             logits = out[:n].clone()
             hidden = fused[:n].clone() if fused is not None else None
             if width > n:
@@ -174,7 +199,7 @@ class StaticRollbackCache(RollbackCache):
             # Pad to the bucket: the padding sits after the real tokens, so causal attention
             # keeps it out of their logits, and the pointer is moved back over it below.
             # Graph outputs are overwritten by the next replay: clone what is kept.
-            x = torch.tensor([ids + ids[-1:] * (width - n)], dtype=torch.long, device=self.device)
+            x = _with(torch.tensor([ids + ids[-1:] * (width - n)], dtype=torch.long, device=self.device), late)
             torch.compiler.cudagraph_mark_step_begin()
             out = self.forward(input_ids=x, cache=self.cache, use_cache=True, output_hidden_states=features)
             logits = out.logits[0, :n].clone()
@@ -184,7 +209,7 @@ class StaticRollbackCache(RollbackCache):
                 assert self.cache is not None, "the cache was given back (close)"
                 self.cache.crop(n - width)
         else:
-            x = torch.tensor([ids], dtype=torch.long, device=self.device)
+            x = _with(torch.tensor([ids], dtype=torch.long, device=self.device), late)
             out = self.model(
                 input_ids=x, cache=self.cache, use_cache=True, logits_to_keep=keep, output_hidden_states=features
             )
@@ -230,8 +255,11 @@ class StaticRollbackCache(RollbackCache):
         self.tokens_processed += m + n
         return logits, hidden
 
-    def _replay(self, width: int, features: bool, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """A pass of `width` rows through this cache's graph of that width and output kind."""
+    def _replay(
+        self, width: int, features: bool, rows: torch.Tensor, late: tuple[int, torch.Tensor] | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """A pass of `width` rows through this cache's graph of that width and output kind (`late`: ids
+        from an offset on, on the device: WidthPass)."""
         model, cache, layers = self.model, self.cache, self.feature_layers
 
         def make() -> cuda_graphs.WidthPass:
@@ -241,7 +269,7 @@ class StaticRollbackCache(RollbackCache):
 
             return cuda_graphs.WidthPass(model, forward, width, self.max_len)
 
-        return self.pooled.graphs.get((width, features, layers), make)(rows)
+        return self.pooled.graphs.get((width, features, layers), make)(rows, late)
 
     def _layers(self) -> list:
         assert self.cache is not None, "the cache was given back (close)"
@@ -253,6 +281,13 @@ class StaticRollbackCache(RollbackCache):
             assert self.cache is not None, "the cache was given back (close)"
             self.cache.crop(length - self.length)
             self.length = length
+
+
+def _with(x: torch.Tensor, late: tuple[int, torch.Tensor] | None) -> torch.Tensor:
+    """(1, n) ids with the values from `late`'s offset on taken from its device tensor."""
+    if late is not None:
+        x[0, late[0] : late[0] + len(late[1])] = late[1]
+    return x
 
 
 def bucket(n: int) -> int | None:
