@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from contextlib import nullcontext
 
 import pytest
 import torch
@@ -269,3 +270,60 @@ def pair_of(target, tokenizer, name: str, draft_model=None, draft_name: str = "n
         return Pair(target, tokenizer, name, lookup.KIND.load(DraftSpec(lookup.KIND), None))
     spec = DraftSpec(model.KIND, source=draft_name)
     return Pair(target, tokenizer, name, model.ModelDraft(model.KIND, spec, draft_name, model=draft_model))
+
+
+def host_reads(
+    target, tokenizer, prompt: str, proposer, target_cache, n: int, on_device: bool = True
+) -> tuple[list[int], list[tuple[list[int], list[str]]]]:
+    """A bare greedy engine run (fixed k = 4, nothing displayed or taught) and, for each round, its
+    drafts and the reads of a device value to the host it made (each a wait for a GPU): .item(), a
+    bool of a tensor or a data-dependent shape (ops a dispatch mode sees), and .tolist(), which on a
+    CPU tensor reads without such an op. on_device=False: the drafts' picks are read as they are made
+    (the path a run takes where the fast path is off), for comparison. Returns (ids, [(drafts, reads)])."""
+    from unittest import mock
+
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from app.core import engine
+    from app.core.config import RunConfig, SpecConfig
+    from app.core.record import Recorder
+
+    reads: list[str] = []
+
+    class HostReads(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func.overloadpacket.__name__ in ("_local_scalar_dense", "nonzero", "equal"):
+                reads.append(func.overloadpacket.__name__)
+            return func(*args, **(kwargs or {}))
+
+    tolist = torch.Tensor.tolist
+
+    def counted(self):
+        reads.append("tolist")
+        return tolist(self)
+
+    ids = tokenizer(prompt)["input_ids"]
+    per_round, out = [], []
+    with (
+        mock.patch.object(engine._Loop, "takes_picks_on_device", return_value=False) if not on_device else nullcontext()
+    ):
+        steps = engine.generate(
+            target,
+            tokenizer,
+            ids,
+            proposer,
+            target_cache=target_cache,
+            spec=SpecConfig(k=4, k_policy="fixed"),
+            run=RunConfig(n),
+            recorder=Recorder(tokenizer, display=False, teach=False),
+        )
+        torch.Tensor.tolist = counted
+        try:
+            with HostReads():
+                for step in steps:
+                    per_round.append((list(step.drafted), list(reads)))
+                    out += step.emitted
+                    reads.clear()
+        finally:
+            torch.Tensor.tolist = tolist
+    return out, per_round

@@ -5,7 +5,7 @@ import json
 import pytest
 import torch
 from conftest import hf_greedy_until_eos as hf_greedy
-from conftest import run
+from conftest import host_reads, run
 from safetensors.torch import save_file
 from test_sampling import N, exact_distribution, tv, tv_bound
 from transformers import DynamicCache
@@ -64,6 +64,22 @@ def test_greedy_on_the_static_cache_equals_generate(target, tokenizer, head, no_
         )
         assert spec == hf_greedy(target, tokenizer, prompt, 40)
         assert sum(s.accepted for s in steps) > 0
+
+
+def test_a_greedy_head_round_on_the_fast_path_reads_the_host_once(target, tokenizer, head, no_eos):
+    """The head's picks feed its next step on the device and reach the target's pass there (with the
+    features it hands back): the round's one read is the verdict's, and the output is generate()'s."""
+    from app.kv.static_cache import StaticCachePool, cache_length
+
+    for prompt in PROMPTS:
+        pool = StaticCachePool(cache_length(len(tokenizer(prompt)["input_ids"]), 40), graphs=True)
+        out, per_round = host_reads(target, tokenizer, prompt, FeatureProposer(target, head), pool, 40)
+        assert out == hf_greedy(target, tokenizer, prompt, 40)
+        drafting = [reads for drafts, reads in per_round if drafts]
+        assert len(drafting) >= 4 and all(r == ["tolist"] for r in drafting), per_round
+        # The same drafts as when each pick is read as it is made.
+        _, read_each = host_reads(target, tokenizer, prompt, FeatureProposer(target, head), pool, 40, on_device=False)
+        assert [d for d, _ in per_round] == [d for d, _ in read_each]
 
 
 def test_features_equal_a_fresh_forward_and_rollback_never_refeeds(target, tokenizer, head, no_eos):

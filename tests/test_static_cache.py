@@ -1,7 +1,7 @@
 """The static-cache path (the GPU fast path, run eagerly on CPU) gives the target's own greedy output."""
 
 import pytest
-from conftest import pair_of, run, tiny_llama
+from conftest import host_reads, pair_of, run, tiny_llama
 
 from app.drafts.lookup import PromptLookup
 from app.drafts.model import ModelProposer
@@ -257,52 +257,19 @@ def test_the_servers_fast_path_setting_is_every_requests_default(monkeypatch):
 def test_a_greedy_round_on_the_fast_path_reads_the_host_once(target, near_draft, tokenizer):
     """Each read of a device value to the host waits for the GPU: a round makes one, the verdict's.
     The draft's picks feed its next step on the device, go to the target's pass there, and come back
-    with the verdict in the same read; the output stays plain decoding's. Counted here on the CPU as
-    the ops that read a value (.item(), .tolist(), a bool of a tensor, a data-dependent shape)."""
-    import torch
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    from app.core.config import RunConfig, SpecConfig
-    from app.core.engine import generate
-    from app.core.record import Recorder
-
-    reads: list[str] = []
-
-    class HostReads(TorchDispatchMode):
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            if func.overloadpacket.__name__ in ("_local_scalar_dense", "nonzero", "equal"):
-                reads.append(func.overloadpacket.__name__)
-            return func(*args, **(kwargs or {}))
-
-    tolist = torch.Tensor.tolist
-
-    def counted(self):
-        reads.append("tolist")  # on a CPU tensor it reads without an op the mode sees
-        return tolist(self)
-
-    ids = tokenizer(PROMPT)["input_ids"]
+    with the verdict in the same read; the output stays plain decoding's, on the graphs' cache and on
+    the static cache's plain passes alike."""
     ar, _ = run(target, tokenizer, PROMPT, max_new_tokens=40)
-    pool = StaticCachePool(cache_length(len(ids), 40), graphs=True)
-    steps = generate(
-        target,
-        tokenizer,
-        ids,
-        ModelProposer(near_draft, "near", pool),
-        target_cache=pool,
-        spec=SpecConfig(k=4, k_policy="fixed"),
-        run=RunConfig(40),
-        recorder=Recorder(tokenizer, display=False, teach=False),  # nothing displays this run
-    )
-    per_round, out = [], []
-    torch.Tensor.tolist = counted
-    try:
-        with HostReads():
-            for step in steps:
-                per_round.append((len(step.drafted), list(reads)))
-                out += step.emitted
-                reads.clear()
-    finally:
-        torch.Tensor.tolist = tolist
-    assert out == ar
-    drafting = [r for n, r in per_round if n]
-    assert len(drafting) >= 5 and all(r == ["tolist"] for r in drafting), per_round
+    max_len = cache_length(len(tokenizer(PROMPT)["input_ids"]), 40)
+    for graphs in (True, False):
+        pool = StaticCachePool(max_len, graphs=graphs)
+        out, per_round = host_reads(target, tokenizer, PROMPT, ModelProposer(near_draft, "near", pool), pool, 40)
+        assert out == ar
+        drafting = [reads for drafts, reads in per_round if drafts]
+        assert len(drafting) >= 5 and all(r == ["tolist"] for r in drafting), per_round
+        # The same drafts as when each pick is read as it is made (more reads: one a step).
+        _, read_each = host_reads(
+            target, tokenizer, PROMPT, ModelProposer(near_draft, "near", pool), pool, 40, on_device=False
+        )
+        assert [d for d, _ in per_round] == [d for d, _ in read_each]
+        assert sum(len(r) for _, r in read_each) > sum(len(r) for _, r in per_round)

@@ -86,7 +86,7 @@ class KVCache(Protocol):
         `on_device` holds the values of a chain's last ids on the device (ids holds stand-ins)."""
 
     def extend_with_features(
-        self, ids: list[int], keep: int = 0, parents: Sequence[int] = ()
+        self, ids: list[int], keep: int = 0, parents: Sequence[int] = (), on_device: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """As extend, plus the (len(ids), H) features of every fed position."""
 

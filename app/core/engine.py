@@ -96,7 +96,7 @@ def generate(
         loop.lm.feature_layers = getattr(proposer, "feature_layers", ())
     if proposer is not None:
         proposer.begin(loop.ids, target.get_output_embeddings().weight.shape[0])
-        if hasattr(proposer, "picks_on_device"):  # a model draft: its greedy picks may stay on the device
+        if hasattr(proposer, "picks_on_device"):  # a model draft or a head: its greedy picks may stay there
             proposer.picks_on_device = loop.takes_picks_on_device()
     busy = 0.0  # this run's own clock: it stops while the consumer holds a yielded Step
     try:
@@ -149,14 +149,7 @@ class _Loop:
         """Whether verify can feed a greedy chain's picks to the target on the device and read them with
         its verdict: a bare greedy run (no repetition rules, no teaching p(x)) on a cache that takes them."""
         assert self.lm is not None, "generate() sets the target's cache first"
-        wants_features = self.proposer is not None and self.proposer.wants_features
-        return (
-            self.lm.device_steps
-            and self.cfg.greedy
-            and not self.cfg.penalised
-            and not self.greedy_p
-            and not wants_features
-        )
+        return self.lm.device_steps and self.cfg.greedy and not self.cfg.penalised and not self.greedy_p
 
     def _verify(self, proposal: Proposal):
         """One target pass over the uncached ids and every draft (a tree's nodes each seeing their
@@ -165,21 +158,20 @@ class _Loop:
         tokens, parents, lm, base = proposal.tokens, proposal.parents, self.lm, len(self.ids)
         assert lm is not None, "generate() sets the target's cache before the first round"
         fed = self.ids[lm.length :]
-        if proposal.pending is not None:  # picks on the device (takes_picks_on_device): one read, below
-            picks, proposal.pending = proposal.pending, None
-            p_logits = lm.extend(fed + [0] * len(picks), len(picks) + 1, on_device=picks)
-            v = verify.greedy(tokens, parents, p_logits, False, pending=picks)  # fills tokens
-            lm.rollback(base, v.path)
-            assert self.proposer is not None  # a proposer's picks
-            self.proposer.commit(v.path, v.token, None)
-            return v, p_logits, None, base
+        # A greedy chain's picks may still be on the device (takes_picks_on_device): the pass takes them
+        # there, and the verdict's one read brings them back with it.
+        picks, proposal.pending = proposal.pending, None
+        shown = fed + (tokens if picks is None else [0] * len(picks))  # stand-ins for the picks
+        keep = len(shown) - len(fed) + 1
         if self.proposer is not None and self.proposer.wants_features:
-            p_logits, features = lm.extend_with_features(fed + tokens, len(tokens) + 1, parents)
+            p_logits, features = lm.extend_with_features(shown, keep, parents, on_device=picks)
         else:
-            p_logits, features = lm.extend(fed + tokens, len(tokens) + 1, parents), None
+            p_logits, features = lm.extend(shown, keep, parents, on_device=picks), None
         p_logits = self._penalise(p_logits, tokens, parents)
         p = None
-        if self.cfg.greedy:
+        if picks is not None:
+            v = verify.greedy(tokens, parents, p_logits, False, pending=picks)  # fills tokens in place
+        elif self.cfg.greedy:
             v = verify.greedy(tokens, parents, p_logits, self.greedy_p)
         elif self.cfg.shared_noise:  # the race at absolute positions base.., read by the drafts too
             p = sampling.probs(p_logits, self.cfg)

@@ -35,6 +35,9 @@ class FeatureProposer:
 
     wants_features = True
     cache_factory: Callable[[Any], KVCache] | None = None  # the head keeps its own growing cache
+    # Set by the engine after begin() where it verifies a greedy chain's picks on the device
+    # (engine.generate): the host then reads them once, with the verdict.
+    picks_on_device = False
 
     def __init__(self, target: PreTrainedModel, head, name: str = "feature-head"):
         self.target, self.head, self.name = target, head, name
@@ -70,6 +73,8 @@ class FeatureProposer:
         self._drafts = Branches(0)
         self._tree: _Tree | None = None
         self.read_feature: int | None = None  # position of the target feature the last draft round read
+        self.picks_on_device = False
+        self._pending: Proposal | None = None
 
     def _step(self, tokens: list[int], features: torch.Tensor) -> torch.Tensor:
         """Feed pairs (tokens[i], features[i]); return the (n, H) predicted next features."""
@@ -92,6 +97,8 @@ class FeatureProposer:
         self.pairs = len(self.ids) - 1
         self.read_feature = len(self.ids) - 2
         drafts, feature = self._drafts, predicted[-1]
+        if self.picks_on_device and cfg.greedy and not cfg.penalised:
+            return self._greedy_on_device(feature, k)
         for i in range(k):
             history = self.ids + drafts.chain
             x, q = self._draw(feature, history, cfg, gen)
@@ -99,6 +106,25 @@ class FeatureProposer:
             if i < k - 1:  # EAGLE drafts on its own predicted feature
                 feature = self._step([x], feature[None])[-1]
         return drafts.proposal(self.read_feature)
+
+    def _greedy_on_device(self, feature: torch.Tensor, k: int) -> Proposal:
+        """A greedy chain whose every pick feeds the head's next step on the device: no step waits for
+        the device, and the host reads the picks once, with the target's verdict (Proposal.pending)."""
+        picks = []
+        for i in range(k):
+            picks.append(self._pick(feature))
+            if i < k - 1:
+                self.tokens_processed += 1
+                feature = self.head(self.embed(picks[-1].view(1, 1)), feature.view(1, 1, -1), self.cache)[0, -1]
+        self._pending = Proposal([], None, self.read_feature, pending=torch.stack(picks))
+        return self._pending
+
+    def _pick(self, feature: torch.Tensor) -> torch.Tensor:
+        """The greedy draft token of a predicted feature, as a 0-d tensor on the device (_draw's, unread)."""
+        if self.vocab is None:
+            return self._logits(feature).argmax()
+        assert self.w_sub is not None  # gathered with the draft vocabulary
+        return self.vocab[self.head.score(self.head.readout(feature), self.w_sub).argmax()]
 
     def _propose_tree(self, k: int, nodes: int, cfg: SamplingConfig, gen: torch.Generator) -> Proposal:
         """EAGLE-2's tree: depth by depth, the budget of that depth (siblings_per_depth) goes to the
@@ -202,6 +228,11 @@ class FeatureProposer:
         return draw(self._logits(feature), history, cfg, gen)
 
     def commit(self, path: list[int], token: int, features: torch.Tensor | None = None) -> None:
+        if self._pending is not None:  # a chain of picks on the device, read with the verdict by now
+            assert self._pending.pending is None, "the verdict reads the picks before anything commits"
+            for x in self._pending.tokens:
+                self._drafts.add(x, None, None, None, SamplingConfig(), None)
+            self._pending = None
         kept = [self._tree.tokens[i] for i in path] if self._tree is not None else self._drafts.kept(path)[0]
         self._tree = None
         if features is None:

@@ -108,31 +108,36 @@ class RollbackCache(abc.ABC):
         committed id and after each node. A chain takes the plain pass. `on_device`: where device_steps
         (the static cache) only.
         """
-        if on_device is not None:
-            raise ValueError(f"{type(self).__name__} takes no ids on the device (device_steps is False)")
-        return self._pass(ids, keep, parents, features=False)[0]
+        return self._pass(ids, keep, parents, False, on_device)[0]
 
     @torch.inference_mode()
     def extend_with_features(
-        self, ids: list[int], keep: int = 0, parents: Sequence[int] = ()
+        self, ids: list[int], keep: int = 0, parents: Sequence[int] = (), on_device: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """As extend, plus the features of every fed position: (len(ids), H) last-layer states, or the
         fused states entering feature_layers."""
-        logits, hidden = self._pass(ids, keep, parents, features=True)
+        logits, hidden = self._pass(ids, keep, parents, True, on_device)
         assert hidden is not None  # asked for with features=True
         return logits, hidden
 
-    def _pass(self, ids: list[int], keep: int, parents: Sequence[int], features: bool):
+    def _pass(self, ids: list[int], keep: int, parents: Sequence[int], features: bool, on_device=None):
+        if on_device is not None and not self.device_steps:
+            raise ValueError(f"{type(self).__name__} takes no ids on the device (device_steps is False)")
         if not tree_shape.is_tree(parents):
-            return self._forward(ids, keep, features)
+            return self._forward(ids, keep, features, on_device)
+        if on_device is not None:
+            raise ValueError("picks on the device are a chain's: a tree's nodes are read first")
         m = len(ids) - len(parents)
         if m < 1:
             raise ValueError("a tree pass feeds at least the newest committed token, whose logits choose the root")
         return self._tree_forward(ids[:m], ids[m:], parents, features)
 
     @abc.abstractmethod
-    def _forward(self, ids: list[int], keep: int, features: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """A causal pass over ids after the cached ones: (keep, V) logits, and the features if asked."""
+    def _forward(
+        self, ids: list[int], keep: int, features: bool, on_device: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """A causal pass over ids after the cached ones: (keep, V) logits, and the features if asked;
+        `on_device` (where device_steps): the last ids' values, on the device."""
 
     def _tree_forward(
         self, ids: list[int], tokens: list[int], parents: Sequence[int], features: bool
@@ -187,7 +192,9 @@ class DynamicRollbackCache(RollbackCache):
         self.tokens_processed += 1
         return direct_pass.step(self.direct, self.cache, self._embeddable([token])[0])
 
-    def _forward(self, ids: list[int], keep: int, features: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def _forward(
+        self, ids: list[int], keep: int, features: bool, on_device: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         # Only the kept rows are computed, so a long prefill never holds a (len, V) tensor.
         if self.direct is not None:
             fed = self._embeddable(ids)

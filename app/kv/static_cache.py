@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import torch
 from transformers import PreTrainedModel, StaticCache
 
-from app.core import decoder_layers, tree_shape
+from app.core import decoder_layers
 from app.core.config import FAST_PATHS, K_MAX, TREE_MAX, UserError
 from app.kv import cuda_graphs
 from app.kv.cache import RollbackCache
@@ -161,19 +161,6 @@ class StaticRollbackCache(RollbackCache):
         if not isinstance(token, torch.Tensor):
             return self.extend([token], keep=1)[-1]
         return self.extend([0], keep=1, on_device=token.reshape(1))[-1]
-
-    @torch.inference_mode()
-    def extend(
-        self, ids: list[int], keep: int = 0, parents: Sequence[int] = (), on_device: torch.Tensor | None = None
-    ) -> torch.Tensor:
-        """As RollbackCache.extend; `on_device`: the values of the last len(on_device) ids, still on the
-        device (ids holds stand-ins for them), for a chain's pass: a draft's picks, which the host reads
-        only with the verdict."""
-        if on_device is None:
-            return super().extend(ids, keep, parents)
-        if tree_shape.is_tree(parents):
-            raise ValueError("picks on the device are a chain's: a tree's nodes are read first")
-        return self._forward(list(ids), keep, False, on_device)[0]
 
     def _forward(
         self, ids: list[int], keep: int, features: bool, on_device: torch.Tensor | None = None
