@@ -45,6 +45,9 @@ class Run:
         proposer = self.pair.proposer(self.settings.spec)
         if self.draft_cache is not None and proposer.cache_factory is not None:
             proposer.cache_factory = self.draft_cache
+        pool = self.target_cache
+        if isinstance(pool, static_cache.StaticCachePool) and pool.graphs and hasattr(proposer, "static_len"):
+            proposer.static_len = pool.max_len  # a feature head's own passes as graphs too (head_passes.py)
         return proposer
 
     def policy(self) -> KPolicy:

@@ -73,13 +73,73 @@ def test_a_greedy_head_round_on_the_fast_path_reads_the_host_once(target, tokeni
 
     for prompt in PROMPTS:
         pool = StaticCachePool(cache_length(len(tokenizer(prompt)["input_ids"]), 40), graphs=True)
-        out, per_round = host_reads(target, tokenizer, prompt, FeatureProposer(target, head), pool, 40)
+        graphed = FeatureProposer(target, head)
+        graphed.static_len = pool.max_len  # the head's own passes as graphs, as runs.py sets it
+        out, per_round = host_reads(target, tokenizer, prompt, graphed, pool, 40)
         assert out == hf_greedy(target, tokenizer, prompt, 40)
         drafting = [reads for drafts, reads in per_round if drafts]
         assert len(drafting) >= 4 and all(r == ["tolist"] for r in drafting), per_round
         # The same drafts as when each pick is read as it is made.
         _, read_each = host_reads(target, tokenizer, prompt, FeatureProposer(target, head), pool, 40, on_device=False)
         assert [d for d, _ in per_round] == [d for d, _ in read_each]
+
+
+@pytest.mark.parametrize("tree", [0, 8])
+def test_the_heads_graph_passes_give_the_eager_passes_drafts(target, tokenizer, head, no_eos, tree):
+    """The head on a static cache of its own, its chain steps through the graphs' buffers (run eagerly on
+    a CPU) and a tree's depths under a mask over the whole cache: every round drafts what the head on
+    its growing cache drafts, and the output is generate()'s. Through the request path, as the page runs."""
+    from app import runs
+    from app.core.config import RunConfig, SamplingConfig, Settings, SpecConfig
+    from app.kv.static_cache import StaticCachePool, cache_length
+    from app.models.pair import Pair
+
+    prompt = PROMPTS[0]
+    ids = tokenizer(prompt)["input_ids"]
+    pool = StaticCachePool(cache_length(len(ids), 40), graphs=True)
+    settings = Settings(SamplingConfig(), SpecConfig(k=4, k_policy="fixed", tree=tree), RunConfig(40))
+
+    class HeadPair(Pair):
+        def proposer(self, spec):
+            return FeatureProposer(target, head)
+
+    pair = HeadPair(target, tokenizer, "tiny")
+    graphed = runs.prepare(pair, ids, settings, caches=pool)
+    assert graphed.proposer().static_len == pool.max_len
+    eager = runs.prepare(pair, ids, settings, caches=StaticCachePool(pool.max_len))
+    assert eager.proposer().static_len is None
+    for teach in (False, True):
+        a, b = list(graphed.steps(teach=teach)), list(eager.steps(teach=teach))
+        assert [s.drafted for s in a] == [s.drafted for s in b]
+        assert [t for s in a for t in s.emitted] == hf_greedy(target, tokenizer, prompt, 40)
+    if tree:
+        assert any(s.parents and len(s.drafted) > s.k for s in a), "the run must have drafted real trees"
+
+
+def test_the_heads_static_passes_equal_its_growing_cache_passes(target, head):
+    """Every pass the head makes, on its static cache (the graphs' buffers, run eagerly on a CPU) and on
+    its growing cache: a prompt's pairs (wider than every graph), one pair, a pick still on the device,
+    a tree's depth after a crop; the same features each time, and the same length."""
+    from app.drafts import head_passes
+
+    embed = target.get_input_embeddings()
+    g = torch.Generator().manual_seed(0)
+    f = torch.randn(80, target.config.hidden_size, generator=g)
+    ids = torch.randint(3, 40, (80,), generator=g).tolist()
+    eager, graphed = head_passes.EagerHeadPasses(head, embed), head_passes.GraphedHeadPasses(head, embed, 256)
+    with torch.inference_mode():
+        for passes in (eager, graphed):
+            passes.got = [passes.causal(ids[:70], f[:70]), passes.causal(ids[70:71], f[70:71])]
+            passes.got.append(passes.causal(torch.tensor(ids[71]), f[71:72]))
+            passes.got.append(passes.causal(ids[72:75], f[72:75]))  # three pairs: padded to a width of 5
+            passes.crop(71)
+            # a tree's two depths after 71 true pairs: two nodes, then a child of each, which sees its parent
+            passes.got.append(passes.tree(ids[75:77], f[75:77], 71, 71, [[71], [72]]))
+            passes.got.append(passes.tree(ids[77:79], f[77:79], 72, 71, [[71, 73], [72, 74]]))
+    for a, b in zip(eager.got, graphed.got, strict=True):
+        assert a.shape == b.shape and (a - b).abs().max() < 1e-5
+    assert eager.length == graphed.length == 75
+    graphed.close()
 
 
 def test_features_equal_a_fresh_forward_and_rollback_never_refeeds(target, tokenizer, head, no_eos):
@@ -102,7 +162,7 @@ def test_features_equal_a_fresh_forward_and_rollback_never_refeeds(target, token
     assert sum(len(s.rejected) for s in steps) > 0, "rollback must have happened"
     # Each true pair was fed once; only drafted pairs (k - 1 per round) were fed beyond that.
     assert proposer.tokens_processed == proposer.pairs + sum(max(0, len(s.drafted) - 1) for s in steps)
-    assert proposer.cache.get_seq_length() == proposer.pairs
+    assert proposer.passes.length == proposer.pairs
 
 
 def test_sampling_with_the_head_as_q_matches_the_target_distribution():

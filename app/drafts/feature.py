@@ -7,15 +7,16 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import torch
 from transformers import PreTrainedModel
 
-from app.core import decoder_layers, sampling
+from app.core import sampling
 from app.core.config import SamplingConfig, SpecConfig
 from app.core.contracts import KVCache, Proposer
 from app.core.tree_shape import siblings_per_depth
+from app.drafts import head_passes
 from app.drafts.draft_spec import BaseDraft, BaseKind, Draft, DraftInfo, DraftSpec, Loading
 from app.drafts.draw import Branches, Proposal, draw, draw_siblings, tree_paths
 
@@ -38,6 +39,9 @@ class FeatureProposer:
     # Set by the engine after begin() where it verifies a greedy chain's picks on the device
     # (engine.generate): the host then reads them once, with the verdict.
     picks_on_device = False
+    # The head's own cache: None, a growing one; on the fast path (runs.py) a static one of this many
+    # pairs, its passes replayed as CUDA graphs (head_passes.py).
+    static_len: int | None = None
 
     def __init__(self, target: PreTrainedModel, head, name: str = "feature-head"):
         self.target, self.head, self.name = target, head, name
@@ -63,7 +67,11 @@ class FeatureProposer:
     def begin(self, prompt_ids: list[int], vocab_size: int) -> None:
         self.ids = list(prompt_ids)
         self.vocab_size = vocab_size
-        self.cache = self.head.new_cache()
+        self.passes = (
+            head_passes.EagerHeadPasses(self.head, self.embed)
+            if self.static_len is None
+            else head_passes.GraphedHeadPasses(self.head, self.embed, self.static_len)
+        )
         self.pairs = 0  # true pairs in the head's cache
         # (m, H) blocks of the target's features not yet fed to the head: f_pairs .. f_{len(ids)-2}.
         # Fed ones are dropped, so a round never copies the whole history.
@@ -78,9 +86,8 @@ class FeatureProposer:
 
     def _step(self, tokens: list[int], features: torch.Tensor) -> torch.Tensor:
         """Feed pairs (tokens[i], features[i]); return the (n, H) predicted next features."""
-        x = torch.tensor([tokens], device=cast(torch.Tensor, self.embed.weight).device)
         self.tokens_processed += len(tokens)
-        return self.head(self.embed(x), features[None], self.cache)[0]
+        return self.passes.causal(tokens, features)
 
     def propose(self, k: int, cfg: SamplingConfig, gen: torch.Generator, nodes: int = 0) -> Proposal:
         self._drafts, self._tree = Branches(k), None
@@ -115,7 +122,7 @@ class FeatureProposer:
             picks.append(self._pick(feature))
             if i < k - 1:
                 self.tokens_processed += 1
-                feature = self.head(self.embed(picks[-1].view(1, 1)), feature.view(1, 1, -1), self.cache)[0, -1]
+                feature = self.passes.causal(picks[-1], feature[None])[-1]
         self._pending = Proposal([], None, self.read_feature, pending=torch.stack(picks))
         return self._pending
 
@@ -192,17 +199,14 @@ class FeatureProposer:
         """The (len(new), H) features of one depth's new nodes: one head pass over the pairs (node
         token, its parent's feature) at that depth's position, each seeing the true pairs and its
         own ancestors (the nodes before sit in the head's cache after the true pairs)."""
-        start = self.cache.get_seq_length()
+        start = self.passes.length
         for j, node in enumerate(new):
             tree.slots[node] = start + j
         sees = [[tree.slots[a] for a in tree.ancestry(node)] for node in new]
-        device = tree.feeds[new[0]].device
-        mask = decoder_layers.tree_pass(sees, [self.pairs] * len(new), start + len(new), self.head.config, device)
-        position = torch.full((1, len(new)), self.pairs - 1 + len(sees[0]), device=device)
-        x = torch.tensor([[tree.tokens[i] for i in new]], device=device)
-        pairs = torch.stack([tree.feeds[i] for i in new])[None]
+        pairs = torch.stack([tree.feeds[i] for i in new])
         self.tokens_processed += len(new)
-        return self.head(self.embed(x), pairs, self.cache, mask, position)[0]
+        tokens = [tree.tokens[i] for i in new]
+        return self.passes.tree(tokens, pairs, self.pairs - 1 + len(sees[0]), self.pairs, sees)
 
     def _logits(self, feature: torch.Tensor) -> torch.Tensor:
         """(V,) logits from a predicted feature: the LM head, or its draft-vocabulary rows (-inf elsewhere)."""
@@ -237,16 +241,15 @@ class FeatureProposer:
         self._tree = None
         if features is None:
             raise ValueError("a feature head needs the target's features at every commit")
-        drafted_pairs = self.cache.get_seq_length() - self.pairs
-        if drafted_pairs > 0:  # pairs built on predicted features: the target's true ones replace them
-            self.cache.crop(-drafted_pairs)
+        # Pairs built on predicted features go: the target's true ones replace them.
+        self.passes.crop(self.pairs)
         self.ids += kept + [token]
         self.features.append(features.detach())
         self.n_features += features.shape[0]
         self._drafts = Branches(0)
 
     def end(self) -> None:
-        pass
+        self.passes.close()
 
 
 EAGLE_PREFIX = "eagle:"  # how users type a head by id or path: eagle:<head>

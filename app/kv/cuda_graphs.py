@@ -15,10 +15,8 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import cast
 
 import torch
-from transformers import PreTrainedModel
 
 from app.core import decoder_layers
 
@@ -52,41 +50,57 @@ def chain(ids: Sequence[int], start: int) -> torch.Tensor:
     return packed(ids, slots, [s + 1 for s in slots], start, [])
 
 
+def sight(inputs: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+    """The (W, len(slots)) bool of which cache slots each row of a packed input sees, on its device."""
+    width = inputs.shape[1]
+    prefix, start, sees = inputs[2], inputs[3, :1], inputs[HEADER:].bool()
+    offset = slots - start  # each cache slot's place in this pass (in range for its own rows)
+    inside = (offset >= 0) & (offset < width)
+    return (slots[None] < prefix[:, None]) | (sees[:, offset.clamp(0, width - 1)] & inside)
+
+
 class WidthPass:
     """One pass width and output kind over one static cache: the input buffer, and on CUDA the graph.
 
-    `forward(model inputs) -> (logits, features or None)` is the pass itself (the caller's, so a
+    `config` is the model's (its attention kind sets the mask's form); `forward(model inputs) ->
+    (logits, features or None)` is the pass itself (the caller's, so a
     request's features come out as its cache returns them); its outputs are the graph's static
     tensors on CUDA, overwritten by the next replay: a caller keeps what it needs by copying.
     """
 
     def __init__(
         self,
-        model: PreTrainedModel,
+        config,
+        device: torch.device,
         forward: Callable[..., tuple[torch.Tensor, torch.Tensor | None]],
         width: int,
         max_len: int,
     ):
-        device = cast(torch.Tensor, model.get_input_embeddings().weight).device
-        self.model, self.forward, self.width, self.device = model, forward, width, device
+        self.config, self.forward, self.width, self.device = config, forward, width, device
         self.inputs = torch.zeros(HEADER + width, width, dtype=torch.long, device=device)
         self.slots = torch.arange(max_len, device=device)
         self.cuda = device.type == "cuda"
         self.pool = None  # the graphs' memory pool (Graphs sets it)
         self.graph: torch.cuda.CUDAGraph | None = None
         self.out: tuple[torch.Tensor, torch.Tensor | None] | None = None
+        self.extra: torch.Tensor | None = None  # the (W, F) features buffer of a pass that takes them
 
     def __call__(
-        self, rows: torch.Tensor, late: tuple[int, torch.Tensor] | None = None
+        self, rows: torch.Tensor, late: tuple[int, torch.Tensor] | None = None, extra: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Run the pass on these inputs (packed): eagerly on a CPU, else by its graph (captured now if new).
         `late`: (offset, ids on the device) for the ids from that offset on (a draft's picks, which the
-        host has not read), copied over the packed ones on the device."""
+        host has not read), copied over the packed ones on the device. `extra`: a (n, F) input of the
+        first n rows on the device (a feature head's features), handed to the pass as `features`."""
         # A pinned source lets the copy queue behind the device's work instead of waiting for it; the
         # caching host allocator keeps the block until the copy has read it.
         self.inputs.copy_(rows.pin_memory() if self.cuda else rows, non_blocking=self.cuda)
         if late is not None:
             self.inputs[0, late[0] : late[0] + len(late[1])] = late[1]
+        if extra is not None:
+            if self.extra is None:  # a padding row reads zeros, or an earlier pass's rows: thrown away
+                self.extra = torch.zeros(self.width, extra.shape[-1], dtype=extra.dtype, device=extra.device)
+            self.extra[: len(extra)] = extra
         if not self.cuda:
             return self._pass()
         if self.graph is None:
@@ -96,14 +110,10 @@ class WidthPass:
         return self.out
 
     def _pass(self) -> tuple[torch.Tensor, torch.Tensor | None]:
-        width = self.width
-        ids, position, prefix, start = self.inputs[0], self.inputs[1], self.inputs[2], self.inputs[3, :1]
-        sees = self.inputs[HEADER:].bool()
-        offset = self.slots - start  # each cache slot's place in this pass (in range for its own rows)
-        inside = (offset >= 0) & (offset < width)
-        allowed = (self.slots[None] < prefix[:, None]) | (sees[:, offset.clamp(0, width - 1)] & inside)
-        mask = decoder_layers.as_mask(allowed, self.model.config)
-        return self.forward(input_ids=ids[None], position_ids=position[None], attention_mask=mask)
+        ids, position = self.inputs[0], self.inputs[1]
+        mask = decoder_layers.as_mask(sight(self.inputs, self.slots), self.config)
+        more = {} if self.extra is None else {"features": self.extra[None]}
+        return self.forward(input_ids=ids[None], position_ids=position[None], attention_mask=mask, **more)
 
     def _capture(self) -> tuple[torch.Tensor, torch.Tensor | None]:
         # PyTorch's recipe: run once on a side stream (lazy set-up, library workspaces), then capture.

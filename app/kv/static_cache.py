@@ -254,7 +254,7 @@ class StaticRollbackCache(RollbackCache):
                 out = model(**inputs, cache=cache, use_cache=True, output_hidden_states=features)
                 return out.logits[0], (decoder_layers.entering(out.hidden_states, layers)[0] if features else None)
 
-            return cuda_graphs.WidthPass(model, forward, width, self.max_len)
+            return cuda_graphs.WidthPass(model.config, self.device, forward, width, self.max_len)
 
         return self.pooled.graphs.get((width, features, layers), make)(rows, late)
 
