@@ -226,12 +226,13 @@ class _PhaseClock:
         self.events = device.type == "cuda"
         self.t0 = time.perf_counter()
         if self.events:
+            self.stream = torch.cuda.current_stream(device)  # the model's GPU, which need not be the current one
             self.start, self.end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            self.start.record()
+            self.start.record(self.stream)
 
     def drafted(self) -> None:
         if self.events:
-            self.end.record()
+            self.end.record(self.stream)
         else:
             self.t1 = time.perf_counter()
 
