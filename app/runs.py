@@ -3,6 +3,7 @@ fast path where it runs), the k policy and the engine's hooks. Every front end r
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -98,19 +99,33 @@ def prepare(
     kind, note = static_cache.available(fast_path or static_cache.default_mode(), pair.target.device, pair.target)
     if kind is None:
         return Run(pair, list(ids), settings, speculative, note=note)
+    width = None
+    if kind == "graphs":
+        # One pass width for every round of this request's settings (a plain run's too), where the probe
+        # finds a row the same bits wherever it sits in such a pass: then speculative output is plain
+        # decoding's exactly, as on a CPU in int8.
+        need = static_cache.fixed_width(static_cache.widest_pass(settings.spec))
+        if static_cache.rows_exact(pair.target, need):
+            width = need
+            note += f"; every round's pass {need} tokens wide, whose rows are the same bits wherever they sit (probed)"
+        else:
+            note += f"; rows of {need}-token passes differ by where they sit here (probed): not exact at every width"
     caches = static_cache.StaticCachePool(
         static_cache.cache_length(len(ids), settings.run.max_new_tokens),
         compile=kind == "compile",
         graphs=kind == "graphs",
+        width=width,
     )
     return Run(pair, list(ids), settings, speculative, caches, _draft_side(caches), note=note)
 
 
 def _draft_side(caches: static_cache.StaticCachePool) -> Callable:
-    """A model draft's cache beside a static target cache: the same pool, or the dynamic cache for a
-    draft the static path cannot hold (sliding windows), which then runs eagerly."""
+    """A model draft's cache beside a static target cache: the same kind of pool at the bucket widths
+    (its passes are compared with nothing), or the dynamic cache for a draft the static path cannot
+    hold (sliding windows), which then runs eagerly."""
+    own = dataclasses.replace(caches, width=None)
 
     def make(model):
-        return caches(model) if static_cache.unsupported(model) is None else DynamicRollbackCache(model)
+        return own(model) if static_cache.unsupported(model) is None else DynamicRollbackCache(model)
 
     return make

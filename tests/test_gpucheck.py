@@ -34,6 +34,7 @@ def test_gpucheck_reports_every_figure_on_cpu(capsys):
     assert "gpucheck: building random-weight" in err and "gpucheck: timing the eager cache (1/3)" in err
     assert err.index("timing the static_eager cache (2/3)") < err.index("gpucheck: static_eager done")
     assert doc["compiled"].startswith("skipped")  # CUDA only unless forced
+    assert set(doc["rows_exact"]) == {"8", "16"} and all(isinstance(v, bool) for v in doc["rows_exact"].values())
     for kind in ("eager", "static_eager", "graphs"):
         times = doc[kind]
         assert times["target"]["step_ms"] > 0 and set(times["target"]["verify_ms"]) == {"1", "4"}

@@ -273,3 +273,80 @@ def test_a_greedy_round_on_the_fast_path_reads_the_host_once(target, near_draft,
         )
         assert [d for d, _ in per_round] == [d for d, _ in read_each]
         assert sum(len(r) for _, r in read_each) > sum(len(r) for _, r in per_round)
+
+
+def test_fixed_width_passes_read_every_row_from_a_pass_of_that_width(target, tokenizer, monkeypatch):
+    """With a fixed width, every pass whose logits a run reads is exactly that wide: the prompt's
+    pass ends in one (its earlier tokens only fill the cache), a step and a verify are padded to it,
+    and a tree after the prompt too. The logits are a plain static cache's (within rounding)."""
+    from app.kv import cuda_graphs
+
+    widths = []
+    call = cuda_graphs.WidthPass.__call__
+
+    def spy(self, *args, **kwargs):
+        widths.append(self.width)
+        return call(self, *args, **kwargs)
+
+    monkeypatch.setattr(cuda_graphs.WidthPass, "__call__", spy)
+    ids = list(range(3, 43))
+    fixed, plain = StaticRollbackCache(target, 256, graphs=True, width=16), StaticRollbackCache(target, 256)
+    got = [fixed.extend(ids[:30], keep=1), fixed.extend(ids[30:35], keep=5)]
+    got.append(fixed.extend(ids[35:36] + [5, 6, 7], parents=[-1, 0, 0]))
+    fixed.rollback(36)
+    got.append(fixed.step(9))
+    want = [plain.extend(ids[:30], keep=1), plain.extend(ids[30:35], keep=5)]
+    want.append(plain.extend(ids[35:36] + [5, 6, 7], parents=[-1, 0, 0]))
+    plain.rollback(36)
+    want.append(plain.step(9))
+    assert widths[-4:] == [16, 16, 16, 16], widths  # the prompt's last token, the verify, the tree, the step
+    for a, b in zip(got, want, strict=True):
+        assert a.shape == b.shape and (a - b).abs().max() < 1e-4
+    assert fixed.length == plain.length == 37
+
+
+@pytest.mark.parametrize("k,tree", [(4, 0), (8, 0), (4, 8)])
+def test_where_fixed_width_rows_are_exact_speculative_output_is_plain_decodings(target, near_draft, tokenizer, k, tree):
+    """The exact choice on the fast path for a float precision: every round's pass one width, so a row's
+    logits are the same bits in a plain step and inside a verify pass wherever rows_exact holds (as it
+    did in fp32 on the CPUs this was written on: a float product's row depends on the matrix shape,
+    not on where the row sits). Then greedy speculative output is plain decoding's, bit for bit."""
+    from app.kv import static_cache
+
+    width = static_cache.fixed_width(k + 1 if not tree else tree + 1)
+    if not static_cache.rows_exact(target, width):
+        pytest.skip(f"this CPU's fp32 rows of {width}-token passes differ by where they sit")
+    max_len = cache_length(len(tokenizer(PROMPT)["input_ids"]), 40)
+    pool = StaticCachePool(max_len, graphs=True, width=width)
+    plain, _ = run(target, tokenizer, PROMPT, max_new_tokens=40, target_cache=pool)
+    draft = ModelProposer(near_draft, "near", StaticCachePool(max_len, graphs=True))
+    spec, steps = run(
+        target, tokenizer, PROMPT, draft, k=k, k_policy="fixed", tree=tree, max_new_tokens=40, target_cache=pool
+    )
+    assert spec == plain
+    assert any(s.rejected for s in steps)
+
+
+def test_on_the_fast_path_a_request_takes_a_fixed_width_where_the_probe_finds_it_exact(target, tokenizer, monkeypatch):
+    """runs.prepare on the graphs (stood in for CUDA here): the target's pool gets the one width its
+    settings' widest pass needs, if the probe finds its rows exact, and says so; a draft's pool keeps
+    the bucket widths."""
+    from app import runs
+    from app.core.config import RunConfig, SamplingConfig, Settings, SpecConfig
+    from app.kv import static_cache
+
+    monkeypatch.setattr(static_cache, "available", lambda mode, device, model=None: ("graphs", "graphs"))
+    pair = pair_of(target, tokenizer, "tiny")
+    ids = tokenizer(PROMPT)["input_ids"]
+    for exact in (True, False):
+        monkeypatch.setattr(static_cache, "rows_exact", lambda model, width, exact=exact: exact)
+        settings = Settings(SamplingConfig(), SpecConfig(k=4, k_policy="fixed", tree=12), RunConfig(8))
+        got = runs.prepare(pair, ids, settings)
+        assert got.target_cache.width == (16 if exact else None)
+        assert ("same bits wherever they sit (probed)" in got.note) == exact
+        assert got.draft_cache is not None
+        draft_side = got.draft_cache(target)
+        assert draft_side.width is None and draft_side.graphs
+        draft_side.close()
+    assert static_cache.widest_pass(SpecConfig(k_policy="adaptive", k_max=8)) == 9
+    assert static_cache.fixed_width(9) == 16 and static_cache.fixed_width(16) == 16

@@ -190,7 +190,7 @@ def engine_run(pair: Pair, prompt: list[int], k: int, new_tokens: int, cache, sp
     )
 
 
-def _reported(fn, *args) -> dict:
+def _reported(fn, *args):
     """fn(*args)'s figures, or its error: one part failing (a compile error, say) leaves the others'."""
     try:
         return fn(*args)
@@ -250,6 +250,9 @@ def check(
         ks=ks,
         compiled="timed" if compiled_on else "skipped: CUDA only (--compile on forces it)",
     )
+    # Whether the target's rows on fixed-width passes are the same bits wherever they sit (the exact
+    # choice on the fast path, runs.py), at the widths k = 4 and 8 need.
+    report["rows_exact"] = {str(w): _reported(static_cache.rows_exact, target, w) for w in (8, 16)}
     for name, cache in kinds.items():
         progress.say("gpucheck", f"timing the {name} cache ({list(kinds).index(name) + 1}/{len(kinds)})")
         report[name] = _reported(_kind_times, target, draft, tok, prompt, ks, n, new_tokens, cache)

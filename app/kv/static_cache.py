@@ -20,8 +20,10 @@ from __future__ import annotations
 import functools
 import os
 import threading
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import cast
 
 import torch
 from transformers import PreTrainedModel, StaticCache
@@ -34,6 +36,17 @@ from app.kv.cache import RollbackCache
 # Pass widths with a graph: a draft step, verify over k+1 for k = 1, 2, 4, 8, 16, and trees up to TREE_MAX nodes.
 BUCKETS = (1, 2, 3, 5, 9, 17, 33, 65)
 LENGTH_STEP = 256  # cache lengths are rounded up to this, so requests of similar length share graphs
+# Fixed-width passes (StaticRollbackCache.width) are a multiple of this many rows: a matrix product's
+# row tiles then hold whole rows alike, where a remainder row could take another code path.
+WIDTH_STEP = 8
+
+
+def fixed_width(need: int) -> int:
+    """The one pass width of a request whose passes compare rows: the least multiple of WIDTH_STEP >= need."""
+    return -(-need // WIDTH_STEP) * WIDTH_STEP
+
+
+PADDING = max(BUCKETS[-1], fixed_width(TREE_MAX + 1))  # the most padding a pass may write past its tokens
 
 
 FAST_PATH_ENV = "SPECDEC_FAST_PATH"  # the server's --fast-path, and the CLI's default
@@ -79,7 +92,7 @@ def unsupported(model: PreTrainedModel) -> str | None:
 def cache_length(prompt_len: int, max_new_tokens: int) -> int:
     """Static length for a request: prompt, new tokens, the widest draft (a chain or a tree) and the
     widest padded pass; rounded up."""
-    need = prompt_len + max_new_tokens + max(K_MAX, TREE_MAX) + BUCKETS[-1] + 1
+    need = prompt_len + max_new_tokens + max(K_MAX, TREE_MAX) + PADDING + 1
     return -(-need // LENGTH_STEP) * LENGTH_STEP
 
 
@@ -125,6 +138,7 @@ class StaticRollbackCache(RollbackCache):
         compile: bool = False,
         feature_layers: tuple[int, ...] = (),
         graphs: bool = False,
+        width: int | None = None,
     ):
         why = unsupported(model)
         if why and (graphs or "full-attention" in why):
@@ -133,6 +147,10 @@ class StaticRollbackCache(RollbackCache):
         self.max_len = max_len
         self.forward = compiled(model) if compile else model
         self.compile, self.graphs = compile, graphs
+        # Every pass of up to `width` tokens is padded to exactly `width`, and wider ones end in such a
+        # pass over the rows whose logits are read: the rows a run compares then always come from the
+        # same matrix shapes, whose rows are the same bits wherever they sit (rows_exact probes it).
+        self.width = width
         self._key = (id(model), max_len)
         with _pool_lock:
             free = _pool.get(self._key, [])
@@ -165,14 +183,19 @@ class StaticRollbackCache(RollbackCache):
     def _forward(
         self, ids: list[int], keep: int, features: bool, on_device: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        ids = self._embeddable(ids)
         n = len(ids)
+        if self.width is not None and n > self.width and 0 < keep <= self.width:
+            # The rows read come from a pass of the fixed width; the ones before it only fill the cache.
+            _, before = self._forward(ids[: n - keep], 1, features)
+            logits, after = self._forward(ids[n - keep :], keep, features, on_device)
+            return logits, (torch.cat([before, after]) if before is not None and after is not None else None)
+        ids = self._embeddable(ids)
         if self.length + n > room(self.max_len):
             raise UserError(f"static cache of {self.max_len} tokens is full: raise its length")
         late = None
         if on_device is not None:  # the last ids' values, on the device: _embeddable's guard there too
             late = (n - len(on_device), torch.where(on_device < self.rows, on_device, self.stand_in))
-        width = bucket(n)
+        width = self._bucket(n)
         if self.graphs and width is not None:
             # Padded to the bucket as below; the graph's outputs are overwritten by its next replay.
             rows = cuda_graphs.chain(ids + ids[-1:] * (width - n), self.length)
@@ -211,11 +234,15 @@ class StaticRollbackCache(RollbackCache):
         # One pass over the static cache's every slot: the mask hides the slots past the pass, as the
         # causal mask does. A compiled pass is padded to its bucket like any other.
         assert self.cache is not None, "the cache was given back (close)"
-        fed = self._embeddable(list(ids) + list(tokens))
         m, n = len(ids), len(tokens)
+        if self.width is not None and m > 1 and m + n > self.width:  # as _forward: the rows read, at the width
+            _, before = self._forward(list(ids[:-1]), 1, features)
+            logits, after = self._tree_forward(ids[-1:], tokens, parents, features)
+            return logits, (torch.cat([before, after]) if before is not None and after is not None else None)
+        fed = self._embeddable(list(ids) + list(tokens))
         if self.length + m + n > room(self.max_len):
             raise UserError(f"static cache of {self.max_len} tokens is full: raise its length")
-        width = bucket(m + n) if self.compile or self.graphs else None
+        width = self._bucket(m + n) if self.compile or self.graphs else None
         pad = width - (m + n) if width is not None else 0
         if self.graphs and width is not None:  # the bucket's graph, shared with chains of its width
             rows, prefix, sees = self.tree_rows(m, parents, pad)
@@ -241,6 +268,10 @@ class StaticRollbackCache(RollbackCache):
         self.length += m + n
         self.tokens_processed += m + n
         return logits, hidden
+
+    def _bucket(self, n: int) -> int | None:
+        """The width a pass of n tokens runs at: the fixed width where it fits, else its bucket."""
+        return self.width if self.width is not None and n <= self.width else bucket(n)
 
     def _replay(
         self, width: int, features: bool, rows: torch.Tensor, late: tuple[int, torch.Tensor] | None = None
@@ -277,6 +308,43 @@ def _with(x: torch.Tensor, late: tuple[int, torch.Tensor] | None) -> torch.Tenso
     return x
 
 
+_exact: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> {width: bool}
+PROBE_CONTEXT = 64  # cached tokens before the probe's passes
+
+
+@torch.inference_mode()
+def rows_exact(model: PreTrainedModel, width: int) -> bool:
+    """Whether the model's rows on fixed-width passes (graphs, StaticRollbackCache.width) are the same
+    bits wherever they sit: `width` one-token passes against one pass of `width` tokens after the same
+    context, on this device and in this precision. Probed once per model and width (on CUDA it also
+    captures that width's graph)."""
+    with _pool_lock:
+        known = _exact.get(model, {}).get(width)
+    if known is not None:
+        return known
+    vocab = cast(torch.Tensor, model.get_input_embeddings().weight).shape[0]
+    ids = torch.randint(0, vocab, (PROBE_CONTEXT + width,), generator=torch.Generator().manual_seed(3)).tolist()
+    max_len = cache_length(PROBE_CONTEXT, width)
+    one, wide = (StaticRollbackCache(model, max_len, graphs=True, width=width) for _ in range(2))
+    try:
+        for lm in (one, wide):
+            lm.extend(ids[:PROBE_CONTEXT], keep=1)
+        ones = torch.stack([one.extend([t], keep=1)[-1] for t in ids[PROBE_CONTEXT:]])
+        exact = torch.equal(ones, wide.extend(ids[PROBE_CONTEXT:], keep=width))
+    finally:
+        one.close()
+        wide.close()
+    with _pool_lock:
+        _exact.setdefault(model, {})[width] = exact
+    return exact
+
+
+def widest_pass(spec) -> int:
+    """The most tokens a round's verify pass feeds under these draft settings: the drafts and the
+    token before them (a chain of k, or a tree's nodes)."""
+    return max(spec.k if spec.k_policy == "fixed" else spec.k_max, spec.tree) + 1
+
+
 def bucket(n: int) -> int | None:
     """The graph width a pass of n tokens is padded to (None: wider than every graph, run eagerly)."""
     return next((b for b in BUCKETS if b >= n), None)
@@ -285,7 +353,7 @@ def bucket(n: int) -> int | None:
 def room(max_len: int) -> int:
     """The most tokens a pass may end at in a static cache of max_len: the widest graph's padding
     must still fit after it."""
-    return max_len - BUCKETS[-1]
+    return max_len - PADDING
 
 
 @dataclass(frozen=True)
@@ -296,6 +364,7 @@ class StaticCachePool:
     max_len: int
     compile: bool = False
     graphs: bool = False
+    width: int | None = None  # every pass this wide (StaticRollbackCache.width), for rows exact at every width
 
     def __call__(self, model: PreTrainedModel) -> StaticRollbackCache:
-        return StaticRollbackCache(model, self.max_len, self.compile, graphs=self.graphs)
+        return StaticRollbackCache(model, self.max_len, self.compile, graphs=self.graphs, width=self.width)
