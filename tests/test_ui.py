@@ -1054,3 +1054,20 @@ def test_browser_a_first_start_shows_the_conversions_progress(browser, tmp_path)
             page.wait_for_timeout(150)
         context.close()
     assert any(0 < s < 100 for s in shares), f"the conversion's share never moved: {sorted(set(shares))}"
+
+
+def test_the_precision_line_says_a_gpu_runs_exact_rows_on_fixed_width_passes(target, tokenizer):
+    """On the fast path where the probe found fixed-width rows exact (runs.py), the line under the summary
+    says so in that precision, instead of sending the visitor to int8, which a GPU does not run."""
+    from conftest import pair_of
+
+    from app.core.config import SamplingConfig
+    from app.serve import generation
+
+    pair = pair_of(target, tokenizer, "tiny")
+    line = generation._precision(pair, "auto", SamplingConfig(), width=16)
+    assert "every round's pass is 16 tokens wide" in line and "greedy output is plain decoding's exactly" in line
+    assert "int8 (Models" not in line
+    noise = generation._precision(pair, "auto", SamplingConfig(temperature=0.8, rule="shared-noise"), width=16)
+    assert "for the same seed exactly" in noise
+    assert "tokens wide" not in generation._precision(pair, "auto", SamplingConfig())

@@ -82,9 +82,9 @@ def _stream(form: Form, control, progress=None) -> Iterator[tuple]:
     ready = prepared(form, control, progress=progress)
     pair, ids = ready.pair, ready.ids
     shown = pair.tokenizer.decode(ids, skip_special_tokens=True)
-    precision = _precision(pair, dtype, s)
     progress(0.0, desc=MEASURING)
     speculative = request.start(pair, ids, settings, report=measuring(progress))  # once per pair and sampling kind
+    precision = _precision(pair, dtype, s, getattr(speculative.target_cache, "width", None))
     costs = speculative.costs
     streams = _interleave(speculative.steps(), request.start(pair, ids, settings, speculative=False).steps())
     spec, ar = [], []
@@ -143,27 +143,41 @@ def _verdict(pair, ids, spec, ar, costs, target_cache, s):
     return divergence.explain_run(pair.target, target_cache, ids, spec, plain, noise, s)
 
 
-def _precision(pair, asked: str, s) -> str:
-    """The precision line under the summary: the dtype in use, and why, for this run's decoding."""
+def _precision(pair, asked: str, s, width: int | None = None) -> str:
+    """The precision line under the summary: the dtype in use, and why, for this run's decoding.
+    `width`: the one pass width of a fast-path run whose rows the probe found exact (runs.py)."""
     used = models.precision_of(pair.target)
     why = " (auto: the fastest precision exact at every width here)" if asked == "auto" else ""
-    if used == "int8" and s.greedy:
-        exact = ": a row's logits are the same bits at every verify width, so greedy output is plain decoding's exactly"
-    elif used == "int8" and s.shared_noise:
-        exact = (
-            ": a row's logits are the same bits at every verify width, so with shared noise the text is plain "
-            "decoding's for the same seed exactly"
+    if width is not None:  # the GPU's exact choice, in any precision
+        why, rows = (
+            "",
+            (
+                f": every round's pass is {width} tokens wide here and a row's logits are the same bits wherever it "
+                "sits in one (probed)"
+            ),
         )
     elif used == "int8":
-        exact = (
-            ": a row's logits are the same bits at every verify width, so each sampled token has plain decoding's "
-            "distribution exactly (the texts differ: the two runs draw differently)"
-        )
+        rows = ": a row's logits are the same bits at every verify width"
     elif used == "fp32":
-        exact = "; its rows can differ in the last bits between widths, far below any but an exact tie"
+        return (
+            f"Target in **fp32** on {pair.target.device}{why}; its rows can differ in the last bits between widths, "
+            "far below any but an exact tie."
+        )
     else:
-        exact = "; a verify pass can round a near-tie the other way: int8 (Models › Precision) is exact at every width"
-    return f"Target in **{used}** on {pair.target.device}{why}{exact}."
+        return (
+            f"Target in **{used}** on {pair.target.device}{why}; a verify pass can round a near-tie the other way: "
+            "int8 (Models › Precision) is exact at every width."
+        )
+    if s.greedy:
+        then = ", so greedy output is plain decoding's exactly"
+    elif s.shared_noise:
+        then = ", so with shared noise the text is plain decoding's for the same seed exactly"
+    else:
+        then = (
+            ", so each sampled token has plain decoding's distribution exactly (the texts differ: the two runs draw "
+            "differently)"
+        )
+    return f"Target in **{used}** on {pair.target.device}{why}{rows}{then}."
 
 
 def _rule(s) -> str:
