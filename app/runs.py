@@ -99,23 +99,19 @@ def prepare(
     kind, note = static_cache.available(fast_path or static_cache.default_mode(), pair.target.device, pair.target)
     if kind is None:
         return Run(pair, list(ids), settings, speculative, note=note)
-    width = None
-    if kind == "graphs":
+    max_len, width = static_cache.cache_length(len(ids), settings.run.max_new_tokens), None
+    if kind == "graphs" and not settings.spec.tree:
         # One pass width for every round of this request's settings (a plain run's too), where the probe
         # finds a row the same bits wherever it sits in such a pass: then speculative output is plain
-        # decoding's exactly, as on a CPU in int8.
+        # decoding's exactly, as on a CPU in int8. Chains only: a tree's ancestors sit apart in its pass,
+        # and the attention may group their sums differently from plain decoding's.
         need = static_cache.fixed_width(static_cache.widest_pass(settings.spec))
-        if static_cache.rows_exact(pair.target, need):
+        if static_cache.rows_exact(pair.target, need, max_len):
             width = need
             note += f"; every round's pass {need} tokens wide, whose rows are the same bits wherever they sit (probed)"
         else:
             note += f"; rows of {need}-token passes differ by where they sit here (probed): not exact at every width"
-    caches = static_cache.StaticCachePool(
-        static_cache.cache_length(len(ids), settings.run.max_new_tokens),
-        compile=kind == "compile",
-        graphs=kind == "graphs",
-        width=width,
-    )
+    caches = static_cache.StaticCachePool(max_len, compile=kind == "compile", graphs=kind == "graphs", width=width)
     return Run(pair, list(ids), settings, speculative, caches, _draft_side(caches), note=note)
 
 

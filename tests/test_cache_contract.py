@@ -97,13 +97,12 @@ def test_static_draft_with_a_smaller_vocabulary_stays_lossless(target, tokenizer
 
 def test_a_static_cache_goes_back_to_its_pool_when_the_run_ends(target, tokenizer):
     """Pooling is explicit (close at the end of a run), not left to the garbage collector."""
-    key = (id(target), 256)
-    before = len(_pool.get(key, []))
+    before = _pool.free(target, 256)
     lm = StaticRollbackCache(target, 256)
-    taken = len(_pool.get(key, []))
+    taken = _pool.free(target, 256)
     lm.close()
     lm.close()  # twice is harmless
-    assert len(_pool.get(key, [])) == max(before, taken + 1) and lm.cache is None
+    assert _pool.free(target, 256) == max(before, taken + 1) and lm.cache is None
 
 
 def test_a_regrown_growing_cache_keeps_every_position(tokenizer):

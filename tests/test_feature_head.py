@@ -140,6 +140,14 @@ def test_the_heads_static_passes_equal_its_growing_cache_passes(target, head):
         assert a.shape == b.shape and (a - b).abs().max() < 1e-5
     assert eager.length == graphed.length == 75
     graphed.close()
+    # A commit crops outside inference mode, while the cache's pointer was made inside it (on a GPU, its
+    # move to the device in the first pass does that): the crop must not be an in-place error.
+    with torch.inference_mode():
+        inside = head_passes.GraphedHeadPasses(head, embed, 512)  # a fresh cache, made in inference mode
+        inside.causal(ids[:5], f[:5])
+    inside.crop(3)
+    assert inside.length == 3
+    inside.close()
 
 
 def test_features_equal_a_fresh_forward_and_rollback_never_refeeds(target, tokenizer, head, no_eos):

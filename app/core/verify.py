@@ -92,7 +92,7 @@ def greedy(
     p_of: list[float | None]
     if pending is not None:  # the verdict and the drafts it judged, in one read
         assert not tokens and not teach, "picks on the device are a bare greedy chain's"
-        host = torch.cat([argmax, pending.to(argmax.dtype)]).tolist()
+        host = torch.cat([argmax, pending.to(argmax.device, argmax.dtype)]).tolist()
         best, p_of = host[: n + 1], [None] * n
         tokens += host[n + 1 :]
     elif teach and n:  # exp(logit - logsumexp) needs no (n, V) softmax

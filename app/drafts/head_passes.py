@@ -11,8 +11,7 @@ kernel, as the target's passes do.
 
 from __future__ import annotations
 
-import threading
-from dataclasses import dataclass
+import weakref
 from typing import Any, cast
 
 import torch
@@ -60,15 +59,7 @@ class EagerHeadPasses:
         """Nothing is pooled here."""
 
 
-@dataclass
-class _Pooled:
-    cache: StaticCache
-    graphs: cuda_graphs.Graphs
-    length: int = 0
-
-
-_pool: dict[tuple[int, int], list[_Pooled]] = {}
-_pool_lock = threading.Lock()
+_pool = cuda_graphs.Pools()
 
 
 class GraphedHeadPasses(EagerHeadPasses):
@@ -78,19 +69,9 @@ class GraphedHeadPasses(EagerHeadPasses):
     def __init__(self, head: Any, embed: nn.Module, max_len: int):
         self.head, self.embed, self.max_len = head, embed, max_len
         self.device = cast(torch.Tensor, embed.weight).device
-        self._key = (id(head), max_len)
-        with _pool_lock:
-            free = _pool.get(self._key, [])
-            self.pooled = (
-                free.pop()
-                if free
-                else _Pooled(StaticCache(config=head.config, max_cache_len=max_len), cuda_graphs.Graphs())
-            )
+        self.pooled = _pool.take(head, max_len, lambda: StaticCache(config=head.config, max_cache_len=max_len))
         self.cache = self.pooled.cache
         self._length = 0
-        if self.pooled.length:  # a reused cache: its pointer back to 0, without reading it
-            with torch.inference_mode():
-                self.cache.crop(-self.pooled.length)
 
     @property
     def length(self) -> int:
@@ -104,6 +85,7 @@ class GraphedHeadPasses(EagerHeadPasses):
         slots = list(range(self._length, self._length + len(ids)))
         return self._run(ids, features, slots, [s + 1 for s in slots], late)
 
+    @torch.inference_mode()
     def tree(
         self, tokens: list[int], features: torch.Tensor, position: int, prefix: int, sees: list[list[int]]
     ) -> torch.Tensor:
@@ -118,6 +100,7 @@ class GraphedHeadPasses(EagerHeadPasses):
         self._length += n
         return self._forward(x, where, mask, features[None])[0]
 
+    @torch.inference_mode()
     def _run(
         self,
         tokens: list[int],
@@ -156,7 +139,14 @@ class GraphedHeadPasses(EagerHeadPasses):
         return h[0], None
 
     def _width_pass(self, width: int) -> cuda_graphs.WidthPass:
-        return cuda_graphs.WidthPass(self.head.config, self.device, self._forward, width, self.max_len)
+        # The pass holds the head and the target's embedding weakly: the pool keeps the pass, and must
+        # not keep them alive (nor this request's passes object).
+        head, embed, cache = weakref.ref(self.head), weakref.ref(self.embed), self.cache
+
+        def forward(input_ids, position_ids, attention_mask, features):
+            return head()(embed()(input_ids), features, cache, attention_mask, position_ids)[0], None
+
+        return cuda_graphs.WidthPass(self.head.config, self.device, forward, width, self.max_len)
 
     def _eager(self, rows: torch.Tensor, features: torch.Tensor, late) -> torch.Tensor:
         rows = rows.to(self.device)
@@ -168,13 +158,12 @@ class GraphedHeadPasses(EagerHeadPasses):
 
     def crop(self, length: int) -> None:
         if length < self._length:
-            self.cache.crop(length - self._length)
+            with torch.inference_mode():  # the pointer is a tensor made under it (commit runs outside it)
+                self.cache.crop(length - self._length)
             self._length = length
 
     def close(self) -> None:
         """Give the cache and its graphs back for the next request."""
         if self.pooled is not None:
-            self.pooled.length = self._length
-            with _pool_lock:
-                _pool.setdefault(self._key, []).append(self.pooled)
+            _pool.give(self.head, self.max_len, self.pooled)
             self.pooled = None  # type: ignore[assignment]

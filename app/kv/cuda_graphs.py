@@ -14,7 +14,10 @@ from __future__ import annotations
 
 import threading
 import time
+import weakref
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -23,6 +26,7 @@ from app.core import decoder_layers
 HEADER = 4  # rows of the input buffer before the in-pass sight rows: ids, positions, prefixes, start
 _captured = {"graphs": 0, "seconds": 0.0}  # in this process, for the first start's note
 _captured_lock = threading.Lock()
+_capture_lock = threading.Lock()
 
 
 def captures() -> tuple[int, float]:
@@ -119,7 +123,10 @@ class WidthPass:
         # PyTorch's recipe: run once on a side stream (lazy set-up, library workspaces), then capture.
         # That run is this request's pass; capturing runs nothing, so the cache is written once.
         t0 = time.perf_counter()
-        with torch.cuda.device(self.device):  # the model's GPU, which need not be the current one
+        # One capture at a time in the process (PyTorch's rule), each on a stream of its own on the
+        # model's GPU (not the shared default capture stream); thread_local: other requests' passes on
+        # other compute threads may run meanwhile.
+        with _capture_lock, torch.cuda.device(self.device):
             current = torch.cuda.current_stream()
             side = torch.cuda.Stream()
             side.wait_stream(current)
@@ -128,9 +135,9 @@ class WidthPass:
                 result = logits.clone(), (features.clone() if features is not None else None)
             current.wait_stream(side)
             graph = torch.cuda.CUDAGraph()
-            # thread_local: another request on another compute thread may run its passes meanwhile.
-            with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):
+            with torch.cuda.graph(graph, pool=self.pool, stream=side, capture_error_mode="thread_local"):
                 self.out = self._pass()
+            current.wait_stream(side)
         self.graph = graph
         with _captured_lock:
             _captured["graphs"] += 1
@@ -153,3 +160,48 @@ class Graphs:
                 self.pool = self.pool if self.pool is not None else torch.cuda.graph_pool_handle()
                 made.pool = self.pool
         return self.passes[key]
+
+
+@dataclass
+class Pooled:
+    """A static cache and the graphs captured on its tensors: they are reused together."""
+
+    cache: Any  # transformers' StaticCache
+    graphs: Graphs
+
+    def reset(self) -> None:
+        """Move the cache's write pointer back to its start, on the device (nothing is read): a pass
+        that failed half-way leaves no offset behind for the next request."""
+        with torch.inference_mode():  # the counters were made under it
+            for layer in self.cache.layers:
+                counter = getattr(layer, "cumulative_length", None)  # transformers' StaticLayer
+                if isinstance(counter, torch.Tensor):
+                    counter.zero_()
+
+
+class Pools:
+    """Free static caches, with their graphs, per model and length. A model's entries go when the
+    model does (the loader drops the oldest): nothing here holds the model itself."""
+
+    def __init__(self):
+        self._free: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self._lock = threading.Lock()
+
+    def take(self, model, max_len: int, make: Callable[[], Any]) -> Pooled:
+        """A free cache of this model and length, its pointer at the start, or a new one from make()."""
+        with self._lock:
+            free = self._free.get(model, {}).get(max_len, [])
+            pooled = free.pop() if free else None
+        if pooled is None:
+            return Pooled(make(), Graphs())
+        pooled.reset()
+        return pooled
+
+    def give(self, model, max_len: int, pooled: Pooled) -> None:
+        with self._lock:
+            self._free.setdefault(model, {}).setdefault(max_len, []).append(pooled)
+
+    def free(self, model, max_len: int) -> int:
+        """How many caches of this model and length are free (for tests)."""
+        with self._lock:
+            return len(self._free.get(model, {}).get(max_len, []))

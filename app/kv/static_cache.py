@@ -106,17 +106,8 @@ def compiled(model: PreTrainedModel):
     return torch.compile(model, mode="reduce-overhead", dynamic=False)
 
 
-@dataclass
-class Pooled:
-    """A static cache and the graphs captured on its tensors: they are reused together."""
-
-    cache: StaticCache
-    graphs: cuda_graphs.Graphs
-    length: int = 0  # where its pointer stands (kept here, so a reuse moves it back without reading it)
-
-
-_pool: dict[tuple[int, int], list[Pooled]] = {}
-_pool_lock = threading.Lock()
+_pool = cuda_graphs.Pools()
+_pool_lock = threading.Lock()  # the probe's record
 
 
 class StaticRollbackCache(RollbackCache):
@@ -151,27 +142,14 @@ class StaticRollbackCache(RollbackCache):
         # pass over the rows whose logits are read: the rows a run compares then always come from the
         # same matrix shapes, whose rows are the same bits wherever they sit (rows_exact probes it).
         self.width = width
-        self._key = (id(model), max_len)
-        with _pool_lock:
-            free = _pool.get(self._key, [])
-            self.pooled = (
-                free.pop()
-                if free
-                else Pooled(StaticCache(config=model.config, max_cache_len=max_len), cuda_graphs.Graphs())
-            )
+        self.pooled = _pool.take(model, max_len, lambda: StaticCache(config=model.config, max_cache_len=max_len))
         self.cache = self.pooled.cache
-        if self.pooled.length:  # a reused cache: move its pointer back to 0
-            with torch.inference_mode():  # the cache's tensors were made under it
-                self.cache.crop(-self.pooled.length)
-            self.pooled.length = 0
 
     def close(self) -> None:
         """Give the cache back for the next request (once; the cache is unusable here afterwards)."""
         cache, self.cache = self.cache, None
         if cache is not None:
-            self.pooled.length = self.length
-            with _pool_lock:
-                _pool.setdefault(self._key, []).append(self.pooled)
+            _pool.give(self.model, self.max_len, self.pooled)
 
     def step(self, token: int | torch.Tensor) -> torch.Tensor:
         """(V,) logits of one more token (a draft step: one graph on the fast path). The token may be a
@@ -185,10 +163,17 @@ class StaticRollbackCache(RollbackCache):
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         n = len(ids)
         if self.width is not None and n > self.width and 0 < keep <= self.width:
-            # The rows read come from a pass of the fixed width; the ones before it only fill the cache.
-            _, before = self._forward(ids[: n - keep], 1, features)
-            logits, after = self._forward(ids[n - keep :], keep, features, on_device)
+            # The rows read come from a pass of the fixed width; the ones before it only fill the cache,
+            # in one pass of their own (the same in a plain and a speculative run: the prompt but its last).
+            _, before = self._one_pass(ids[: n - keep], 1, features, None)
+            logits, after = self._one_pass(ids[n - keep :], keep, features, on_device)
             return logits, (torch.cat([before, after]) if before is not None and after is not None else None)
+        return self._one_pass(ids, keep, features, on_device)
+
+    def _one_pass(
+        self, ids: list[int], keep: int, features: bool, on_device: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        n = len(ids)
         ids = self._embeddable(ids)
         if self.length + n > room(self.max_len):
             raise UserError(f"static cache of {self.max_len} tokens is full: raise its length")
@@ -236,7 +221,7 @@ class StaticRollbackCache(RollbackCache):
         assert self.cache is not None, "the cache was given back (close)"
         m, n = len(ids), len(tokens)
         if self.width is not None and m > 1 and m + n > self.width:  # as _forward: the rows read, at the width
-            _, before = self._forward(list(ids[:-1]), 1, features)
+            _, before = self._one_pass(list(ids[:-1]), 1, features, None)
             logits, after = self._tree_forward(ids[-1:], tokens, parents, features)
             return logits, (torch.cat([before, after]) if before is not None and after is not None else None)
         fed = self._embeddable(list(ids) + list(tokens))
@@ -278,14 +263,15 @@ class StaticRollbackCache(RollbackCache):
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """A pass of `width` rows through this cache's graph of that width and output kind (`late`: ids
         from an offset on, on the device: WidthPass)."""
-        model, cache, layers = self.model, self.cache, self.feature_layers
+        # The pass holds the model weakly: the pool, which keeps it, must not keep the model alive.
+        model, cache, layers, config = weakref.ref(self.model), self.cache, self.feature_layers, self.model.config
 
         def make() -> cuda_graphs.WidthPass:
             def forward(**inputs):
-                out = model(**inputs, cache=cache, use_cache=True, output_hidden_states=features)
+                out = model()(**inputs, cache=cache, use_cache=True, output_hidden_states=features)
                 return out.logits[0], (decoder_layers.entering(out.hidden_states, layers)[0] if features else None)
 
-            return cuda_graphs.WidthPass(model.config, self.device, forward, width, self.max_len)
+            return cuda_graphs.WidthPass(config, self.device, forward, width, self.max_len)
 
         return self.pooled.graphs.get((width, features, layers), make)(rows, late)
 
@@ -313,18 +299,19 @@ PROBE_CONTEXT = 64  # cached tokens before the probe's passes
 
 
 @torch.inference_mode()
-def rows_exact(model: PreTrainedModel, width: int) -> bool:
+def rows_exact(model: PreTrainedModel, width: int, max_len: int | None = None) -> bool:
     """Whether the model's rows on fixed-width passes (graphs, StaticRollbackCache.width) are the same
     bits wherever they sit: `width` one-token passes against one pass of `width` tokens after the same
-    context, on this device and in this precision. Probed once per model and width (on CUDA it also
-    captures that width's graph)."""
+    context, in a static cache of max_len (a request's: the attention's kernel may depend on it), on this
+    device and in this precision. Probed once per model, width and length (on CUDA it also captures that
+    width's graph for the request's caches)."""
+    max_len = max_len or cache_length(PROBE_CONTEXT, width)
     with _pool_lock:
-        known = _exact.get(model, {}).get(width)
+        known = _exact.get(model, {}).get((width, max_len))
     if known is not None:
         return known
     vocab = cast(torch.Tensor, model.get_input_embeddings().weight).shape[0]
     ids = torch.randint(0, vocab, (PROBE_CONTEXT + width,), generator=torch.Generator().manual_seed(3)).tolist()
-    max_len = cache_length(PROBE_CONTEXT, width)
     one, wide = (StaticRollbackCache(model, max_len, graphs=True, width=width) for _ in range(2))
     try:
         for lm in (one, wide):
@@ -335,7 +322,7 @@ def rows_exact(model: PreTrainedModel, width: int) -> bool:
         one.close()
         wide.close()
     with _pool_lock:
-        _exact.setdefault(model, {})[width] = exact
+        _exact.setdefault(model, {})[(width, max_len)] = exact
     return exact
 
 
