@@ -9,7 +9,9 @@ export PYTHONUNBUFFERED=1 USE_HUB_KERNELS=NO HF_HUB_OFFLINE=1
 nvidia-smi -L
 if ls /tmp/whl/part-* >/dev/null 2>&1; then
   cat /tmp/whl/part-* | tar -xf - -C /tmp/whl
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site /tmp/whl/wheels/*.whl
+  for w in /tmp/whl/wheels/*.whl; do  # one at a time: the regex wheels of other Pythons are refused
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "$w" 2>/dev/null
+  done
   export PYTHONPATH=/tmp/site
 fi
 python3 -c "import torch,transformers;print('torch',torch.__version__,'transformers',transformers.__version__,torch.cuda.get_device_name())"

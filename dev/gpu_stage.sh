@@ -8,11 +8,15 @@
 #   run(carry=[".whl/part-ac"], command="cp .whl/part-ac /tmp/whl/ && OUT=$OUT bash dev/gpu_check.sh")
 set -e
 rm -rf .whl && mkdir -p .whl/wheels
-pip download -q --no-deps -d .whl/wheels \
-  "transformers==$(python -c 'import transformers; print(transformers.__version__)')" \
-  "huggingface_hub==$(python -c 'import huggingface_hub; print(huggingface_hub.__version__)')" \
-  "tokenizers==$(python -c 'import tokenizers; print(tokenizers.__version__)')" \
-  "safetensors==$(python -c 'import safetensors; print(safetensors.__version__)')"
+version() { pip show "$1" | sed -n 's/^Version: //p'; }
+# transformers and what its import checks or needs that the image's older set lacks (regex for every
+# Python the image may run; the hub's HTTP client). hf-xet, the hub's upload path, is left out: offline.
+pip download -q --no-deps -d .whl/wheels $(for p in transformers huggingface_hub tokenizers safetensors \
+  httpx2 httpcore2 truststore click; do echo "$p==$(version $p)"; done)
+for py in 310 311 312 313; do
+  pip download -q --no-deps --only-binary=:all: --python-version $py --platform manylinux2014_x86_64 \
+    --platform manylinux_2_17_x86_64 --platform manylinux_2_28_x86_64 -d .whl/wheels "regex==$(version regex)"
+done
 tar -cf .whl/wheels.tar -C .whl wheels && rm -rf .whl/wheels
-split -b 7M .whl/wheels.tar .whl/part- && rm .whl/wheels.tar
+split -n 3 .whl/wheels.tar .whl/part- && rm .whl/wheels.tar  # three parts of about 7 MiB
 ls -la .whl
