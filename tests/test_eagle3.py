@@ -59,6 +59,26 @@ def test_an_eagle3_head_drafts_from_fused_features_and_the_output_is_the_targets
     assert fused and set(fused) == {3 * target.config.hidden_size} and head.feature_layers == (2, 4, 5)
 
 
+def test_an_eagle3_head_on_the_fast_paths_caches_drafts_as_on_its_growing_cache(bundled, trained):
+    """The GPU fast path's caches (their graphs' buffers run eagerly here) for the target and the head:
+    its steps read the target's fused features (3H wide) and its own (H wide), each width its own graph
+    input; the drafts are the growing cache's, with picks on the device (nothing taught) and without."""
+    from conftest import host_reads
+
+    from app.kv.static_cache import StaticCachePool, cache_length
+
+    (target, tokenizer), (head, _) = bundled, trained
+    for prompt in PROMPTS:
+        pool = StaticCachePool(cache_length(len(tokenizer(prompt)["input_ids"]), 32), graphs=True)
+        graphed = FeatureProposer(target, head)
+        graphed.static_len = pool.max_len
+        out, rounds = host_reads(target, tokenizer, prompt, graphed, pool, 32)
+        growing, rounds_growing = host_reads(target, tokenizer, prompt, FeatureProposer(target, head), pool, 32)
+        assert out == growing == run(target, tokenizer, prompt, None, max_new_tokens=32)[0]
+        assert [d for d, _ in rounds] == [d for d, _ in rounds_growing]
+        assert all(reads == ["tolist"] for d, reads in rounds if d), rounds
+
+
 def test_an_eagle3_head_is_written_in_vllms_layout_and_loads_back_as_a_draft(bundled, trained):
     (target, _), (head, folder) = bundled, trained
     config = json.loads((folder / "head" / "config.json").read_text())
