@@ -405,3 +405,51 @@ def test_the_pools_do_not_keep_a_model_alive(tokenizer):
     del model, lm
     gc.collect()
     assert gone() is None
+
+
+def test_a_pass_whose_graph_cannot_be_captured_runs_eagerly_with_one_log_line(target, tokenizer, monkeypatch, caplog):
+    """Where a model's pass cannot be held in a CUDA graph, the request still runs: the warm-up was its
+    pass, the width then runs eagerly on the same buffers, and the log gets one line, no traceback.
+    (The GPU's side is stood in for: this machine has none.)"""
+    import logging
+
+    import torch
+
+    from app.kv import cuda_graphs
+
+    init = cuda_graphs.WidthPass.__init__
+
+    def on_a_gpu(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        self.cuda = True
+
+    def warm_up(self):
+        logits, features = self._pass()
+        return (logits.clone(), features), None
+
+    def record(self, side):
+        raise RuntimeError("operation not permitted when stream is capturing\\nmore")
+
+    monkeypatch.setattr(cuda_graphs.WidthPass, "__init__", on_a_gpu)
+    monkeypatch.setattr(cuda_graphs.WidthPass, "_warm_up", warm_up)
+    monkeypatch.setattr(cuda_graphs.WidthPass, "_record", record)
+    monkeypatch.setattr(torch.Tensor, "pin_memory", lambda self: self)
+    monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: None)
+    monkeypatch.setattr(cuda_graphs, "_said", False)
+    ar, _ = run(target, tokenizer, PROMPT, max_new_tokens=40)
+    max_len = cache_length(len(tokenizer(PROMPT)["input_ids"]), 40) + 256  # caches of their own
+    with caplog.at_level(logging.WARNING, logger="app.kv.cuda_graphs"):
+        draft = ModelProposer(tiny_llama(len(tokenizer)), "near", StaticCachePool(max_len, graphs=True))
+        spec, _ = run(
+            target,
+            tokenizer,
+            PROMPT,
+            draft,
+            k=4,
+            k_policy="fixed",
+            max_new_tokens=40,
+            target_cache=StaticCachePool(max_len, graphs=True),
+        )
+    assert spec == ar
+    lines = [r for r in caplog.records if r.name == "app.kv.cuda_graphs"]
+    assert len(lines) == 1 and "runs eagerly" in lines[0].getMessage() and lines[0].exc_info is None

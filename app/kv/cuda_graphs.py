@@ -12,6 +12,7 @@ which is how the tests prove its numbers without a GPU.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 import weakref
@@ -27,6 +28,8 @@ HEADER = 4  # rows of the input buffer before the in-pass sight rows: ids, posit
 _captured = {"graphs": 0, "seconds": 0.0}  # in this process, for the first start's note
 _captured_lock = threading.Lock()
 _capture_lock = threading.Lock()
+_said = False  # whether a failed capture was logged (once a process)
+log = logging.getLogger(__name__)
 
 
 def captures() -> tuple[int, float]:
@@ -88,6 +91,7 @@ class WidthPass:
         self.graph: torch.cuda.CUDAGraph | None = None
         self.out: tuple[torch.Tensor, torch.Tensor | None] | None = None
         self.extra: torch.Tensor | None = None  # the (W, F) features buffer of a pass that takes them
+        self.eager = False  # its capture failed: the same pass, on the same buffers, without a graph
 
     def __call__(
         self, rows: torch.Tensor, late: tuple[int, torch.Tensor] | None = None, extra: torch.Tensor | None = None
@@ -105,7 +109,7 @@ class WidthPass:
             if self.extra is None:  # a padding row reads zeros, or an earlier pass's rows: thrown away
                 self.extra = torch.zeros(self.width, extra.shape[-1], dtype=extra.dtype, device=extra.device)
             self.extra[: len(extra)] = extra
-        if not self.cuda:
+        if not self.cuda or self.eager:
             return self._pass()
         if self.graph is None:
             return self._capture()
@@ -122,11 +126,25 @@ class WidthPass:
     def _capture(self) -> tuple[torch.Tensor, torch.Tensor | None]:
         # PyTorch's recipe: run once on a side stream (lazy set-up, library workspaces), then capture.
         # That run is this request's pass; capturing runs nothing, so the cache is written once.
+        # One capture at a time in the process (PyTorch's rule).
         t0 = time.perf_counter()
-        # One capture at a time in the process (PyTorch's rule), each on a stream of its own on the
-        # model's GPU (not the shared default capture stream); thread_local: other requests' passes on
-        # other compute threads may run meanwhile.
-        with _capture_lock, torch.cuda.device(self.device):
+        with _capture_lock:
+            result, side = self._warm_up()
+            try:
+                self.graph, self.out = self._record(side)
+            except RuntimeError as e:  # a model whose pass a graph cannot hold: this width stays eager
+                self.eager = True
+                _say_once(f"a CUDA graph of a {self.width}-token pass could not be captured, so it runs eagerly: {e}")
+                return result
+        with _captured_lock:
+            _captured["graphs"] += 1
+            _captured["seconds"] += time.perf_counter() - t0
+        return result
+
+    def _warm_up(self) -> tuple[tuple[torch.Tensor, torch.Tensor | None], torch.cuda.Stream]:
+        """The pass itself, on a side stream of the model's GPU (not the shared default capture stream),
+        its outputs copied out; and that stream, to capture on."""
+        with torch.cuda.device(self.device):
             current = torch.cuda.current_stream()
             side = torch.cuda.Stream()
             side.wait_stream(current)
@@ -134,15 +152,25 @@ class WidthPass:
                 logits, features = self._pass()
                 result = logits.clone(), (features.clone() if features is not None else None)
             current.wait_stream(side)
+        return result, side
+
+    def _record(self, side: torch.cuda.Stream):
+        """(graph, its outputs): the pass captured on `side`; thread_local: other requests' passes on
+        other compute threads may run meanwhile."""
+        with torch.cuda.device(self.device):
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=self.pool, stream=side, capture_error_mode="thread_local"):
-                self.out = self._pass()
-            current.wait_stream(side)
-        self.graph = graph
-        with _captured_lock:
-            _captured["graphs"] += 1
-            _captured["seconds"] += time.perf_counter() - t0
-        return result
+                out = self._pass()
+            torch.cuda.current_stream().wait_stream(side)
+        return graph, out
+
+
+def _say_once(text: str) -> None:
+    """One warning line a process (a visitor's requests must not flood the log), without a traceback."""
+    global _said
+    if not _said:
+        _said = True
+        log.warning(text.splitlines()[0][:300])
 
 
 class Graphs:
