@@ -174,8 +174,10 @@ def shared_noise(
     """
     n = len(tokens)
     depth = [0, *depths(parents)]  # of each row of p
-    noise = torch.stack([sampling.race_noise(seed, position + d, p.shape[-1]) for d in depth])
-    winners = sampling.race(p, noise.to(p.device))
+    # One noise row a depth, moved to the device once; a tree's rows at one depth share it.
+    by_depth = torch.stack([sampling.race_noise(seed, position + d, p.shape[-1]) for d in range(max(depth) + 1)])
+    noise = by_depth.to(p.device)[torch.tensor(depth, device=p.device)]
+    winners = sampling.race(p, noise)
     if n:
         x, rows = _index(tokens, parents, p.device)
         p_t = p[rows, x]
