@@ -72,6 +72,8 @@ def test_gpucheck_checks_the_bundled_family_against_generate(capsys):
         # then shared noise (four speculative settings against its plain run).
         assert row["checked"] == 14 and row["identical"] == 14 and row["mismatches"] == []
         assert row["near_ties"] == row["bugs"] == 0
+        # Every speculative run against the engine's own plain decoding too: the bucket widths here.
+        assert row["speculative_as_plain"] == "12/12" and row["width"] is None
         assert row["tokens_per_s"]["autoregressive"] > 0 and row["speedup"] > 0
 
 
@@ -92,4 +94,6 @@ def test_gpucheck_gives_a_planted_bug_the_mismatch_verdict(monkeypatch):
     monkeypatch.setattr(gpucheck, "EQUALITY_SPECS", gpucheck.EQUALITY_SPECS[1::2])  # k = 4 and adaptive
     row = gpucheck._equal_runs(pair, [example], 24, "off")
     assert row["bugs"] > 0 and row["near_ties"] == 0
+    same, runs = map(int, row["speculative_as_plain"].split("/"))
+    assert runs == 6 and same < runs  # bare, penalised and shared noise, at k = 4 and adaptive
     assert {m["verdict"] for m in row["mismatches"]} == {"mismatch"}

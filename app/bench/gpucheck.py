@@ -302,7 +302,8 @@ def equality(device: torch.device, dtype: str, n_prompts: int, new_tokens: int, 
                 + (
                     row.get("error")
                     or f"{row['identical']}/{row['checked']} identical, {row['near_ties']} near-ties within "
-                    f"rounding, {row['bugs']} mismatches, {row['speedup']:.2f}x"
+                    f"rounding, {row['bugs']} mismatches, speculative as plain {row['speculative_as_plain']} "
+                    f"(width {row['width']}), {row['speedup']:.2f}x"
                 ),
                 file=sys.stderr,
             )
@@ -331,13 +332,18 @@ def _cases(pair, ids: list[int], example: dict, new_tokens: int, fast_path: str)
 
 def _equal_runs(pair, examples: list[dict], new_tokens: int, fast_path: str) -> dict:
     """Every run of one draft and cache kind, against its reference: counts, the verdict on each
-    difference (core/divergence.py: a near-tie within rounding, or a mismatch, a bug), speeds."""
-    checked = matched = 0
+    difference (core/divergence.py: a near-tie within rounding, or a mismatch, a bug), speeds; and
+    how many speculative runs gave the engine's own plain decoding on this cache kind bit for bit (the
+    app's promise, which holds where the passes are exact at every width: int8, or the fast path's
+    fixed width), with the width those runs took (None: the bucket widths)."""
+    checked = matched = speculative = as_plain = 0
+    width = None
     verdicts = {divergence.NEAR_TIE: 0, divergence.MISMATCH: 0}
     mismatches, speeds = [], {"autoregressive": [], "speculative": []}
     for example in examples:
         ids = pair.encode(example["prompt"])
         for shown, s, ref, with_plain in _cases(pair, ids, example, new_tokens, fast_path):
+            plain = None if with_plain else ref  # shared noise's reference is the engine's plain decoding
             for label, sp in ((("autoregressive", None),) if with_plain else ()) + EQUALITY_SPECS:
                 settings = Settings(s, sp or SpecConfig(), RunConfig(new_tokens))
                 # Only adaptive k reads the machine's costs; a fixed k's output needs no calibration.
@@ -349,6 +355,12 @@ def _equal_runs(pair, examples: list[dict], new_tokens: int, fast_path: str) -> 
                 steps = list(run.steps())
                 seconds = time.perf_counter() - t0
                 got = [t for step in steps for t in step.emitted]
+                width = getattr(run.target_cache, "width", None)
+                if sp is None:
+                    plain = got
+                else:
+                    speculative += 1
+                    as_plain += got == plain
                 checked += 1
                 matched += got == ref
                 if got != ref:
@@ -376,6 +388,8 @@ def _equal_runs(pair, examples: list[dict], new_tokens: int, fast_path: str) -> 
         near_ties=verdicts[divergence.NEAR_TIE],
         bugs=verdicts[divergence.MISMATCH],
         mismatches=mismatches[:8],
+        speculative_as_plain=f"{as_plain}/{speculative}",
+        width=width,
         tokens_per_s=dict(autoregressive=ar, speculative_adaptive=spec),
         speedup=spec / ar,
     )
