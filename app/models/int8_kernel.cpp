@@ -17,6 +17,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 #include <vector>
 
 #if defined(__x86_64__)
@@ -422,6 +423,33 @@ void weighted_any(const double* w, const float* v, int64_t stride, int64_t s, in
   }
 }
 
+// exact.fixed of one float32 row of d numbers, 8 at a time: the peak (at least `least`), its
+// reciprocal times FIXED, and each number times that, rounded to nearest even, written as Out
+// (double for a query's integers, float for a stored key's or value's); returns the row's step.
+template <typename Out>
+SPECDEC_AVX512 double fixed_row(const float* x, int64_t d, double least, Out* out) {
+  constexpr int NEAREST = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+  __m512d peaks = _mm512_set1_pd(least);
+  for (int64_t c = 0; c < d; c += 8) {
+    const __mmask8 m = static_cast<__mmask8>(d - c >= 8 ? 0xff : (1u << (d - c)) - 1);
+    peaks = _mm512_max_pd(_mm512_abs_pd(_mm512_cvtps_pd(_mm256_maskz_loadu_ps(m, x + c))), peaks);
+  }
+  const double peak = _mm512_reduce_max_pd(peaks);
+  volatile double inv = 1.0 / peak;  // levels / peak is torch's reciprocal, then the product
+  const __m512d per = _mm512_set1_pd(inv * FIXED);
+  for (int64_t c = 0; c < d; c += 8) {
+    const __mmask8 m = static_cast<__mmask8>(d - c >= 8 ? 0xff : (1u << (d - c)) - 1);
+    const __m512d scaled = _mm512_mul_pd(_mm512_cvtps_pd(_mm256_maskz_loadu_ps(m, x + c)), per);
+    const __m512d rounded = _mm512_roundscale_pd(scaled, NEAREST);
+    if constexpr (std::is_same_v<Out, double>) {
+      _mm512_mask_storeu_pd(out + c, m, rounded);
+    } else {
+      _mm256_mask_storeu_ps(out + c, m, _mm512_cvtpd_ps(rounded));
+    }
+  }
+  return peak * (1.0 / FIXED);
+}
+
 }  // namespace
 #endif
 
@@ -472,22 +500,7 @@ SPECDEC_AVX512 void score_rows(const Attend& a, int64_t r0, int64_t r1) {
     const int64_t nn = r / rows, gi = r % rows, g = gi / a.t, i = gi % a.t;
     const int64_t bb = nn / a.kv_heads, h = (nn % a.kv_heads) * a.group + g;
     const float* x = a.qs + ((bb * a.heads + h) * a.t + i) * d;
-    constexpr int NEAREST = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
-    __m512d peaks = _mm512_set1_pd(1e-300);
-    for (int64_t c = 0; c < d; c += 8) {
-      const __mmask8 m = static_cast<__mmask8>(d - c >= 8 ? 0xff : (1u << (d - c)) - 1);
-      peaks = _mm512_max_pd(_mm512_abs_pd(_mm512_cvtps_pd(_mm256_maskz_loadu_ps(m, x + c))), peaks);
-    }
-    const double peak = _mm512_reduce_max_pd(peaks);
-    volatile double inv = 1.0 / peak;  // levels / peak is torch's reciprocal, then the product
-    const __m512d per = _mm512_set1_pd(inv * FIXED);
-    double* q = a.q_int + r * d;
-    for (int64_t c = 0; c < d; c += 8) {
-      const __mmask8 m = static_cast<__mmask8>(d - c >= 8 ? 0xff : (1u << (d - c)) - 1);
-      const __m512d scaled = _mm512_mul_pd(_mm512_cvtps_pd(_mm256_maskz_loadu_ps(m, x + c)), per);
-      _mm512_mask_storeu_pd(q + c, m, _mm512_roundscale_pd(scaled, NEAREST));
-    }
-    a.q_step[r] = peak * (1.0 / FIXED);
+    a.q_step[r] = fixed_row(x, d, 1e-300, a.q_int + r * d);
   }
   for (int64_t r = r0; r < r1;) {
     const int64_t nn = r / rows;
@@ -747,24 +760,10 @@ torch::Tensor rms_norm(const torch::Tensor& h, const torch::Tensor& weight, doub
 #ifdef SPECDEC_X86
 namespace {
 
-// exact.fixed's rows with their step as a last column (exact.stored), from float32 rows of d: the peak,
-// its reciprocal times FIXED, and each number times that, rounded to nearest even, 8 at a time.
+// exact.fixed's rows with their step as a last column (exact.stored): fixed_row's integers as float32,
+// then the step.
 SPECDEC_AVX512 void stored_row(const float* x, int64_t d, float* out) {
-  constexpr int NEAREST = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
-  __m512d peaks = _mm512_set1_pd(STORED_LEAST);
-  for (int64_t c = 0; c < d; c += 8) {
-    const __mmask8 m = static_cast<__mmask8>(d - c >= 8 ? 0xff : (1u << (d - c)) - 1);
-    peaks = _mm512_max_pd(_mm512_abs_pd(_mm512_cvtps_pd(_mm256_maskz_loadu_ps(m, x + c))), peaks);
-  }
-  const double peak = _mm512_reduce_max_pd(peaks);
-  volatile double inv = 1.0 / peak;
-  const __m512d per = _mm512_set1_pd(inv * FIXED);
-  for (int64_t c = 0; c < d; c += 8) {
-    const __mmask8 m = static_cast<__mmask8>(d - c >= 8 ? 0xff : (1u << (d - c)) - 1);
-    const __m512d scaled = _mm512_mul_pd(_mm512_cvtps_pd(_mm256_maskz_loadu_ps(m, x + c)), per);
-    _mm256_mask_storeu_ps(out + c, m, _mm512_cvtpd_ps(_mm512_roundscale_pd(scaled, NEAREST)));
-  }
-  out[d] = static_cast<float>(peak * (1.0 / FIXED));
+  out[d] = static_cast<float>(fixed_row(x, d, STORED_LEAST, out));
 }
 
 // x·cos + rotate_half(x)·sin for one head of d numbers (d/2 a whole number of vectors): each product
