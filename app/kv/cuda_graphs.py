@@ -70,9 +70,9 @@ class WidthPass:
     """One pass width and output kind over one static cache: the input buffer, and on CUDA the graph.
 
     `config` is the model's (its attention kind sets the mask's form); `forward(model inputs) ->
-    (logits, features or None)` is the pass itself (the caller's, so a
-    request's features come out as its cache returns them); its outputs are the graph's static
-    tensors on CUDA, overwritten by the next replay: a caller keeps what it needs by copying.
+    (logits, features or None)` is the pass itself (the caller's, so a request's features come out as
+    its cache returns them); its outputs are the graph's static tensors on CUDA, overwritten by the
+    next replay: a caller keeps what it needs by copying.
     """
 
     def __init__(
