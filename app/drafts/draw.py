@@ -118,6 +118,14 @@ class Branches:
             self.parents += [parent] * len(tokens)
             self.qs += rows
 
+    @classmethod
+    def chain_of(cls, tokens: list[int]) -> Branches:
+        """The chain of these drafts, as a round that drew them would hold it (picks read after the fact)."""
+        drafts = cls(len(tokens))
+        drafts.main, drafts.tokens = list(range(len(tokens))), list(tokens)
+        drafts.parents, drafts.qs = [i - 1 for i in range(len(tokens))], [None] * len(tokens)
+        return drafts
+
     @property
     def chain(self) -> list[int]:
         return [self.tokens[i] for i in self.main]

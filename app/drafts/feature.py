@@ -234,9 +234,7 @@ class FeatureProposer:
     def commit(self, path: list[int], token: int, features: torch.Tensor | None = None) -> None:
         if self._pending is not None:  # a chain of picks on the device, read with the verdict by now
             assert self._pending.pending is None, "the verdict reads the picks before anything commits"
-            for x in self._pending.tokens:
-                self._drafts.add(x, None, None, None, SamplingConfig(), None)
-            self._pending = None
+            self._drafts, self._pending = Branches.chain_of(self._pending.tokens), None
         kept = [self._tree.tokens[i] for i in path] if self._tree is not None else self._drafts.kept(path)[0]
         self._tree = None
         if features is None:

@@ -44,8 +44,12 @@ class EagerHeadPasses:
         self, tokens: list[int], features: torch.Tensor, position: int, prefix: int, sees: list[list[int]]
     ) -> torch.Tensor:
         """(n, H) features of one depth's nodes, all at `position`: node i sees slots [0, prefix) and sees[i]."""
+        return self._depth(tokens, features, position, prefix, sees, self.length + len(tokens))
+
+    def _depth(self, tokens, features, position: int, prefix: int, sees, kv: int) -> torch.Tensor:
+        """One tree depth through the head under its mask over kv key slots."""
         n = len(tokens)
-        mask = decoder_layers.tree_pass(sees, [prefix] * n, self.length + n, self.head.config, self.device)
+        mask = decoder_layers.tree_pass(sees, [prefix] * n, kv, self.head.config, self.device)
         x = torch.tensor([tokens], device=self.device)
         where = torch.full((1, n), position, device=self.device)
         return self.head(self.embed(x), features[None], self.cache, mask, where)[0]
@@ -94,11 +98,9 @@ class GraphedHeadPasses(EagerHeadPasses):
         n = len(tokens)
         if self._length + n > static_cache.room(self.max_len):
             raise ValueError(f"the head's static cache of {self.max_len} pairs is full")
-        mask = decoder_layers.tree_pass(sees, [prefix] * n, self.max_len, self.head.config, self.device)
-        x = torch.tensor([tokens], device=self.device)
-        where = torch.full((1, n), position, device=self.device)
+        out = self._depth(tokens, features, position, prefix, sees, self.max_len)
         self._length += n
-        return self._forward(x, where, mask, features[None])[0]
+        return out
 
     @torch.inference_mode()
     def _run(
@@ -113,7 +115,8 @@ class GraphedHeadPasses(EagerHeadPasses):
         n = len(tokens)
         if self._length + n > static_cache.room(self.max_len):
             raise ValueError(f"the head's static cache of {self.max_len} pairs is full")
-        width = static_cache.bucket(n) or n  # wider than every graph (a prompt's pairs): one eager pass
+        graphed = static_cache.bucket(n)
+        width = graphed or n  # wider than every graph (a prompt's pairs): one eager pass
         pad = width - n
         start = self._length
         rows = cuda_graphs.packed(
@@ -123,7 +126,7 @@ class GraphedHeadPasses(EagerHeadPasses):
             start,
             [],
         )
-        if static_cache.bucket(n) is None:
+        if graphed is None:
             out = self._eager(rows, features, late)
         else:
             out, _ = self.pooled.graphs.get((width, features.shape[-1]), lambda: self._width_pass(width))(

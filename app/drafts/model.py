@@ -84,10 +84,7 @@ class ModelProposer:
     def commit(self, path: list[int], token: int, features: torch.Tensor | None = None) -> None:
         if self._pending is not None:  # a chain of picks on the device, read with the verdict by now
             assert self._pending.pending is None, "the verdict reads the picks before anything commits"
-            self._drafts = Branches(len(self._pending.tokens))
-            for x in self._pending.tokens:
-                self._drafts.add(x, None, None, None, SamplingConfig(), None)
-            self._pending = None
+            self._drafts, self._pending = Branches.chain_of(self._pending.tokens), None
         # The cache holds ids + the chain's drafts but its last; keep only the part the target agreed with.
         kept, on_chain = self._drafts.kept(path)
         self.lm.rollback(min(self.lm.length, len(self.ids) + on_chain))

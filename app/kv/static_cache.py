@@ -11,8 +11,8 @@ Two ways to get the graphs: `graphs` captures the model's eager forward with tor
 torch.compile(mode="reduce-overhead") capture them (--fast-path compile). On a CPU the static cache
 and the graphs' buffers run eagerly (the tests prove their numbers there); they were not faster than
 the dynamic cache there, so a CPU keeps that. ZeroGPU runs each call in a fresh process: no graphs.
-A feature-level draft's head keeps its own small dynamic cache; the target's passes, which
-also hand it their hidden states, run on the static cache like any other.
+A feature-level draft's head gets a static cache of its own on the fast path (drafts/head_passes.py);
+the target's passes, which also hand it their hidden states, run on the static cache like any other.
 """
 
 from __future__ import annotations
@@ -107,7 +107,7 @@ def compiled(model: PreTrainedModel):
 
 
 _pool = cuda_graphs.Pools()
-_pool_lock = threading.Lock()  # the probe's record
+_exact_lock = threading.Lock()
 
 
 class StaticRollbackCache(RollbackCache):
@@ -165,10 +165,17 @@ class StaticRollbackCache(RollbackCache):
         if self.width is not None and n > self.width and 0 < keep <= self.width:
             # The rows read come from a pass of the fixed width; the ones before it only fill the cache,
             # in one pass of their own (the same in a plain and a speculative run: the prompt but its last).
-            _, before = self._one_pass(ids[: n - keep], 1, features, None)
-            logits, after = self._one_pass(ids[n - keep :], keep, features, on_device)
-            return logits, (torch.cat([before, after]) if before is not None and after is not None else None)
+            return self._filled_then(
+                ids[: n - keep], features, lambda: self._one_pass(ids[n - keep :], keep, features, on_device)
+            )
         return self._one_pass(ids, keep, features, on_device)
+
+    def _filled_then(self, before: list[int], features: bool, rest) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """`before` through the cache in one pass whose logits are not read, then rest()'s pass: its
+        logits, and the features of both where asked."""
+        _, first = self._one_pass(before, 1, features, None)
+        logits, then = rest()
+        return logits, (torch.cat([first, then]) if first is not None and then is not None else None)
 
     def _one_pass(
         self, ids: list[int], keep: int, features: bool, on_device: torch.Tensor | None
@@ -221,9 +228,9 @@ class StaticRollbackCache(RollbackCache):
         assert self.cache is not None, "the cache was given back (close)"
         m, n = len(ids), len(tokens)
         if self.width is not None and m > 1 and m + n > self.width:  # as _forward: the rows read, at the width
-            _, before = self._one_pass(list(ids[:-1]), 1, features, None)
-            logits, after = self._tree_forward(ids[-1:], tokens, parents, features)
-            return logits, (torch.cat([before, after]) if before is not None and after is not None else None)
+            return self._filled_then(
+                list(ids[:-1]), features, lambda: self._tree_forward(ids[-1:], tokens, parents, features)
+            )
         fed = self._embeddable(list(ids) + list(tokens))
         if self.length + m + n > room(self.max_len):
             raise UserError(f"static cache of {self.max_len} tokens is full: raise its length")
@@ -294,7 +301,7 @@ def _with(x: torch.Tensor, late: tuple[int, torch.Tensor] | None) -> torch.Tenso
     return x
 
 
-_exact: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> {width: bool}
+_exact: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> {(width, max_len): bool}
 PROBE_CONTEXT = 64  # cached tokens before the probe's passes
 
 
@@ -306,7 +313,7 @@ def rows_exact(model: PreTrainedModel, width: int, max_len: int | None = None) -
     device and in this precision. Probed once per model, width and length (on CUDA it also captures that
     width's graph for the request's caches)."""
     max_len = max_len or cache_length(PROBE_CONTEXT, width)
-    with _pool_lock:
+    with _exact_lock:
         known = _exact.get(model, {}).get((width, max_len))
     if known is not None:
         return known
@@ -321,7 +328,7 @@ def rows_exact(model: PreTrainedModel, width: int, max_len: int | None = None) -
     finally:
         one.close()
         wide.close()
-    with _pool_lock:
+    with _exact_lock:
         _exact.setdefault(model, {})[(width, max_len)] = exact
     return exact
 
