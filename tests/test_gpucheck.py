@@ -80,7 +80,7 @@ def test_gpucheck_checks_the_bundled_family_against_generate(capsys):
 def test_gpucheck_gives_a_planted_bug_the_mismatch_verdict(monkeypatch):
     """An off-by-one in the greedy verify rule: each difference is judged, and none passes as rounding."""
     from app import models
-    from app.bench import gpucheck
+    from app.bench import gpu_equality
     from app.core import verify
 
     pair = models.load_pair(models.TINY_TARGET, models.PROMPT_LOOKUP, "cpu", "fp32")
@@ -91,8 +91,8 @@ def test_gpucheck_gives_a_planted_bug_the_mismatch_verdict(monkeypatch):
         return real(drafts, parents, logits.roll(-1, 0), teach)
 
     monkeypatch.setattr(verify, "greedy", off_by_one)
-    monkeypatch.setattr(gpucheck, "EQUALITY_SPECS", gpucheck.EQUALITY_SPECS[1::2])  # k = 4 and adaptive
-    row = gpucheck._equal_runs(pair, [example], 24, "off")
+    monkeypatch.setattr(gpu_equality, "EQUALITY_SPECS", gpu_equality.EQUALITY_SPECS[1::2])  # k = 4 and adaptive
+    row = gpu_equality._equal_runs(pair, [example], 24, "off")
     assert row["bugs"] > 0 and row["near_ties"] == 0
     same, runs = map(int, row["speculative_as_plain"].split("/"))
     assert runs == 6 and same < runs  # bare, penalised and shared noise, at k = 4 and adaptive
