@@ -56,3 +56,26 @@ def test_a_greedy_answer_is_the_targets_own_generation(tiny):
     )[0].tolist()
     assert answer.ids == out[: len(answer.ids)]
     assert len(out) - len(answer.ids) in (0, 1), "the cap's last token is written but never fed"
+
+
+def test_a_shared_prefix_runs_once_and_each_request_reads_as_if_run_whole(tiny):
+    target, prompts, eos = tiny
+    system = prompts[4][:6]  # a shared beginning, as a chat template's system turn is
+    shared = [system + p for p in prompts[:4]]
+    assert answer_writer.shared_prefix(shared) == system
+    fed = []
+    hook = target.register_forward_pre_hook(lambda m, args, kw: fed.append(kw["input_ids"].numel()), with_kwargs=True)
+    try:
+        answers = answer_writer.write(target, shared, eos, 16, 0.0, slots=2)
+    finally:
+        hook.remove()
+    prefills = [n for n in fed if n > 2]  # a step feeds one token a row, two rows here
+    assert prefills[0] == len(system) and sum(prefills) == len(system) + sum(len(p) - len(system) - 1 for p in shared)
+    norm = answer_writer.FinalNorm(target)
+    try:
+        for answer in answers:
+            with torch.inference_mode():
+                target(input_ids=torch.tensor([answer.ids]))
+            assert torch.equal(norm.take()[0], answer.features), "a copied prefix reads as the whole prompt run at once"
+    finally:
+        norm.close()

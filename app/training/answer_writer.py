@@ -7,6 +7,9 @@ is one request with its own position, its own row of the KV cache (left-padded t
 its unread positions trimmed) and, when sampling, its own generator seeded from (seed, request), so what a
 request writes does not depend on which requests share its steps.
 
+The prompts' shared beginning (a chat template's system turn: about half of each prompt) is run once,
+and each request's prompt starts from a copy of its keys and values, as servers' prefix caches do.
+
 In the exact int8 precision (models/exact.py) a row's numbers do not depend on the batch either, so the
 text is token for token what the request written alone would be; in fp32 or bf16 batched rows can
 differ in the last bits, as in any batched generation.
@@ -147,11 +150,35 @@ class _SlotLayer(DynamicLayer):
         self._views()
 
 
+def shared_prefix(prompts: list[list[int]]) -> list[int]:
+    """The tokens every prompt begins with, short of each prompt's last token (which a step feeds)."""
+    if not prompts:
+        return []
+    first, n = prompts[0], min(len(p) for p in prompts) - 1
+    for p in prompts[1:]:
+        n = next((i for i in range(n) if p[i] != first[i]), n)
+    return first[: max(0, n)]
+
+
+class _Prefix:
+    """The shared prefix's keys, values and features, computed once; each request starts from a copy."""
+
+    def __init__(self, target, ids: list[int], hook: FinalNorm):
+        self.ids, self.cache, self.features = ids, DynamicCache(), []
+        if ids:
+            target(input_ids=torch.tensor([ids], device=target.device), cache=self.cache, use_cache=True)
+            self.features = [hook.take()[0]]
+
+    def copy(self) -> DynamicCache:
+        return DynamicCache(ddp_cache_data=[(layer.keys, layer.values) for layer in self.cache.layers])
+
+
 class _Writer:
     def __init__(self, target, prompts, eos, new_tokens, temperature, seed, slots, hook, device, log):
         self.target, self.prompts, self.eos, self.new_tokens = target, prompts, eos, new_tokens
         self.temperature, self.seed, self.slots = temperature, seed, max(1, slots)
         self.hook, self.device, self.log = hook, device, log
+        self.prefix: _Prefix | None = None  # made at the first admission, inside the writer's inference mode
         self.rows: list[_Row | None] = []  # a cache row each; None: free, its positions masked
         self.cache: DynamicCache | None = None
         self.mask = torch.zeros(0, 0, dtype=torch.long, device=device)
@@ -169,18 +196,22 @@ class _Writer:
         return [self.answers[i] for i in range(len(self.prompts))]
 
     def _admit(self, request: int) -> None:
-        """The request's prompt but its last token, run alone, then written into a free row of the cache."""
+        """The request's prompt but its last token, run alone from the shared prefix's copy, then written
+        into a free row of the cache."""
         prompt = self.prompts[request]
         if len(prompt) < 2:  # a chat prompt is dozens of tokens; one token would leave nothing to place
             raise ValueError(f"prompt {request} has {len(prompt)} tokens: the writer takes at least 2")
         generator = None
         if self.temperature > 0:
             generator = torch.Generator(device=self.device).manual_seed(seed_of(self.seed, request))
-        row = _Row(request, prompt[-1], list(prompt[:-1]), [], generator)
+        if self.prefix is None:
+            self.prefix = _Prefix(self.target, shared_prefix(self.prompts), self.hook)
+        row = _Row(request, prompt[-1], list(prompt[:-1]), list(self.prefix.features), generator)
         n = len(prompt) - 1
-        alone = DynamicCache()
-        self.target(input_ids=torch.tensor([prompt[:-1]], device=self.device), cache=alone, use_cache=True)
-        row.features.append(self.hook.take()[0])
+        alone, rest = self.prefix.copy(), prompt[len(self.prefix.ids) : -1]
+        if rest:
+            self.target(input_ids=torch.tensor([rest], device=self.device), cache=alone, use_cache=True)
+            row.features.append(self.hook.take()[0])
         if self.cache is None:  # the first request: the cache's rows are laid out from its layers
             self.cache = DynamicCache()
             self.cache.layers = [_SlotLayer(x.keys, x.values, self.slots) for x in alone.layers]
