@@ -33,6 +33,7 @@ def test_a_tiny_slice_trains_both_drafts_end_to_end(tmp_path):
     out = tmp_path / "drafts"
     # One thread: the suite's other worker holds the other core (pytest.ini).
     cmd = [sys.executable, "-m", "app", "train", "--target", "smollm2", "--out", str(out), "--scale", "0.005"]
+    cmd += ["--head-steps", "7"]  # the head's steps, apart from the scale's data
     subprocess.run(
         cmd,
         cwd=ROOT,
@@ -44,6 +45,7 @@ def test_a_tiny_slice_trains_both_drafts_end_to_end(tmp_path):
     )
     record = json.loads((out / "draft-feature" / "training.json").read_text())
     assert (record["scale"], record["device"], record["data"]["sampled_answers"]) == (0.005, "cpu", 1)
+    assert record["steps"] == 7
     assert len(list((out / "work").glob("answers-sampled-*.pt"))) == 1, "the record counts the passes it wrote"
     head = json.loads((out / "draft-feature" / "config.json").read_text())
     assert head["feature_head"] == "eagle-1" and head["draft_vocab_size"] <= 8192

@@ -245,6 +245,13 @@ def _add_member_args(ap: argparse.ArgumentParser) -> None:
         "(default 4M times --scale; 0: the answers alone)",
     )
     ap.add_argument(
+        "--head-steps",
+        type=int,
+        default=None,
+        help="with --target: the feature head's and EAGLE-3 head's optimiser steps, whatever --scale "
+        "(default their own count times --scale; more data wants more steps than the scale gives on a CPU)",
+    )
+    ap.add_argument(
         "--work",
         type=Path,
         default=None,
