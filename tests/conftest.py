@@ -273,19 +273,20 @@ def pair_of(target, tokenizer, name: str, draft_model=None, draft_name: str = "n
 
 
 def host_reads(
-    target, tokenizer, prompt: str, proposer, target_cache, n: int, on_device: bool = True
+    target, tokenizer, prompt: str, proposer, target_cache, n: int, on_device: bool = True, sampling_cfg=None
 ) -> tuple[list[int], list[tuple[list[int], list[str]]]]:
-    """A bare greedy engine run (fixed k = 4, nothing displayed or taught) and, for each round, its
-    drafts and the reads of a device value to the host it made (each a wait for a GPU): .item(), a
-    bool of a tensor or a data-dependent shape (ops a dispatch mode sees), and .tolist(), which on a
-    CPU tensor reads without such an op. on_device=False: the drafts' picks are read as they are made
-    (the path a run takes where the fast path is off), for comparison. Returns (ids, [(drafts, reads)])."""
+    """A bare engine run, greedy unless `sampling_cfg` says (fixed k = 4, nothing displayed or
+    taught), and, for each round, its drafts and the reads of a device value to the host it made
+    (each a wait for a GPU): .item(), a bool of a tensor or a data-dependent shape (ops a dispatch mode
+    sees), and .tolist(), which on a CPU tensor reads without such an op. on_device=False: the drafts'
+    picks are read as they are made (the path a run takes where the fast path is off), for
+    comparison. Returns (ids, [(drafts, reads)])."""
     from unittest import mock
 
     from torch.utils._python_dispatch import TorchDispatchMode
 
     from app.core import engine
-    from app.core.config import RunConfig, SpecConfig
+    from app.core.config import RunConfig, SamplingConfig, SpecConfig
     from app.core.record import Recorder
 
     reads: list[str] = []
@@ -313,6 +314,7 @@ def host_reads(
             ids,
             proposer,
             target_cache=target_cache,
+            sampling_cfg=sampling_cfg or SamplingConfig(),
             spec=SpecConfig(k=4, k_policy="fixed"),
             run=RunConfig(n),
             recorder=Recorder(tokenizer, display=False, teach=False),

@@ -143,8 +143,8 @@ def test_a_planted_off_by_one_in_the_verify_rule_is_a_loud_mismatch(
     plain, _ = run(p_model, tokenizer, PROMPT, max_new_tokens=24)
     real = verify.greedy
 
-    def off_by_one(drafts, parents, logits, teach=True):
-        return real(drafts, parents, logits.roll(-1, 0), teach)
+    def off_by_one(drafts, parents, logits, teach=True, pending=None):
+        return real(drafts, parents, logits.roll(-1, 0), teach, pending)
 
     monkeypatch.setattr(verify, "greedy", off_by_one)
     got, _ = run(p_model, tokenizer, PROMPT, ModelProposer(q_model, "near"), k=3, k_policy="fixed", max_new_tokens=24)

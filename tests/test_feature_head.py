@@ -84,6 +84,29 @@ def test_a_greedy_head_round_on_the_fast_path_reads_the_host_once(target, tokeni
         assert [d for d, _ in per_round] == [d for d, _ in read_each]
 
 
+def test_a_shared_noise_head_round_on_the_fast_path_reads_the_host_once(target, tokenizer, head, no_eos):
+    """A sampled chain under shared noise: the head's races stay on the device until the verdict, the
+    drafts are those read pick by pick, and the text is plain sampling's with the same seed."""
+    from app.core.config import SHARED_NOISE, SamplingConfig
+    from app.kv.static_cache import StaticCachePool, cache_length
+
+    prompt = PROMPTS[0]
+    cfg = SamplingConfig(temperature=0.7, seed=3, rule=SHARED_NOISE)
+    plain, _ = run(target, tokenizer, prompt, max_new_tokens=40, temperature=0.7, seed=3, rule=SHARED_NOISE)
+    pool = StaticCachePool(cache_length(len(tokenizer(prompt)["input_ids"]), 40), graphs=True)
+    graphed = FeatureProposer(target, head)
+    graphed.static_len = pool.max_len
+    chains, on_device = [], graphed._chain_on_device
+    graphed._chain_on_device = lambda *a: chains.append(a[1]) or on_device(*a)  # type: ignore[method-assign]
+    out, per_round = host_reads(target, tokenizer, prompt, graphed, pool, 40, True, cfg)
+    assert out == plain
+    drafting = [reads for drafts, reads in per_round if drafts]
+    assert len(drafting) >= 4 and all(r == ["tolist"] for r in drafting), per_round
+    assert len(chains) == len(drafting), "every drafting round's picks stayed on the device"
+    _, read_each = host_reads(target, tokenizer, prompt, FeatureProposer(target, head), pool, 40, False, cfg)
+    assert [d for d, _ in per_round] == [d for d, _ in read_each]
+
+
 @pytest.mark.parametrize("tree", [0, 8])
 def test_the_heads_graph_passes_give_the_eager_passes_drafts(target, tokenizer, head, no_eos, tree):
     """The head on a static cache of its own, its chain steps through the graphs' buffers (run eagerly on

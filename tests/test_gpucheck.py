@@ -87,8 +87,8 @@ def test_gpucheck_gives_a_planted_bug_the_mismatch_verdict(monkeypatch):
     example = {"prompt": "def parse(line):\n", "settings": {"repetition_penalty": 1.0, "no_repeat_ngram_size": 0}}
     real = verify.greedy
 
-    def off_by_one(drafts, parents, logits, teach=True):
-        return real(drafts, parents, logits.roll(-1, 0), teach)
+    def off_by_one(drafts, parents, logits, teach=True, pending=None):
+        return real(drafts, parents, logits.roll(-1, 0), teach, pending)
 
     monkeypatch.setattr(verify, "greedy", off_by_one)
     monkeypatch.setattr(gpu_equality, "EQUALITY_SPECS", gpu_equality.EQUALITY_SPECS[1::2])  # k = 4 and adaptive

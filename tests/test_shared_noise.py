@@ -112,8 +112,8 @@ def test_a_broken_race_fails_the_same_bound(small_pair, monkeypatch):
     tok, p_model, q_model = small_pair
     honest = verify.shared_noise
 
-    def broken(drafts, parents, p, q, seed, position):
-        v = honest(drafts, parents, p, q, seed, position)
+    def broken(drafts, parents, p, q, seed, position, pending=None):
+        v = honest(drafts, parents, p, q, seed, position, pending)
         if v.accepted < len(drafts):
             v.token = drafts[v.accepted]
         return v

@@ -275,6 +275,24 @@ def test_a_greedy_round_on_the_fast_path_reads_the_host_once(target, near_draft,
         assert sum(len(r) for _, r in read_each) > sum(len(r) for _, r in per_round)
 
 
+def test_a_shared_noise_round_on_the_fast_path_reads_the_host_once(target, near_draft, tokenizer):
+    """Shared noise races each pick against noise keyed by its position alone, so a sampled chain's
+    picks stay on the device too: one read a round, the same drafts as reading each pick, and the
+    output is plain sampling's with the same seed."""
+    from app.core.config import SHARED_NOISE, SamplingConfig
+
+    cfg = SamplingConfig(temperature=0.8, seed=11, rule=SHARED_NOISE)
+    plain, _ = run(target, tokenizer, PROMPT, max_new_tokens=40, temperature=0.8, seed=11, rule=SHARED_NOISE)
+    pool = StaticCachePool(cache_length(len(tokenizer(PROMPT)["input_ids"]), 40), graphs=True)
+    out, per_round = host_reads(target, tokenizer, PROMPT, ModelProposer(near_draft, "near", pool), pool, 40, True, cfg)
+    assert out == plain
+    drafting = [reads for drafts, reads in per_round if drafts]
+    assert len(drafting) >= 5 and all(r == ["tolist"] for r in drafting), per_round
+    _, read_each = host_reads(target, tokenizer, PROMPT, ModelProposer(near_draft, "near", pool), pool, 40, False, cfg)
+    assert [d for d, _ in per_round] == [d for d, _ in read_each]
+    assert sum(len(r) for _, r in read_each) > sum(len(r) for _, r in per_round)
+
+
 def test_fixed_width_passes_read_every_row_from_a_pass_of_that_width(target, tokenizer, monkeypatch):
     """With a fixed width, every pass whose logits a run reads is exactly that wide: the prompt's
     pass ends in one (its earlier tokens only fill the cache), a step and a verify are padded to it,

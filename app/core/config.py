@@ -43,6 +43,13 @@ class SamplingConfig:
         return not self.greedy and self.rule == SHARED_NOISE
 
     @property
+    def picks_stay_on_device(self) -> bool:
+        """Whether a chain's picks may stay on the device until the verdict reads them: greedy's argmax
+        and shared noise's race take no draw from the run's generator, and without repetition rules
+        no pick needs the history before it."""
+        return (self.greedy or self.shared_noise) and not self.penalised
+
+    @property
     def penalised(self) -> bool:
         """Whether logits depend on the context, so p and q need each position's history."""
         return self.repetition_penalty != 1.0 or self.no_repeat_ngram_size > 0

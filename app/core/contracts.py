@@ -24,7 +24,7 @@ class Proposal:
     # distribution it was drawn from given its earlier siblings (verify's tree rule). Left out: a chain,
     # whose parents are [-1, 0, 1, ..].
     parents: list[int] = field(default_factory=list)
-    # A greedy chain's picks still on the device (engine.py's verify feeds them to the target there, and
+    # A chain's picks still on the device (engine.py's verify feeds them to the target there, and
     # reads them with its verdict): `tokens` is empty until then, and filled in place.
     pending: torch.Tensor | None = None
 

@@ -146,10 +146,10 @@ class _Loop:
         return max(0, min(self.policy.next_k(), self.run.max_new_tokens - len(self.out.ids) - 1, room))
 
     def takes_picks_on_device(self) -> bool:
-        """Whether verify can feed a greedy chain's picks to the target on the device and read them with
-        its verdict: a bare greedy run (no repetition rules, no teaching p(x)) on a cache that takes them."""
+        """Whether verify can feed a chain's picks to the target on the device and read them with its
+        verdict: greedy or shared noise (no repetition rules, no teaching p(x)) on a cache that takes them."""
         assert self.lm is not None, "generate() sets the target's cache first"
-        return self.lm.device_steps and self.cfg.greedy and not self.cfg.penalised and not self.greedy_p
+        return self.lm.device_steps and self.cfg.picks_stay_on_device and not self.greedy_p
 
     def _verify(self, proposal: Proposal):
         """One target pass over the uncached ids and every draft (a tree's nodes each seeing their
@@ -158,8 +158,8 @@ class _Loop:
         tokens, parents, lm, base = proposal.tokens, proposal.parents, self.lm, len(self.ids)
         assert lm is not None, "generate() sets the target's cache before the first round"
         fed = self.ids[lm.length :]
-        # A greedy chain's picks may still be on the device (takes_picks_on_device): the pass takes them
-        # there, and the verdict's one read brings them back with it.
+        # A chain's picks may still be on the device (takes_picks_on_device): the pass takes them there,
+        # and the verdict's one read brings them back with it.
         picks, proposal.pending = proposal.pending, None
         shown = fed + (tokens if picks is None else [0] * len(picks))  # stand-ins for the picks
         keep = len(shown) - len(fed) + 1
@@ -169,13 +169,11 @@ class _Loop:
             p_logits, features = lm.extend(shown, keep, parents, on_device=picks), None
         p_logits = self._penalise(p_logits, tokens, parents)
         p = None
-        if picks is not None:
-            v = verify.greedy(tokens, parents, p_logits, False, pending=picks)  # fills tokens in place
-        elif self.cfg.greedy:
-            v = verify.greedy(tokens, parents, p_logits, self.greedy_p)
+        if self.cfg.greedy:  # with picks on the device, the verdict fills tokens in place
+            v = verify.greedy(tokens, parents, p_logits, self.greedy_p, pending=picks)
         elif self.cfg.shared_noise:  # the race at absolute positions base.., read by the drafts too
             p = sampling.probs(p_logits, self.cfg)
-            v = verify.shared_noise(tokens, parents, p, proposal.q, self.cfg.seed, base)
+            v = verify.shared_noise(tokens, parents, p, proposal.q, self.cfg.seed, base, pending=picks)
         else:
             p = sampling.probs(p_logits, self.cfg)
             q = proposal.q if proposal.q is not None else verify.one_hot_q(tokens, p.shape[-1], p.device)

@@ -164,25 +164,39 @@ def speculative_sampling(
 
 
 def shared_noise(
-    tokens: list[int], parents: list[int], p: torch.Tensor, q: torch.Tensor | None, seed: int, position: int
+    tokens: list[int],
+    parents: list[int],
+    p: torch.Tensor,
+    q: torch.Tensor | None,
+    seed: int,
+    position: int,
+    pending: torch.Tensor | None = None,
 ) -> Verdict:
     """Keep the drafts that win the target's race. p: (n + 1, V) processed, row 0 for the token at
     absolute position `position`; a node at depth d races at position + d. q: (n, V) or None
-    (one-hot), read only for the teaching record.
+    (one-hot), read only for the teaching record. `pending`: a chain's n picks still on the device
+    (Proposal.pending), read in the same transfer into the empty `tokens`.
 
     The race needs no draw from the run's generator: nothing here depends on what was drafted before.
     """
-    n = len(tokens)
+    n = len(tokens) if pending is None else len(pending)
     depth = [0, *depths(parents)]  # of each row of p
     # One noise row a depth, moved to the device once; a tree's rows at one depth share it.
     by_depth = torch.stack([sampling.race_noise(seed, position + d, p.shape[-1]) for d in range(max(depth) + 1)])
     noise = by_depth.to(p.device)[torch.tensor(depth, device=p.device)]
     winners = sampling.race(p, noise)
     if n:
-        x, rows = _index(tokens, parents, p.device)
+        if pending is None:
+            x, rows = _index(tokens, parents, p.device)
+        else:  # a chain: node i is judged at row i
+            assert not tokens, "picks on the device fill an empty chain"
+            x, rows = pending.to(p.device, torch.long), torch.arange(n, device=p.device)
         p_t = p[rows, x]
         q_t = q.to(p.device)[torch.arange(n), x] if q is not None else torch.ones_like(p_t)
-        host = torch.cat([winners.double(), p_t.double(), q_t.double()]).tolist()  # the one sync
+        read = [winners.double(), p_t.double(), q_t.double()] + ([] if pending is None else [x.double()])
+        host = torch.cat(read).tolist()  # the one sync
+        if pending is not None:
+            tokens += [int(t) for t in host[3 * n + 1 :]]
     else:
         host = winners.double().tolist()
     best = [int(b) for b in host[: n + 1]]

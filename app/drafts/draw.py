@@ -45,6 +45,21 @@ def draw(
     return sampling.sample(q, gen), q
 
 
+def pick_on_device(
+    logits: torch.Tensor, cfg: SamplingConfig, position: int
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """draw()'s (token, q) where cfg.picks_stay_on_device, the token a 0-d tensor left on the device."""
+    if cfg.greedy:
+        return logits.argmax(), None
+    q = sampling.probs(logits, cfg)
+    return sampling.race(q, sampling.race_noise(cfg.seed, position, q.shape[-1], q.device)), q
+
+
+def stacked(qs: list[torch.Tensor | None]) -> torch.Tensor | None:
+    """The drafts' q rows as one (n, V) tensor, or None (one-hot) unless every draft has one."""
+    return torch.stack(qs) if qs and all(q is not None for q in qs) else None  # type: ignore[arg-type]
+
+
 def draw_siblings(
     logits: torch.Tensor,
     history: list[int] | None,
@@ -131,9 +146,7 @@ class Branches:
         return [self.tokens[i] for i in self.main]
 
     def proposal(self, feature_position: int | None = None) -> Proposal:
-        qs = [q for q in self.qs if q is not None]
-        q = torch.stack(qs) if qs and len(qs) == len(self.qs) else None
-        return Proposal(list(self.tokens), q, feature_position, list(self.parents))
+        return Proposal(list(self.tokens), stacked(self.qs), feature_position, list(self.parents))
 
     def kept(self, path: list[int]) -> tuple[list[int], int]:
         """(the accepted drafts, how many of them lead along the chain) after a verdict's kept path."""

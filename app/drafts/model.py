@@ -18,7 +18,7 @@ from app.core.config import SamplingConfig, SpecConfig, UserError
 from app.core.contracts import KVCache, Proposer
 from app.drafts.cross_tokenizer import CrossTokenizerProposer, TokenBridge
 from app.drafts.draft_spec import BaseDraft, BaseKind, Draft, DraftInfo, DraftSpec, Loading
-from app.drafts.draw import Branches, Proposal, draw
+from app.drafts.draw import Branches, Proposal, draw, pick_on_device, stacked
 from app.kv.cache import DynamicRollbackCache, refuse_uncroppable
 
 
@@ -32,8 +32,8 @@ class ModelProposer:
     branches = True  # siblings beside its chain (draw.Branches)
 
     wants_features = False
-    # Set by the engine after begin() where it can verify a greedy chain's picks without reading them
-    # first (engine.generate): the host then reads them once, with the verdict.
+    # Set by the engine after begin() where it can verify a chain's picks (greedy or shared noise)
+    # without reading them first (engine.generate): the host then reads them once, with the verdict.
     picks_on_device = False
 
     def __init__(
@@ -62,8 +62,8 @@ class ModelProposer:
         if k == 0:
             return Proposal([], None)
         logits = self.lm.extend(self.ids[self.lm.length :], keep=1)[-1]
-        if self.picks_on_device and cfg.greedy and not cfg.penalised and not nodes and self.lm.device_steps:
-            return self._greedy_on_device(logits, k)
+        if self.picks_on_device and cfg.picks_stay_on_device and not nodes and self.lm.device_steps:
+            return self._chain_on_device(logits, k, cfg)
         for i in range(k):
             history = self.ids + drafts.chain
             x, q = draw(logits[: self.vocab_size], history, cfg, gen)
@@ -72,13 +72,18 @@ class ModelProposer:
                 logits = self.lm.step(x)
         return drafts.proposal()
 
-    def _greedy_on_device(self, logits: torch.Tensor, k: int) -> Proposal:
-        """A greedy chain whose every pick feeds the next step on the device: no step waits for the
-        device, and the host reads the picks once, with the target's verdict (Proposal.pending)."""
-        picks = [logits[: self.vocab_size].argmax()]
-        for _ in range(k - 1):
-            picks.append(self.lm.step(picks[-1])[: self.vocab_size].argmax())
-        self._pending = Proposal([], None, pending=torch.stack(picks))
+    def _chain_on_device(self, logits: torch.Tensor, k: int, cfg: SamplingConfig) -> Proposal:
+        """A chain (greedy, or shared noise's race) whose every pick feeds the next step on the device:
+        no step waits for the device, and the host reads the picks once, with the target's verdict
+        (Proposal.pending)."""
+        picks, qs = [], []
+        for i in range(k):
+            pick, q = pick_on_device(logits[: self.vocab_size], cfg, len(self.ids) + i)
+            picks.append(pick)
+            qs.append(q)
+            if i < k - 1:
+                logits = self.lm.step(pick)
+        self._pending = Proposal([], stacked(qs), pending=torch.stack(picks))
         return self._pending
 
     def commit(self, path: list[int], token: int, features: torch.Tensor | None = None) -> None:
