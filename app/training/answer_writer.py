@@ -29,6 +29,7 @@ from transformers.cache_utils import DynamicLayer
 SLOTS = 48  # rows a step at most
 TRIM = 32  # leading cache positions no row reads any more, cut once this many have gathered
 ROOM = 512  # positions a cache buffer holds beyond its rows' when it is (re)allocated
+SHRINK = 4  # with no request waiting, free rows leave once they are this fraction of the batch
 
 
 @dataclass
@@ -146,7 +147,19 @@ class _SlotLayer(DynamicLayer):
         self._views()
 
     def keep_rows(self, index: torch.Tensor) -> None:
-        self.buffers = [b.index_select(0, index) for b in self.buffers]
+        """The kept rows' held positions alone move, into buffers with ROOM after them."""
+        held, rows = self.end - self.start, len(index)
+        self.buffers = [
+            torch.cat(
+                [
+                    b[:, :, self.start : self.end].index_select(0, index),
+                    b.new_zeros(rows, b.shape[1], ROOM, b.shape[3]),
+                ],
+                2,
+            )
+            for b in self.buffers
+        ]
+        self.start, self.end = 0, held
         self._views()
 
 
@@ -291,9 +304,10 @@ class _Writer:
             )
 
     def _shrink(self) -> None:
-        """With no request waiting, the free rows leave the batch once they are half of it."""
+        """With no request waiting, the free rows leave the batch once they are 1/SHRINK of it: a free
+        row costs a step nearly what a live one does, and leaving copies the cache once."""
         free = self.rows.count(None)
-        if not free or free < len(self.rows) // 2 or self.cache is None:
+        if not free or free < len(self.rows) // SHRINK or self.cache is None:
             return
         keep = [b for b, r in enumerate(self.rows) if r is not None]
         index = torch.tensor(keep, dtype=torch.long, device=self.device)
