@@ -4,7 +4,7 @@ import pytest
 import torch
 from conftest import char_tokenizer, run, tiny_llama
 
-from app.core import verify
+from app.core import sampling, verify
 from app.core.config import SamplingConfig
 from app.core.sampling import probs
 from app.drafts.lookup import PromptLookup
@@ -129,6 +129,51 @@ def test_one_round_rule_is_exact_for_fixed_p_and_q():
         v = verify.speculative_sampling([x], [-1], p, q, gen)
         counts[x if v.accepted else v.token] += 1
     assert (counts / counts.sum() - p[0]).abs().max() < 0.015
+
+
+def test_the_rule_on_the_device_emits_p_for_fixed_p_and_q():
+    """The rule with the picks still on the device (one read a round): the first two emitted tokens
+    are distributed as p's rows, not q's, and a broken residual (p instead of max(0, p - q)) is caught."""
+    p = torch.tensor([[0.5, 0.3, 0.15, 0.05], [0.1, 0.2, 0.3, 0.4], [0.25] * 4])
+    q = torch.tensor([[0.1, 0.2, 0.3, 0.4], [0.4, 0.3, 0.2, 0.1]])
+    exact = torch.outer(p[0], p[1])
+
+    def emitted(rule_q) -> torch.Tensor:
+        gen, counts = torch.Generator().manual_seed(0), torch.zeros(4, 4)
+        for _ in range(20000):
+            picks = torch.stack([sampling.race(q[i], sampling.fresh_noise(4, gen)) for i in range(2)])
+            tokens: list[int] = []
+            v = verify.speculative_sampling_on_device(tokens, p, rule_q, picks, gen)
+            out = tokens[: v.accepted] + [v.token]
+            assert v.judged == list(range(min(v.accepted + 1, 2))) and len(v.u) == len(v.judged)
+            if len(out) == 1:  # the second token comes from the next round: p's row 1 alone
+                out.append(int(torch.multinomial(p[1], 1, generator=gen)))
+            counts[out[0], out[1]] += 1
+        return counts / counts.sum()
+
+    assert (emitted(q) - exact).abs().max() < 0.012
+    broken = emitted(torch.zeros_like(q))  # the residual would be p itself: q's draws stay in
+    assert (broken - exact).abs().max() > 0.03
+
+
+def test_draft_model_sampling_on_the_fast_path_matches_the_target_distribution(small):
+    """A sampled chain whose draws stay on the device until the verdict (static caches, nothing
+    taught): the text has the target's distribution."""
+    from app.kv.static_cache import StaticCachePool, cache_length
+
+    tok, p_model, q_model = small
+    cfg = SETTINGS["temperature"]
+    prompt = tok("abba")["input_ids"]
+    pool = StaticCachePool(cache_length(len(prompt), 3))
+    counts: dict = {}
+    for seed in range(N):
+        ids, _ = run(
+            p_model, tok, prompt, ModelProposer(q_model, "q", pool), temperature=cfg.temperature, seed=seed, k=2,
+            k_policy="fixed", max_new_tokens=3, target_cache=pool, teach=False, display=False,
+        )  # fmt: skip
+        counts[tuple(ids)] = counts.get(tuple(ids), 0) + 1
+    exact = exact_distribution(p_model, prompt, cfg)
+    assert tv({s: c / N for s, c in counts.items()}, exact) < tv_bound(exact)
 
 
 def test_same_seed_repeats_exactly_and_other_seeds_differ(small):

@@ -293,6 +293,20 @@ def test_a_shared_noise_round_on_the_fast_path_reads_the_host_once(target, near_
     assert sum(len(r) for _, r in read_each) > sum(len(r) for _, r in per_round)
 
 
+def test_a_drawn_round_on_the_fast_path_reads_the_host_once(target, near_draft, tokenizer):
+    """Rejection sampling's draws, the draft's and the verdict's, are made on the device from the run's
+    generator there: a drafting round reads the host once. (Its distribution: test_sampling.py.)"""
+    from app.core.config import SamplingConfig
+
+    cfg = SamplingConfig(temperature=0.8, seed=11)
+    pool = StaticCachePool(cache_length(len(tokenizer(PROMPT)["input_ids"]), 40), graphs=True)
+    out, per_round = host_reads(target, tokenizer, PROMPT, ModelProposer(near_draft, "near", pool), pool, 40, True, cfg)
+    drafting = [reads for drafts, reads in per_round if drafts]
+    assert len(out) == 40 and len(drafting) >= 5 and all(r == ["tolist"] for r in drafting), per_round
+    _, read_each = host_reads(target, tokenizer, PROMPT, ModelProposer(near_draft, "near", pool), pool, 40, False, cfg)
+    assert all(len(r) > 1 for d, r in read_each if d), "read as drawn, each draw is a read"
+
+
 def test_fixed_width_passes_read_every_row_from_a_pass_of_that_width(target, tokenizer, monkeypatch):
     """With a fixed width, every pass whose logits a run reads is exactly that wide: the prompt's
     pass ends in one (its earlier tokens only fill the cache), a step and a verify are padded to it,

@@ -98,6 +98,8 @@ def test_the_target_command_trains_a_larger_head_on_a_gpu(monkeypatch, cuda):
     if not cuda:
         with pytest.raises(SystemExit, match="no CUDA device"):
             train.main(["--target", "smollm2", "--device", "cuda"])
+    with pytest.raises(SystemExit, match="--head-steps must be at least 1"):
+        train.main(["--target", "smollm2", "--device", "cpu", "--head-steps", "0"])
 
 
 def test_the_larger_held_out_code_suite_is_never_trained_on():

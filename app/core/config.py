@@ -44,10 +44,10 @@ class SamplingConfig:
 
     @property
     def picks_stay_on_device(self) -> bool:
-        """Whether a chain's picks may stay on the device until the verdict reads them: greedy's argmax
-        and shared noise's race take no draw from the run's generator, and without repetition rules
-        no pick needs the history before it."""
-        return (self.greedy or self.shared_noise) and not self.penalised
+        """Whether a chain's picks may stay on the device until the verdict reads them: without
+        repetition rules no pick needs the history before it (greedy takes the argmax, shared noise
+        races its keyed noise, rejection sampling draws with the run's generator there)."""
+        return not self.penalised
 
     @property
     def penalised(self) -> bool:

@@ -96,8 +96,11 @@ def generate(
         loop.lm.feature_layers = getattr(proposer, "feature_layers", ())
     if proposer is not None:
         proposer.begin(loop.ids, target.get_output_embeddings().weight.shape[0])
-        if hasattr(proposer, "picks_on_device"):  # a model draft or a head: its greedy picks may stay there
+        if hasattr(proposer, "picks_on_device"):  # a model draft or a head: its picks may stay there
             proposer.picks_on_device = loop.takes_picks_on_device()
+            if proposer.picks_on_device and loop.lm.device != loop.gen.device:
+                # rejection sampling then draws where the picks are, so no draw waits for a read
+                loop.gen = torch.Generator(device=loop.lm.device).manual_seed(sampling_cfg.seed)
     busy = 0.0  # this run's own clock: it stops while the consumer holds a yielded Step
     try:
         for rnd in range(1, run.max_new_tokens + 1):
@@ -147,7 +150,7 @@ class _Loop:
 
     def takes_picks_on_device(self) -> bool:
         """Whether verify can feed a chain's picks to the target on the device and read them with its
-        verdict: greedy or shared noise (no repetition rules, no teaching p(x)) on a cache that takes them."""
+        verdict: no repetition rules, no teaching p(x), on a cache that takes them."""
         assert self.lm is not None, "generate() sets the target's cache first"
         return self.lm.device_steps and self.cfg.picks_stay_on_device and not self.greedy_p
 
@@ -174,6 +177,10 @@ class _Loop:
         elif self.cfg.shared_noise:  # the race at absolute positions base.., read by the drafts too
             p = sampling.probs(p_logits, self.cfg)
             v = verify.shared_noise(tokens, parents, p, proposal.q, self.cfg.seed, base, pending=picks)
+        elif picks is not None:  # a drawn chain: its q rows are on the device with it
+            p = sampling.probs(p_logits, self.cfg)
+            assert proposal.q is not None, "a drawn chain has its q"
+            v = verify.speculative_sampling_on_device(tokens, p, proposal.q, picks, self.gen)
         else:
             p = sampling.probs(p_logits, self.cfg)
             q = proposal.q if proposal.q is not None else verify.one_hot_q(tokens, p.shape[-1], p.device)

@@ -139,6 +139,11 @@ def uniform(gen: torch.Generator) -> float:
     return float(torch.rand((), generator=gen, device=gen.device).item())
 
 
+def fresh_noise(width: int, gen: torch.Generator) -> torch.Tensor:
+    """(width,) Exp(1) draws from the run's generator, on its device: the race against them is a draw."""
+    return torch.empty(width, dtype=torch.float64, device=gen.device).exponential_(generator=gen)
+
+
 def race_noise(seed: int, position: int, width: int, device=None) -> torch.Tensor:
     """(width,) Exp(1) draws keyed by (seed, position) alone: the shared noise at one position.
 
@@ -147,7 +152,17 @@ def race_noise(seed: int, position: int, width: int, device=None) -> torch.Tenso
     The tensor may be shared with other readers: never change it in place.
     """
     e = _race_noise(seed, position, width)
-    return e if device is None else e.to(device)
+    return e if device is None else queued_copy(e, device)
+
+
+def queued_copy(t: torch.Tensor, device) -> torch.Tensor:
+    """A host tensor on `device`. A plain copy to a GPU waits for the work queued there; from pinned
+    memory it queues behind that work instead (the caching host allocator keeps the block until the
+    copy has read it), so a round's noise never costs it a wait."""
+    device = torch.device(device)
+    if device.type != "cuda" or t.device.type != "cpu":
+        return t.to(device)
+    return t.pin_memory().to(device, non_blocking=True)
 
 
 # A round's draft reads positions i..i+k-1 and its verify i..i+k: kept, each draw is made once.
@@ -175,8 +190,8 @@ def draw_distinct(q: torch.Tensor, m: int, gen: torch.Generator) -> tuple[list[i
     trick gives the same order), and the (m', V) distribution each was drawn from: q renormalised
     without the tokens before it. m' <= m where q has fewer tokens with mass."""
     m = min(m, int((q > 0).sum()))
-    gumbel = -torch.empty(q.shape, dtype=torch.float64).exponential_(generator=gen).log()
-    keys = q.double().cpu().log() + gumbel
+    gumbel = -torch.empty(q.shape, dtype=torch.float64, device=gen.device).exponential_(generator=gen).log()
+    keys = q.to(gen.device, torch.float64).log() + gumbel  # where the run's generator draws
     tokens = keys.topk(m).indices.tolist()
     rows, left = [], q.clone()
     for t in tokens:

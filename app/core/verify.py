@@ -163,6 +163,43 @@ def speculative_sampling(
     return Verdict(path, sampling.sample(r, gen), judged, p_j, q_j, a_j, judged_u, r)
 
 
+def speculative_sampling_on_device(
+    tokens: list[int], p: torch.Tensor, q: torch.Tensor, pending: torch.Tensor, gen: torch.Generator
+) -> Verdict:
+    """speculative_sampling for a chain whose n picks are still on the device (Proposal.pending), every
+    step of the rule made there, read back in one transfer into the empty `tokens`. p: (n + 1, V), q:
+    (n, V), both processed; gen on p's device.
+
+    The rule is the same: draft i is kept with probability min(1, p(x)/q(x)), the first rejected one
+    gives way to a draw from norm(max(0, p - q)), and after n accepts the bonus is drawn from p. The
+    generator gives n uniforms and one race each round, judged or not, so its draws are not
+    speculative_sampling's (which takes only the judged ones); the distribution is the same.
+    """
+    assert not tokens, "picks on the device fill an empty chain"
+    n = len(pending)
+    p, q = align(p, q)
+    x, rows = pending.to(p.device, torch.long), torch.arange(n, device=p.device)
+    p_t, q_t = p[rows, x].double(), q[rows, x].double()
+    a_t = torch.where(p_t == 0, 0.0, torch.where(p_t >= q_t, 1.0, p_t / q_t))
+    u_t = torch.rand(n, generator=gen, device=gen.device).to(p.device, torch.float64)
+    # the first rejected draft, or n after n accepts (argmax gives the first of equal values)
+    at = torch.cat([u_t >= a_t, torch.ones(1, dtype=torch.bool, device=p.device)]).int().argmax().view(1)
+    below = torch.cat([q, q.new_zeros(1, q.shape[-1])]).index_select(0, at)[0]  # no q after n accepts
+    p_at = p.index_select(0, at)[0]
+    rest = (p_at - below).clamp_min(0)
+    mass = rest.sum()
+    # zero mass: p == q there, where a rejection has probability 0
+    r = torch.where(mass > 0, rest / mass.clamp_min(torch.finfo(rest.dtype).tiny), p_at)
+    token = sampling.race(r, sampling.fresh_noise(r.shape[-1], gen)).view(1)
+    host = torch.cat([at.double(), token.double(), x.double(), p_t, q_t, a_t, u_t]).tolist()  # the one sync
+    accepted, pick = int(host[0]), int(host[1])
+    tokens += [int(t) for t in host[2 : 2 + n]]
+    p_x, q_x, accept, u = (host[2 + n * (i + 1) : 2 + n * (i + 2)] for i in range(4))
+    m = min(accepted + 1, n)
+    path, judged = list(range(accepted)), list(range(m))
+    return Verdict(path, pick, judged, p_x[:m], q_x[:m], accept[:m], u[:m], r)
+
+
 def shared_noise(
     tokens: list[int],
     parents: list[int],
@@ -181,9 +218,9 @@ def shared_noise(
     """
     n = len(tokens) if pending is None else len(pending)
     depth = [0, *depths(parents)]  # of each row of p
-    # One noise row a depth, moved to the device once; a tree's rows at one depth share it.
+    # One noise row a depth, a row of p each picking its depth's on the host, moved in one queued copy.
     by_depth = torch.stack([sampling.race_noise(seed, position + d, p.shape[-1]) for d in range(max(depth) + 1)])
-    noise = by_depth.to(p.device)[torch.tensor(depth, device=p.device)]
+    noise = sampling.queued_copy(by_depth[torch.tensor(depth)], p.device)
     winners = sampling.race(p, noise)
     if n:
         if pending is None:
@@ -192,7 +229,7 @@ def shared_noise(
             assert not tokens, "picks on the device fill an empty chain"
             x, rows = pending.to(p.device, torch.long), torch.arange(n, device=p.device)
         p_t = p[rows, x]
-        q_t = q.to(p.device)[torch.arange(n), x] if q is not None else torch.ones_like(p_t)
+        q_t = q.to(p.device)[torch.arange(n, device=p.device), x] if q is not None else torch.ones_like(p_t)
         read = [winners.double(), p_t.double(), q_t.double()] + ([] if pending is None else [x.double()])
         host = torch.cat(read).tolist()  # the one sync
         if pending is not None:

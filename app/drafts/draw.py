@@ -46,13 +46,17 @@ def draw(
 
 
 def pick_on_device(
-    logits: torch.Tensor, cfg: SamplingConfig, position: int
+    logits: torch.Tensor, cfg: SamplingConfig, position: int, gen: torch.Generator
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """draw()'s (token, q) where cfg.picks_stay_on_device, the token a 0-d tensor left on the device."""
+    """draw()'s (token, q) where cfg.picks_stay_on_device, the token a 0-d tensor left on the device.
+    A sampled pick is the exponential race against fresh noise from `gen` (on the logits' device):
+    a draw from q, as multinomial's one-sample path makes it, without its check that reads the host."""
     if cfg.greedy:
         return logits.argmax(), None
     q = sampling.probs(logits, cfg)
-    return sampling.race(q, sampling.race_noise(cfg.seed, position, q.shape[-1], q.device)), q
+    if cfg.shared_noise:
+        return sampling.race(q, sampling.race_noise(cfg.seed, position, q.shape[-1], q.device)), q
+    return sampling.race(q, sampling.fresh_noise(q.shape[-1], gen)), q
 
 
 def stacked(qs: list[torch.Tensor | None]) -> torch.Tensor | None:

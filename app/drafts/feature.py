@@ -36,8 +36,8 @@ class FeatureProposer:
 
     wants_features = True
     cache_factory: Callable[[Any], KVCache] | None = None  # the head keeps its own growing cache
-    # Set by the engine after begin() where it verifies a chain's picks (greedy or shared noise) on the
-    # device (engine.generate): the host then reads them once, with the verdict.
+    # Set by the engine after begin() where it verifies a chain's picks on the device
+    # (engine.generate): the host then reads them once, with the verdict.
     picks_on_device = False
     # The head's own cache: None, a growing one; on the fast path (runs.py) a static one of this many
     # pairs, its passes replayed as CUDA graphs (head_passes.py).
@@ -105,7 +105,7 @@ class FeatureProposer:
         self.read_feature = len(self.ids) - 2
         drafts, feature = self._drafts, predicted[-1]
         if self.picks_on_device and cfg.picks_stay_on_device:
-            return self._chain_on_device(feature, k, cfg)
+            return self._chain_on_device(feature, k, cfg, gen)
         for i in range(k):
             history = self.ids + drafts.chain
             x, q = self._draw(feature, history, cfg, gen)
@@ -114,13 +114,13 @@ class FeatureProposer:
                 feature = self._step([x], feature[None])[-1]
         return drafts.proposal(self.read_feature)
 
-    def _chain_on_device(self, feature: torch.Tensor, k: int, cfg: SamplingConfig) -> Proposal:
-        """A chain (greedy, or shared noise's race) whose every pick feeds the head's next step on the
+    def _chain_on_device(self, feature: torch.Tensor, k: int, cfg: SamplingConfig, gen: torch.Generator) -> Proposal:
+        """A chain (greedy, a race or a draw) whose every pick feeds the head's next step on the
         device: no step waits for the device, and the host reads the picks once, with the target's
         verdict (Proposal.pending)."""
         picks, qs = [], []
         for i in range(k):
-            pick, q = self._pick(feature, cfg, len(self.ids) + i)
+            pick, q = self._pick(feature, cfg, len(self.ids) + i, gen)
             picks.append(pick)
             qs.append(q)
             if i < k - 1:
@@ -130,13 +130,13 @@ class FeatureProposer:
         return self._pending
 
     def _pick(
-        self, feature: torch.Tensor, cfg: SamplingConfig, position: int
+        self, feature: torch.Tensor, cfg: SamplingConfig, position: int, gen: torch.Generator
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """_draw's (token, q) of a predicted feature, the token a 0-d tensor on the device, unread."""
         if cfg.greedy and self.vocab is not None:  # the subset's argmax: no full row
             assert self.w_sub is not None  # gathered with the draft vocabulary
             return self.vocab[self.head.score(self.head.readout(feature), self.w_sub).argmax()], None
-        return pick_on_device(self._logits(feature), cfg, position)
+        return pick_on_device(self._logits(feature), cfg, position, gen)
 
     def _propose_tree(self, k: int, nodes: int, cfg: SamplingConfig, gen: torch.Generator) -> Proposal:
         """EAGLE-2's tree: depth by depth, the budget of that depth (siblings_per_depth) goes to the

@@ -32,8 +32,8 @@ class ModelProposer:
     branches = True  # siblings beside its chain (draw.Branches)
 
     wants_features = False
-    # Set by the engine after begin() where it can verify a chain's picks (greedy or shared noise)
-    # without reading them first (engine.generate): the host then reads them once, with the verdict.
+    # Set by the engine after begin() where it can verify a chain's picks without
+    # reading them first (engine.generate): the host then reads them once, with the verdict.
     picks_on_device = False
 
     def __init__(
@@ -63,7 +63,7 @@ class ModelProposer:
             return Proposal([], None)
         logits = self.lm.extend(self.ids[self.lm.length :], keep=1)[-1]
         if self.picks_on_device and cfg.picks_stay_on_device and not nodes and self.lm.device_steps:
-            return self._chain_on_device(logits, k, cfg)
+            return self._chain_on_device(logits, k, cfg, gen)
         for i in range(k):
             history = self.ids + drafts.chain
             x, q = draw(logits[: self.vocab_size], history, cfg, gen)
@@ -72,13 +72,13 @@ class ModelProposer:
                 logits = self.lm.step(x)
         return drafts.proposal()
 
-    def _chain_on_device(self, logits: torch.Tensor, k: int, cfg: SamplingConfig) -> Proposal:
-        """A chain (greedy, or shared noise's race) whose every pick feeds the next step on the device:
+    def _chain_on_device(self, logits: torch.Tensor, k: int, cfg: SamplingConfig, gen: torch.Generator) -> Proposal:
+        """A chain (greedy, a race or a draw) whose every pick feeds the next step on the device:
         no step waits for the device, and the host reads the picks once, with the target's verdict
         (Proposal.pending)."""
         picks, qs = [], []
         for i in range(k):
-            pick, q = pick_on_device(logits[: self.vocab_size], cfg, len(self.ids) + i)
+            pick, q = pick_on_device(logits[: self.vocab_size], cfg, len(self.ids) + i, gen)
             picks.append(pick)
             qs.append(q)
             if i < k - 1:

@@ -35,7 +35,7 @@ class RollbackCache(abc.ABC):
     fed through the model, so tests can prove that rollback never re-prefills.
     """
 
-    device_steps = False  # whether step() takes a token still on the device (a draft's argmax, never read)
+    device_steps = False  # whether step() takes a token still on the device (a draft's pick, never read)
 
     def __init__(self, model: PreTrainedModel, feature_layers: tuple[int, ...] = ()):
         self.model = model

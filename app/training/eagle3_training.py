@@ -176,7 +176,7 @@ def build(source, tokenizer, work: Path, out: Path, args, command: str, log, mea
     special = [i for i in (tokenizer.eos_token_id, tokenizer.bos_token_id, tokenizer.pad_token_id) if i is not None]
     size = min(DRAFT_VOCAB, target.config.vocab_size)
     vocab = vocabulary(folder, size, target.config.vocab_size, special)
-    steps = args.head_steps or max(1, round(STEPS * args.scale))
+    steps = args.head_steps if args.head_steps is not None else max(1, round(STEPS * args.scale))
     head, info = train(target, folder, vocab, steps, args.seed, log, work)
     manifest = folder / "manifest.json"
     info |= dict(reads=args.target, command=command, scale=args.scale)

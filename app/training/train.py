@@ -376,6 +376,8 @@ def main(argv=None) -> dict:
             raise SystemExit(f"--device {args.device}: this torch build sees no CUDA device")
         if args.scale is None:
             args.scale = GPU_SCALE if device.type == "cuda" else 1.0
+        if args.head_steps is not None and args.head_steps < 1:
+            raise SystemExit(f"--head-steps must be at least 1, got {args.head_steps}")
         return train_drafts.main(args, command)
     args.scale = 1.0 if args.scale is None else args.scale
     random.seed(args.seed)

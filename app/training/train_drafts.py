@@ -370,7 +370,7 @@ def _feature_head(source, target, tokenizer, rows: list[Row], data: dict, args, 
     """Train the feature head, write it to OUT/draft-feature with its acceptance; returns its record."""
     special = [i for i in (tokenizer.eos_token_id, tokenizer.bos_token_id, tokenizer.pad_token_id) if i is not None]
     vocab = draft_vocabulary(rows, min(DRAFT_VOCAB, target.config.vocab_size), target.config.vocab_size, special)
-    steps = args.head_steps or max(1, round(HEAD_STEPS * args.scale))
+    steps = args.head_steps if args.head_steps is not None else max(1, round(HEAD_STEPS * args.scale))
     head, info = train_head(target, rows, vocab, steps, args.seed, log, work)
     info |= dict(data=data, reads=args.target, command=command, scale=args.scale, device=args.device)
     head.cpu()
