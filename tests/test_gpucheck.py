@@ -97,3 +97,34 @@ def test_gpucheck_gives_a_planted_bug_the_mismatch_verdict(monkeypatch):
     same, runs = map(int, row["speculative_as_plain"].split("/"))
     assert runs == 6 and same < runs  # bare, penalised and shared noise, at k = 4 and adaptive
     assert {m["verdict"] for m in row["mismatches"]} == {"mismatch"}
+
+
+def test_the_sync_count_counts_what_cudas_debug_mode_warns(monkeypatch):
+    """CUDA's sync debug mode warns at each host sync; on a CPU a stand-in warns at each read of a
+    value (.tolist, .item), so the count runs here: one a round under every rule on the graphs' cache."""
+    import warnings
+
+    import torch
+
+    from app.bench import gpucheck
+    from app.kv import static_cache
+
+    mode = {"on": False}
+    monkeypatch.setattr(torch.cuda, "set_sync_debug_mode", lambda m: mode.__setitem__("on", m == "warn"))
+    for name in ("tolist", "item"):
+        real = getattr(torch.Tensor, name)
+
+        def read(self, _real=real):
+            if mode["on"]:
+                warnings.warn("called a synchronizing CUDA operation", stacklevel=2)
+            return _real(self)
+
+        monkeypatch.setattr(torch.Tensor, name, read)
+    target = gpucheck.build("tiny-target", torch.device("cpu"), torch.float32)
+    tok = gpucheck.id_tokenizer(target.config.vocab_size)
+    prompt = list(range(3, 40))
+    pool = static_cache.StaticCachePool(static_cache.cache_length(len(prompt), 30), graphs=True)
+    syncs = gpucheck.round_syncs(gpucheck.self_pair(target, tok), prompt, 24, pool)
+    assert set(syncs) == set(gpucheck.RULES)
+    for rule in syncs.values():
+        assert rule["rounds"] >= 4 and rule["syncs"] == rule["rounds"], syncs

@@ -20,6 +20,7 @@ import json
 import statistics
 import sys
 import time
+import warnings
 from contextlib import contextmanager
 
 import torch
@@ -32,7 +33,7 @@ from app import models, request
 from app.bench import gpu_equality, progress
 from app.bench.gpu_equality import _reported
 from app.core import engine, knobs
-from app.core.config import RunConfig, SamplingConfig, Settings, SpecConfig, UserError
+from app.core.config import SHARED_NOISE, RunConfig, SamplingConfig, Settings, SpecConfig, UserError
 from app.drafts import model as model_draft
 from app.drafts.draft_spec import DraftSpec
 from app.kv import static_cache
@@ -189,6 +190,34 @@ def engine_run(pair: Pair, prompt: list[int], k: int, new_tokens: int, cache, sp
     )
 
 
+RULES = {
+    "greedy": SamplingConfig(),
+    "shared_noise": SamplingConfig(temperature=0.8, seed=1, rule=SHARED_NOISE),
+    "rejection": SamplingConfig(temperature=0.8, seed=1),
+}
+
+
+def round_syncs(pair: Pair, prompt: list[int], new_tokens: int, cache) -> dict:
+    """Host syncs a round under each sampling rule, the target drafting for itself at k = 4 on a CUDA
+    cache kind: CUDA's sync debug mode warns at each (a read, a plain copy to the GPU, a stream
+    wait). The fast path's promise is one a round, the verdict's; the prompt's first round adds its own."""
+    out = {}
+    for name, cfg in RULES.items():
+        settings = Settings(cfg, SpecConfig(k=4, k_policy="fixed"), RunConfig(new_tokens))
+        run = request.start(pair, prompt, settings, speculative=True, calibrated=False, caches=cache)
+        list(run.steps(display=False))  # the first run captures the graphs
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            torch.cuda.set_sync_debug_mode("warn")
+            try:
+                steps = list(run.steps(display=False))
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+        syncs = sum("synchroniz" in str(w.message) for w in caught)
+        out[name] = dict(rounds=len(steps), syncs=syncs, per_round=syncs / len(steps))
+    return out
+
+
 def _kind_times(target, draft, tok, prompt, ks, n, new_tokens, cache) -> dict:
     """Step times and engine runs with one cache kind (KINDS)."""
     t0 = time.perf_counter()
@@ -243,6 +272,13 @@ def check(
     # Whether the target's rows on fixed-width passes are the same bits wherever they sit (the exact
     # choice on the fast path, runs.py), at the widths k = 4 and 8 need.
     report["rows_exact"] = {str(w): _reported(static_cache.rows_exact, target, w) for w in (8, 16)}
+    if device.type == "cuda":  # the sync debug mode is CUDA's
+        syncs = {
+            name: _reported(round_syncs, self_pair(target, tok), prompt, new_tokens, kinds[name])
+            for name in ("eager", "graphs")
+        }
+        report["syncs_per_round"] = syncs
+        print(f"gpucheck: host syncs a round {json.dumps(syncs)}", file=sys.stderr)
     for name, cache in kinds.items():
         progress.say("gpucheck", f"timing the {name} cache ({list(kinds).index(name) + 1}/{len(kinds)})")
         report[name] = _reported(_kind_times, target, draft, tok, prompt, ks, n, new_tokens, cache)
