@@ -23,6 +23,6 @@ step() {  # name, seconds, gpucheck arguments...
 }
 step eq_fp32 90 --no-timing --dtype fp32 --compile off --equality-prompts 1
 step eq_bf16 90 --no-timing --compile off --equality-prompts 1
-step smollm2 60 --shapes smollm2 --no-equality --compile off --k 4 --steps 20
+step smollm2 90 --shapes smollm2 --no-equality --compile off --k 4 --steps 20
 step qwen 200 --no-equality --compile off --k 4 --steps 10
 nvidia-smi --query-gpu=memory.used,clocks.sm --format=csv
