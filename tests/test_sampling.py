@@ -132,28 +132,37 @@ def test_one_round_rule_is_exact_for_fixed_p_and_q():
 
 
 def test_the_rule_on_the_device_emits_p_for_fixed_p_and_q():
-    """The rule with the picks still on the device (one read a round): the first two emitted tokens
-    are distributed as p's rows, not q's, and a broken residual (p instead of max(0, p - q)) is caught."""
-    p = torch.tensor([[0.5, 0.3, 0.15, 0.05], [0.1, 0.2, 0.3, 0.4], [0.25] * 4])
-    q = torch.tensor([[0.1, 0.2, 0.3, 0.4], [0.4, 0.3, 0.2, 0.1]])
-    exact = torch.outer(p[0], p[1])
+    """The rule with the picks still on the device (one read a round): the three tokens a round of two
+    drafts can emit (the bonus too) are distributed as p's rows, not q's; a rule that keeps every
+    draft, or draws the bonus from the last draft's row, is caught."""
+    p = torch.tensor([[0.5, 0.3, 0.15, 0.05], [0.1, 0.2, 0.3, 0.4], [0.7, 0.1, 0.1, 0.1]])
+    far = torch.tensor([[0.1, 0.2, 0.3, 0.4], [0.4, 0.3, 0.2, 0.1]])
+    near = torch.tensor([[0.45, 0.3, 0.17, 0.08], [0.12, 0.2, 0.3, 0.38]])  # both kept most rounds
+    exact = p[0][:, None, None] * p[1][None, :, None] * p[2][None, None, :]
 
-    def emitted(rule_q) -> torch.Tensor:
-        gen, counts = torch.Generator().manual_seed(0), torch.zeros(4, 4)
+    def tv_from_exact(rule_p, rule_q, q) -> float:
+        gen, counts = torch.Generator().manual_seed(0), torch.zeros(4, 4, 4)
         for _ in range(20000):
             picks = torch.stack([sampling.race(q[i], sampling.fresh_noise(4, gen)) for i in range(2)])
             tokens: list[int] = []
-            v = verify.speculative_sampling_on_device(tokens, p, rule_q, picks, gen)
+            v = verify.speculative_sampling_on_device(tokens, rule_p, rule_q, picks, gen)
             out = tokens[: v.accepted] + [v.token]
             assert v.judged == list(range(min(v.accepted + 1, 2))) and len(v.u) == len(v.judged)
-            if len(out) == 1:  # the second token comes from the next round: p's row 1 alone
-                out.append(int(torch.multinomial(p[1], 1, generator=gen)))
-            counts[out[0], out[1]] += 1
-        return counts / counts.sum()
+            while len(out) < 3:  # later tokens come from later rounds: p's rows alone here
+                out.append(int(torch.multinomial(p[len(out)], 1, generator=gen)))
+            counts[tuple(out)] += 1
+        return float((counts / counts.sum() - exact).abs().sum() / 2)
 
-    assert (emitted(q) - exact).abs().max() < 0.012
-    broken = emitted(torch.zeros_like(q))  # the residual would be p itself: q's draws stay in
-    assert (broken - exact).abs().max() > 0.03
+    assert tv_from_exact(p, far, far) < 0.04 and tv_from_exact(p, near, near) < 0.04  # about 0.02
+    assert tv_from_exact(p, torch.zeros_like(far), far) > 0.2  # a = 1: every draft kept
+    assert tv_from_exact(torch.cat([p[:2], p[1:2]]), near, near) > 0.2  # the bonus from the row before
+
+
+def test_the_rule_on_the_device_refuses_nan_as_multinomial_does():
+    p = torch.tensor([[0.5, 0.5, 0.0], [float("nan"), 0.5, 0.5]])
+    q = torch.tensor([[0.2, 0.3, 0.5]])
+    with pytest.raises(RuntimeError, match="inf or nan"):
+        verify.speculative_sampling_on_device([], p, q, torch.tensor([0]), torch.Generator().manual_seed(0))
 
 
 def test_draft_model_sampling_on_the_fast_path_matches_the_target_distribution(small):

@@ -98,9 +98,11 @@ def generate(
         proposer.begin(loop.ids, target.get_output_embeddings().weight.shape[0])
         if hasattr(proposer, "picks_on_device"):  # a model draft or a head: its picks may stay there
             proposer.picks_on_device = loop.takes_picks_on_device()
-            if proposer.picks_on_device and loop.lm.device != loop.gen.device:
-                # rejection sampling then draws where the picks are, so no draw waits for a read
-                loop.gen = torch.Generator(device=loop.lm.device).manual_seed(sampling_cfg.seed)
+            if proposer.picks_on_device:  # a chain's draws are then made where its picks stay
+                same = loop.lm.device == loop.gen.device
+                loop.chain_gen = (
+                    loop.gen if same else torch.Generator(device=loop.lm.device).manual_seed(sampling_cfg.seed)
+                )
     busy = 0.0  # this run's own clock: it stops while the consumer holds a yielded Step
     try:
         for rnd in range(1, run.max_new_tokens + 1):
@@ -126,6 +128,10 @@ class _Loop:
         self.target, self.tokenizer, self.proposer = target, tokenizer, proposer
         self.cfg, self.run, self.policy, self.greedy_p = sampling_cfg, run, policy, greedy_p
         self.gen = torch.Generator().manual_seed(sampling_cfg.seed)
+        # Where a chain's picks stay on a GPU, rejection sampling draws them, and judges them, from a
+        # generator there; every other draw (a tree, a plain step) stays on this one, whose draws each
+        # read the host once, where a GPU generator's multinomial would read it three times.
+        self.chain_gen: torch.Generator | None = None
         # The target's window ends the run, as it ends plain decoding; a draft with a shorter window
         # only drafts less (down to plain steps), so the text stays the target's own.
         self.limit = getattr(target.config, "max_position_embeddings", None) or 1 << 20
@@ -180,7 +186,8 @@ class _Loop:
         elif picks is not None:  # a drawn chain: its q rows are on the device with it
             p = sampling.probs(p_logits, self.cfg)
             assert proposal.q is not None, "a drawn chain has its q"
-            v = verify.speculative_sampling_on_device(tokens, p, proposal.q, picks, self.gen)
+            assert self.chain_gen is not None, "picks on the device come with their generator"
+            v = verify.speculative_sampling_on_device(tokens, p, proposal.q, picks, self.chain_gen)
         else:
             p = sampling.probs(p_logits, self.cfg)
             q = proposal.q if proposal.q is not None else verify.one_hot_q(tokens, p.shape[-1], p.device)
@@ -205,7 +212,8 @@ class _Loop:
             if nodes and not self.branches:  # drafting a chain instead would be an option silently ignored
                 raise UserError(f"the {self.proposer.name} draft cannot branch: run it as a chain (tree 0)")
         # nodes: the policy's budget for this round (policy.TreeShape may change it round by round)
-        proposal = Proposal([], None) if self.proposer is None else self.proposer.propose(k, self.cfg, self.gen, nodes)
+        gen = self.chain_gen if self.chain_gen is not None and not nodes else self.gen
+        proposal = Proposal([], None) if self.proposer is None else self.proposer.propose(k, self.cfg, gen, nodes)
         _check_drafts(proposal.tokens, self.vocab)
         clock.drafted()
         v, p_logits, p, base = self._verify(proposal)

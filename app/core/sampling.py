@@ -9,6 +9,7 @@ from collections.abc import Sequence
 import torch
 from transformers import RepetitionPenaltyLogitsProcessor
 
+from app.core import transfer
 from app.core.config import K_MAX, SamplingConfig
 
 
@@ -152,17 +153,7 @@ def race_noise(seed: int, position: int, width: int, device=None) -> torch.Tenso
     The tensor may be shared with other readers: never change it in place.
     """
     e = _race_noise(seed, position, width)
-    return e if device is None else queued_copy(e, device)
-
-
-def queued_copy(t: torch.Tensor, device) -> torch.Tensor:
-    """A host tensor on `device`. A plain copy to a GPU waits for the work queued there; from pinned
-    memory it queues behind that work instead (the caching host allocator keeps the block until the
-    copy has read it), so a round's noise never costs it a wait."""
-    device = torch.device(device)
-    if device.type != "cuda" or t.device.type != "cpu":
-        return t.to(device)
-    return t.pin_memory().to(device, non_blocking=True)
+    return e if device is None else transfer.queued(e, device)  # a round's noise never waits
 
 
 # A round's draft reads positions i..i+k-1 and its verify i..i+k: kept, each draw is made once.

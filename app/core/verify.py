@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from app.core import sampling
+from app.core import sampling, transfer
 from app.core.tree_shape import children, depths
 
 # A proposal is a tree of drafts: node i holds token tokens[i] and hangs below node parents[i] (-1: below
@@ -182,8 +182,9 @@ def speculative_sampling_on_device(
     p_t, q_t = p[rows, x].double(), q[rows, x].double()
     a_t = torch.where(p_t == 0, 0.0, torch.where(p_t >= q_t, 1.0, p_t / q_t))
     u_t = torch.rand(n, generator=gen, device=gen.device).to(p.device, torch.float64)
-    # the first rejected draft, or n after n accepts (argmax gives the first of equal values)
-    at = torch.cat([u_t >= a_t, torch.ones(1, dtype=torch.bool, device=p.device)]).int().argmax().view(1)
+    # the first rejected draft, or n after n accepts (argmax gives the first of equal values); a NaN
+    # acceptance rejects, as the host rule's `u < a` does
+    at = torch.cat([~(u_t < a_t), torch.ones(1, dtype=torch.bool, device=p.device)]).int().argmax().view(1)
     below = torch.cat([q, q.new_zeros(1, q.shape[-1])]).index_select(0, at)[0]  # no q after n accepts
     p_at = p.index_select(0, at)[0]
     rest = (p_at - below).clamp_min(0)
@@ -191,7 +192,11 @@ def speculative_sampling_on_device(
     # zero mass: p == q there, where a rejection has probability 0
     r = torch.where(mass > 0, rest / mass.clamp_min(torch.finfo(rest.dtype).tiny), p_at)
     token = sampling.race(r, sampling.fresh_noise(r.shape[-1], gen)).view(1)
-    host = torch.cat([at.double(), token.double(), x.double(), p_t, q_t, a_t, u_t]).tolist()  # the one sync
+    # multinomial refuses NaN or inf probabilities on the host path; here the check rides the one read
+    finite = (torch.isfinite(p).all() & torch.isfinite(q).all()).double().view(1)
+    host = torch.cat([finite, at.double(), token.double(), x.double(), p_t, q_t, a_t, u_t]).tolist()  # the one sync
+    if not host.pop(0):
+        raise RuntimeError("probability tensor contains either inf or nan")
     accepted, pick = int(host[0]), int(host[1])
     tokens += [int(t) for t in host[2 : 2 + n]]
     p_x, q_x, accept, u = (host[2 + n * (i + 1) : 2 + n * (i + 2)] for i in range(4))
@@ -220,7 +225,7 @@ def shared_noise(
     depth = [0, *depths(parents)]  # of each row of p
     # One noise row a depth, a row of p each picking its depth's on the host, moved in one queued copy.
     by_depth = torch.stack([sampling.race_noise(seed, position + d, p.shape[-1]) for d in range(max(depth) + 1)])
-    noise = sampling.queued_copy(by_depth[torch.tensor(depth)], p.device)
+    noise = transfer.queued(by_depth[torch.tensor(depth)], p.device)
     winners = sampling.race(p, noise)
     if n:
         if pending is None:

@@ -28,7 +28,7 @@ from typing import cast
 import torch
 from transformers import PreTrainedModel, StaticCache
 
-from app.core import decoder_layers
+from app.core import decoder_layers, transfer
 from app.core.config import FAST_PATHS, K_MAX, TREE_MAX, UserError
 from app.kv import cuda_graphs
 from app.kv.cache import RollbackCache
@@ -201,7 +201,7 @@ class StaticRollbackCache(RollbackCache):
             # Pad to the bucket: the padding sits after the real tokens, so causal attention
             # keeps it out of their logits, and the pointer is moved back over it below.
             # Graph outputs are overwritten by the next replay: clone what is kept.
-            x = _with(torch.tensor([ids + ids[-1:] * (width - n)], dtype=torch.long, device=self.device), late)
+            x = _with(transfer.queued(torch.tensor([ids + ids[-1:] * (width - n)]), self.device), late)
             torch.compiler.cudagraph_mark_step_begin()
             out = self.forward(input_ids=x, cache=self.cache, use_cache=True, output_hidden_states=features)
             logits = out.logits[0, :n].clone()
@@ -211,7 +211,7 @@ class StaticRollbackCache(RollbackCache):
                 assert self.cache is not None, "the cache was given back (close)"
                 self.cache.crop(n - width)
         else:
-            x = _with(torch.tensor([ids], dtype=torch.long, device=self.device), late)
+            x = _with(transfer.queued(torch.tensor([ids]), self.device), late)
             out = self.model(
                 input_ids=x, cache=self.cache, use_cache=True, logits_to_keep=keep, output_hidden_states=features
             )
