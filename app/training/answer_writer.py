@@ -51,6 +51,7 @@ class _Row:
     generator: torch.Generator | None
     written: int = 0
     ending: bool = False  # its end-of-turn token is fed this step, for its features, and then it leaves
+    first: int = 0  # the mask's column of its first position: it reads every column from there on
 
 
 class FinalNorm:
@@ -235,12 +236,16 @@ class _Writer:
             for layer in self.cache.layers:
                 layer.extend_left(n - held)
             self.mask = torch.cat([self.mask.new_zeros(self.mask.shape[0], n - held), self.mask], dim=1)
+            for other in self.rows:
+                if other is not None:
+                    other.first += n - held
             held = n
         slot = self.rows.index(None)
         for layer, new in zip(self.cache.layers, alone.layers, strict=True):
             layer.place(slot, new.keys, new.values)
         self.mask[slot] = 0
         self.mask[slot, held - n :] = 1
+        row.first = held - n
         self.rows[slot] = row
 
     def _step(self) -> None:
@@ -317,12 +322,16 @@ class _Writer:
         self.rows = [self.rows[b] for b in keep]
 
     def _trim(self) -> None:
-        """Cut the leading positions that no row reads any more (every row's mask is 0 there)."""
-        if self.cache is None or not any(self.rows):
+        """Cut the leading positions that no row reads any more: before every live row's first (kept
+        on the host, so a step on a GPU reads the device once, for its picks)."""
+        live = [r for r in self.rows if r is not None]
+        if self.cache is None or not live:
             return
-        unread = int((self.mask.cumsum(dim=1) == 0).all(dim=0).sum())
+        unread = min(r.first for r in live)
         if unread < TRIM:
             return
         for layer in self.cache.layers:
             layer.trim(unread)
         self.mask = self.mask[:, unread:]
+        for r in live:
+            r.first -= unread
