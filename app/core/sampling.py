@@ -145,6 +145,12 @@ def fresh_noise(width: int, gen: torch.Generator) -> torch.Tensor:
     return torch.empty(width, dtype=torch.float64, device=gen.device).exponential_(generator=gen)
 
 
+def draw_unread(p: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+    """A token drawn from a (V,) p, as a 0-d tensor left on gen's device: multinomial's one-sample path
+    (the race against fresh noise) without its check that reads the host."""
+    return race(p, fresh_noise(p.shape[-1], gen))
+
+
 def race_noise(seed: int, position: int, width: int, device=None) -> torch.Tensor:
     """(width,) Exp(1) draws keyed by (seed, position) alone: the shared noise at one position.
 

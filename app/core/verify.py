@@ -191,7 +191,7 @@ def speculative_sampling_on_device(
     mass = rest.sum()
     # zero mass: p == q there, where a rejection has probability 0
     r = torch.where(mass > 0, rest / mass.clamp_min(torch.finfo(rest.dtype).tiny), p_at)
-    token = sampling.race(r, sampling.fresh_noise(r.shape[-1], gen)).view(1)
+    token = sampling.draw_unread(r, gen).view(1)
     # multinomial refuses NaN or inf probabilities on the host path; here the check rides the one read
     finite = (torch.isfinite(p).all() & torch.isfinite(q).all()).double().view(1)
     host = torch.cat([finite, at.double(), token.double(), x.double(), p_t, q_t, a_t, u_t]).tolist()  # the one sync

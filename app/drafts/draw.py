@@ -56,7 +56,7 @@ def pick_on_device(
     q = sampling.probs(logits, cfg)
     if cfg.shared_noise:
         return sampling.race(q, sampling.race_noise(cfg.seed, position, q.shape[-1], q.device)), q
-    return sampling.race(q, sampling.fresh_noise(q.shape[-1], gen)), q
+    return sampling.draw_unread(q, gen), q
 
 
 def stacked(qs: list[torch.Tensor | None]) -> torch.Tensor | None:
