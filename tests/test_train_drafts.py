@@ -2,6 +2,7 @@
 run adds, resuming, and the record it writes."""
 
 import itertools
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -83,6 +84,26 @@ def test_a_larger_scale_samples_more_of_the_targets_answers(tmp_path, monkeypatc
     target_text.build_rows(None, None, tmp_path, 0, scale, log=lambda r: None)
     written = sorted(p.name for p in tmp_path.glob("answers-sampled-*.pt"))
     assert written == [f"answers-sampled-{i}.pt" for i in range(sampled)]
+
+
+def test_a_phase_stopped_mid_write_is_written_again(tmp_path, monkeypatch):
+    """A build killed while it saves a phase leaves no file the next build would take for the phase."""
+    monkeypatch.setattr(target_text, "answer_rows", _fake_answers)
+    monkeypatch.setattr(target_text, "code_rows", lambda *a, **kw: [])
+    monkeypatch.setattr(target_text, "second_turns", lambda tok, todo, first, seed: [("chat", [])] * len(todo))
+    save = torch.save
+
+    def stopped(obj, path):
+        Path(path).write_bytes(b"PK")  # the start of a file, then the stop
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(torch, "save", stopped)
+    with pytest.raises(KeyboardInterrupt):
+        target_text.build_rows(None, None, tmp_path, 0, 1.0, log=lambda r: None)
+    assert not (tmp_path / "answers-greedy.pt").exists()
+    monkeypatch.setattr(torch, "save", save)
+    rows = target_text.build_rows(None, None, tmp_path, 0, 1.0, log=lambda r: None)
+    assert rows and (tmp_path / "answers-greedy.pt").is_file()
 
 
 @pytest.mark.parametrize("cuda", [False, True])

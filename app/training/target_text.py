@@ -144,7 +144,9 @@ def _phase(out: Path, name: str, make) -> list[Row]:
         return [Row(**r) for r in torch.load(path)]
     rows = make()
     out.mkdir(parents=True, exist_ok=True)
-    torch.save([r.__dict__ for r in rows], path)
+    # A stop mid-write must not leave a file the next build would read as the whole phase.
+    torch.save([r.__dict__ for r in rows], path.with_suffix(".tmp"))
+    path.with_suffix(".tmp").replace(path)
     return rows
 
 
