@@ -18,7 +18,7 @@ from tqdm import tqdm
 
 from app.models.precision import native_bf16
 from app.training import teacher_forcing
-from app.training.steps import TTT_DECAY, TTT_DEPTH, log_step, optimiser, soft_ce, unrolled, update
+from app.training.steps import TTT_DECAY, TTT_DEPTH, log_step, optimiser, soft_ce, unrolled, update, write_whole
 
 LR = 1e-3
 BATCH = 8  # rows a step
@@ -144,8 +144,7 @@ def _save(checkpoint: Path, settings: dict, step: int, head, opt, sched, spent: 
     """Write the checkpoint to resume at `step`: to a .tmp file first, so a stop mid-write keeps the last one."""
     state = dict(settings=settings, step=step, head=head.state_dict(), opt=opt.state_dict())
     state |= dict(sched=sched.state_dict(), seconds=spent + time.time() - start)
-    torch.save(state, checkpoint.with_suffix(".tmp"))
-    checkpoint.with_suffix(".tmp").replace(checkpoint)
+    write_whole(checkpoint, lambda tmp: torch.save(state, tmp))
 
 
 def _info(head, vocab: torch.Tensor, steps: int, spent: float, start: float, parts: dict) -> dict:

@@ -1,10 +1,12 @@
 """The training loop's shared parts: bf16 logits, greedy continuations, held-out loss, AdamW with warm-up
-and cosine decay, and one clipped update."""
+and cosine decay, one clipped update, and files (checkpoints, phases, shards) written whole."""
 
 from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -60,6 +62,14 @@ def update(module, opt, sched, loss: torch.Tensor) -> None:
     torch.nn.utils.clip_grad_norm_(module.parameters(), 1.0)
     opt.step()
     sched.step()
+
+
+def write_whole(path: Path, write: Callable[[Path], None]) -> None:
+    """`write` a file to a .tmp beside `path`, then rename it: a stop mid-write leaves the file that was
+    there, or none, never a part that a resumed run would read as the whole."""
+    tmp = path.with_suffix(".tmp")
+    write(tmp)
+    tmp.replace(path)
 
 
 def log_step(log, model: str, step: int, loss: torch.Tensor, parts: dict[str, float], start: float) -> None:

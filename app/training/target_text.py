@@ -16,6 +16,7 @@ from app.data import instructions
 from app.data.corpus import split_corpus, stdlib_files
 from app.training import answer_writer
 from app.training.answer_writer import FinalNorm
+from app.training.steps import write_whole
 
 TOP_K = 16  # the target's next-token distribution is kept as its 16 likeliest tokens, renormalised
 ANSWER_TOKENS = 224  # new tokens per answer (most answers end sooner, at the end-of-turn token)
@@ -144,9 +145,7 @@ def _phase(out: Path, name: str, make) -> list[Row]:
         return [Row(**r) for r in torch.load(path)]
     rows = make()
     out.mkdir(parents=True, exist_ok=True)
-    # A stop mid-write must not leave a file the next build would read as the whole phase.
-    torch.save([r.__dict__ for r in rows], path.with_suffix(".tmp"))
-    path.with_suffix(".tmp").replace(path)
+    write_whole(path, lambda tmp: torch.save([r.__dict__ for r in rows], tmp))
     return rows
 
 

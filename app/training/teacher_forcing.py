@@ -26,6 +26,7 @@ from safetensors.torch import load_file, save_file
 from app.core.config import UserError
 from app.core.decoder_layers import entering, fused_layers
 from app.data.corpus import HELD_OUT, HELD_OUT_PACKAGES, keep_package_file, package_closure, stdlib_files
+from app.training.steps import write_whole
 from app.training.target_text import TOP_K, lm_head_fp32, top_k_of
 
 ROW = 256  # tokens a row: the attention a head learns spans the contexts it drafts in
@@ -151,8 +152,7 @@ def _write(target, packed: torch.Tensor, out: Path, prefix: str, log) -> None:
         block = packed[first : first + SHARD_ROWS]
         parts = [label(target, block[i : i + BATCH], layers, head) for i in range(0, len(block), BATCH)]
         tensors = {k: torch.cat([p[k] for p in parts]).contiguous() for k in parts[0]}
-        save_file(tensors, str(path.with_suffix(".tmp")))
-        path.with_suffix(".tmp").replace(path)
+        write_whole(path, lambda tmp, tensors=tensors: save_file(tensors, str(tmp)))
         done = first + len(block)
         log({f"{prefix}_rows": done, "of": len(packed), "seconds": round(time.time() - start, 1)})
 

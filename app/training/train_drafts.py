@@ -23,7 +23,7 @@ from tqdm import tqdm
 from transformers import AutoModelForCausalLM, GenerationConfig, LlamaConfig, LlamaForCausalLM
 
 from app.models.precision import native_bf16
-from app.training.steps import TTT_DECAY, TTT_DEPTH, log_step, optimiser, soft_ce, unrolled, update
+from app.training.steps import TTT_DECAY, TTT_DEPTH, log_step, optimiser, soft_ce, unrolled, update, write_whole
 from app.training.target_text import (
     ANSWER_TOKENS,
     SAMPLE_TEMPERATURE,
@@ -146,8 +146,7 @@ def train_head(target, rows: list[Row], vocab: torch.Tensor, steps: int, seed: i
             state |= dict(sched=sched.state_dict(), gen=gen.get_state(), rng=torch.get_rng_state())
             if device.type == "cuda":  # the input noise is drawn on the GPU
                 state["cuda_rng"] = torch.cuda.get_rng_state(device)
-            torch.save(state, checkpoint.with_suffix(".tmp"))
-            checkpoint.with_suffix(".tmp").replace(checkpoint)
+            write_whole(checkpoint, lambda tmp, state=state: torch.save(state, tmp))
     head.eval()
     if checkpoint is not None:
         checkpoint.unlink(missing_ok=True)
