@@ -2,8 +2,9 @@
 
 Each batch is rows of text with the target's fused features and its top-k next tokens at every
 position. The loss is EAGLE-3's: soft cross-entropy of q against the target's top-k, at each depth of
-the training-time test (depth j reads depth j-1's own h, one position on, as drafting does), with no
-feature regression. A checkpoint every CHECKPOINT_EVERY steps lets a stopped run resume.
+the training-time test (depth j reads depth j-1's own h, one position on, as drafting does). On request
+(`--feature-regression`) EAGLE-1's feature regression joins it. A checkpoint every CHECKPOINT_EVERY
+steps lets a stopped run resume.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 from tqdm import tqdm
 
 from app.models.precision import native_bf16
@@ -27,6 +29,11 @@ CHECKPOINT_EVERY = 100
 STEPS = 4000  # about one pass over 4M teacher-forced positions; --scale multiplies it
 DRAFT_VOCAB = 8192
 CHAT_REPEATS = 3
+# (feature regression, token cross-entropy). EAGLE-3's own loss has no regression: h is free to be
+# whatever drafts best. With regression, what the head's LM head reads (readout(h)) is pulled onto the
+# target's last-layer feature at the position it drafts for, weighted as the EAGLE-1 head's loss is
+# (train_drafts.HEAD_WEIGHTS): that head, which keeps the term, accepts more here on equal answers.
+EAGLE3_WEIGHTS, REGRESSION_WEIGHTS = (0.0, 1.0), (1.0, 0.1)
 
 
 def vocabulary(folder: Path, size: int, vocab: int, always: list[int]) -> torch.Tensor:
@@ -59,28 +66,49 @@ def batches(folder: Path, batch: int, crop: int, gen: torch.Generator) -> Iterat
                 yield {k: v[pick][:, window] for k, v in shard.items()}
 
 
-def loss(head, embed, to_draft: torch.Tensor, b: dict, depth: int = TTT_DEPTH) -> tuple[torch.Tensor, dict]:
-    """EAGLE-3's loss on one batch: soft CE of q to the target's top-k at each depth, weighted
-    TTT_DECAY ** j; top1 is depth 0's agreement with the target's argmax, top1_deep the last depth's."""
+def loss(
+    head, embed, to_draft: torch.Tensor, b: dict, depth: int = TTT_DEPTH, loss_weights=EAGLE3_WEIGHTS
+) -> tuple[torch.Tensor, dict]:
+    """The loss on one batch, at each depth weighted TTT_DECAY ** j: soft CE of q to the target's top-k,
+    and with a regression weight, SmoothL1 of readout(h) to the target's next feature; top1 is depth 0's
+    agreement with the target's argmax, top1_deep the last depth's."""
     ids, fused = b["ids"].long(), b["fused"].float()
     top = to_draft[b["top_ids"][:, 1:].long()]  # target ids -> draft-vocabulary rows, -1 where absent
     top_logp = b["top_logp"][:, 1:].float()
+    w_reg, w_ce = loss_weights
     total, weights, parts = 0.0, 0.0, {}
     for j, h in enumerate(unrolled(head, embed(ids[:, 1:]).detach(), fused[:, :-1], depth)):
         valid = torch.ones(h.shape[:2], device=h.device)
         valid[:, :j] = 0  # depth j drafts from position j on
-        q_logits = head.lm_head(head.readout(h))
+        readout = head.readout(h)
+        q_logits = head.lm_head(readout)
         ce = soft_ce(q_logits, top, top_logp, valid)
         hit = ((q_logits.argmax(-1) == top[..., 0]).float() * valid).sum() / valid.sum()
-        total = total + TTT_DECAY**j * ce
+        term, step_parts = w_ce * ce, dict(ce=ce.item(), top1=hit.item())
+        if w_reg:
+            gap = F.smooth_l1_loss(readout.float(), b["features"][:, 1:].float(), reduction="none").mean(-1)
+            reg = (gap * valid).sum() / valid.sum()
+            term = term + w_reg * reg
+            step_parts["reg"] = reg.item()
+        total = total + TTT_DECAY**j * term
         weights += TTT_DECAY**j
-        parts |= dict(ce=ce.item(), top1=hit.item()) if j == 0 else dict(top1_deep=hit.item())
+        parts |= step_parts if j == 0 else dict(top1_deep=hit.item())
     return total / weights, parts
 
 
-def train(target, folder: Path, vocab: torch.Tensor, steps: int, seed: int, log, work: Path | None = None):
-    """An Eagle3Head for the target from the shards in `folder`; returns (head, info). With `work`, a
-    checkpoint is kept there and a run with the same settings resumes from it."""
+def train(
+    target,
+    folder: Path,
+    vocab: torch.Tensor,
+    steps: int,
+    seed: int,
+    log,
+    work: Path | None = None,
+    regression: bool = False,
+):
+    """An Eagle3Head for the target from the shards in `folder`, with EAGLE-1's feature regression if
+    `regression`; returns (head, info). With `work`, a checkpoint is kept there and a run with the
+    same settings resumes from it."""
     from app.drafts.eagle3_head import Eagle3Head
 
     torch.manual_seed(seed)
@@ -97,8 +125,10 @@ def train(target, folder: Path, vocab: torch.Tensor, steps: int, seed: int, log,
     to_draft[vocab] = torch.arange(len(vocab))
     opt, sched = optimiser(head, LR, steps, weight_decay=0.0)
     gen = torch.Generator().manual_seed(seed)
+    loss_weights = REGRESSION_WEIGHTS if regression else EAGLE3_WEIGHTS
     settings = dict(
         steps=steps,
+        loss_weights=list(loss_weights),
         depth=TTT_DEPTH,
         vocab=len(vocab),
         seed=seed,
@@ -113,7 +143,7 @@ def train(target, folder: Path, vocab: torch.Tensor, steps: int, seed: int, log,
     head.train()
     for step in tqdm(range(first, steps), desc="eagle-3 head", mininterval=10, initial=first, total=steps):
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=autocast):
-            value, parts = loss(head, embed, to_draft, next(data))
+            value, parts = loss(head, embed, to_draft, next(data), loss_weights=loss_weights)
         update(head, opt, sched, value)
         if step % 50 == 0 or step == steps - 1:
             log_step(log, "eagle-3 head", step, value, parts, start)
@@ -122,7 +152,7 @@ def train(target, folder: Path, vocab: torch.Tensor, steps: int, seed: int, log,
     head.eval()
     if checkpoint is not None:
         checkpoint.unlink(missing_ok=True)
-    return head, _info(head, vocab, steps, spent, start, parts)
+    return head, _info(head, vocab, steps, spent, start, parts) | dict(loss_weights=list(loss_weights))
 
 
 def _resume(checkpoint: Path | None, settings: dict, head, opt, sched, log) -> tuple[int, float]:
@@ -176,7 +206,7 @@ def build(source, tokenizer, work: Path, out: Path, args, command: str, log, mea
     size = min(DRAFT_VOCAB, target.config.vocab_size)
     vocab = vocabulary(folder, size, target.config.vocab_size, special)
     steps = args.head_steps if args.head_steps is not None else max(1, round(STEPS * args.scale))
-    head, info = train(target, folder, vocab, steps, args.seed, log, work)
+    head, info = train(target, folder, vocab, steps, args.seed, log, work, args.feature_regression)
     manifest = folder / "manifest.json"
     info |= dict(reads=args.target, command=command, scale=args.scale)
     info["data"] = json.loads(manifest.read_text()) if manifest.is_file() else None

@@ -229,7 +229,7 @@ def _add_member_args(ap: argparse.ArgumentParser) -> None:
         nargs="*",
         default=None,
         help="train only these members (distillation reads the saved target; with --target: draft-feature, "
-        "draft-small, teacher-data (the teacher-forced shards alone))",
+        "draft-small, teacher-data (the teacher-forced shards alone), draft-eagle3)",
     )
     ap.add_argument(
         "--target",
@@ -250,6 +250,13 @@ def _add_member_args(ap: argparse.ArgumentParser) -> None:
         default=None,
         help="with --target: the feature head's and EAGLE-3 head's optimiser steps, whatever --scale "
         "(default their own count times --scale; more data wants more steps than the scale gives on a CPU)",
+    )
+    ap.add_argument(
+        "--feature-regression",
+        action="store_true",
+        help="with --only eagle3: add EAGLE-1's feature regression to EAGLE-3's loss (what the head's LM "
+        "head reads, pulled onto the target's next last-layer feature; weights 1.0 and 0.1 as the "
+        "EAGLE-1 head's)",
     )
     ap.add_argument(
         "--work",
