@@ -20,7 +20,17 @@ from tqdm import tqdm
 
 from app.models.precision import native_bf16
 from app.training import teacher_forcing
-from app.training.steps import TTT_DECAY, TTT_DEPTH, log_step, optimiser, soft_ce, unrolled, update, write_whole
+from app.training.steps import (
+    EAGLE1_WEIGHTS,
+    TTT_DECAY,
+    TTT_DEPTH,
+    log_step,
+    optimiser,
+    soft_ce,
+    unrolled,
+    update,
+    write_whole,
+)
 
 LR = 1e-3
 BATCH = 8  # rows a step
@@ -31,9 +41,10 @@ DRAFT_VOCAB = 8192
 CHAT_REPEATS = 3
 # (feature regression, token cross-entropy). EAGLE-3's own loss has no regression: h is free to be
 # whatever drafts best. With regression, what the head's LM head reads (readout(h)) is pulled onto the
-# target's last-layer feature at the position it drafts for, weighted as the EAGLE-1 head's loss is
-# (train_drafts.HEAD_WEIGHTS): that head, which keeps the term, accepts more here on equal answers.
-EAGLE3_WEIGHTS, REGRESSION_WEIGHTS = (0.0, 1.0), (1.0, 0.1)
+# target's last-layer feature at the position it drafts for, weighted as the EAGLE-1 head's loss is.
+# On equal answers the EAGLE-1 head, which keeps the term, accepted more than this head without it;
+# the term is the difference under test.
+EAGLE3_WEIGHTS, REGRESSION_WEIGHTS = (0.0, 1.0), EAGLE1_WEIGHTS
 
 
 def vocabulary(folder: Path, size: int, vocab: int, always: list[int]) -> torch.Tensor:
@@ -67,7 +78,12 @@ def batches(folder: Path, batch: int, crop: int, gen: torch.Generator) -> Iterat
 
 
 def loss(
-    head, embed, to_draft: torch.Tensor, b: dict, depth: int = TTT_DEPTH, loss_weights=EAGLE3_WEIGHTS
+    head,
+    embed,
+    to_draft: torch.Tensor,
+    b: dict,
+    depth: int = TTT_DEPTH,
+    loss_weights: tuple[float, float] = EAGLE3_WEIGHTS,
 ) -> tuple[torch.Tensor, dict]:
     """The loss on one batch, at each depth weighted TTT_DECAY ** j: soft CE of q to the target's top-k,
     and with a regression weight, SmoothL1 of readout(h) to the target's next feature; top1 is depth 0's
@@ -80,13 +96,13 @@ def loss(
     for j, h in enumerate(unrolled(head, embed(ids[:, 1:]).detach(), fused[:, :-1], depth)):
         valid = torch.ones(h.shape[:2], device=h.device)
         valid[:, :j] = 0  # depth j drafts from position j on
-        readout = head.readout(h)
-        q_logits = head.lm_head(readout)
+        read = head.readout(h)
+        q_logits = head.lm_head(read)
         ce = soft_ce(q_logits, top, top_logp, valid)
         hit = ((q_logits.argmax(-1) == top[..., 0]).float() * valid).sum() / valid.sum()
         term, step_parts = w_ce * ce, dict(ce=ce.item(), top1=hit.item())
         if w_reg:
-            gap = F.smooth_l1_loss(readout.float(), b["features"][:, 1:].float(), reduction="none").mean(-1)
+            gap = F.smooth_l1_loss(read.float(), b["features"][:, 1:].float(), reduction="none").mean(-1)
             reg = (gap * valid).sum() / valid.sum()
             term = term + w_reg * reg
             step_parts["reg"] = reg.item()
@@ -116,13 +132,14 @@ def train(
     device = target.device
     # bf16 only where the CPU computes it natively or on a GPU: emulated on AVX-512, it is slower than fp32
     autocast = device.type == "cuda" or native_bf16()
-    head = Eagle3Head(target.config, vocab)
+    head = Eagle3Head(target.config, vocab).to(device)
     with torch.no_grad():  # q starts as the target's own LM head over the draft vocabulary
         head.lm_head.weight.copy_(target.get_output_embeddings().weight[vocab])
         head.body.norm.weight.copy_(target.model.norm.weight)
     embed = target.get_input_embeddings()
     to_draft = torch.full((target.config.vocab_size,), -1, dtype=torch.long)
     to_draft[vocab] = torch.arange(len(vocab))
+    to_draft = to_draft.to(device)
     opt, sched = optimiser(head, LR, steps, weight_decay=0.0)
     gen = torch.Generator().manual_seed(seed)
     loss_weights = REGRESSION_WEIGHTS if regression else EAGLE3_WEIGHTS
@@ -143,7 +160,8 @@ def train(
     head.train()
     for step in tqdm(range(first, steps), desc="eagle-3 head", mininterval=10, initial=first, total=steps):
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=autocast):
-            value, parts = loss(head, embed, to_draft, next(data), loss_weights=loss_weights)
+            b = {k: v.to(device) for k, v in next(data).items()}
+            value, parts = loss(head, embed, to_draft, b, loss_weights=loss_weights)
         update(head, opt, sched, value)
         if step % 50 == 0 or step == steps - 1:
             log_step(log, "eagle-3 head", step, value, parts, start)
@@ -152,7 +170,7 @@ def train(
     head.eval()
     if checkpoint is not None:
         checkpoint.unlink(missing_ok=True)
-    return head, _info(head, vocab, steps, spent, start, parts) | dict(loss_weights=list(loss_weights))
+    return head, _info(head, vocab, steps, spent, start, parts, loss_weights)
 
 
 def _resume(checkpoint: Path | None, settings: dict, head, opt, sched, log) -> tuple[int, float]:
@@ -167,6 +185,8 @@ def _resume(checkpoint: Path | None, settings: dict, head, opt, sched, log) -> t
             sched.load_state_dict(saved["sched"])
             first, spent = saved["step"], saved["seconds"]
             log(dict(model="eagle-3 head", resumed_at=first))
+        else:  # another run's (other steps, loss or shards): it is overwritten at the first checkpoint
+            log(dict(model="eagle-3 head", started_anew=True, checkpoint_of=saved["settings"]))
     return first, spent
 
 
@@ -177,7 +197,9 @@ def _save(checkpoint: Path, settings: dict, step: int, head, opt, sched, spent: 
     write_whole(checkpoint, lambda tmp: torch.save(state, tmp))
 
 
-def _info(head, vocab: torch.Tensor, steps: int, spent: float, start: float, parts: dict) -> dict:
+def _info(
+    head, vocab: torch.Tensor, steps: int, spent: float, start: float, parts: dict, loss_weights: tuple[float, float]
+) -> dict:
     """The training record written with the head: settings, seconds spent, size and the last step's losses."""
     return dict(
         steps=steps,
@@ -185,6 +207,7 @@ def _info(head, vocab: torch.Tensor, steps: int, spent: float, start: float, par
         batch=BATCH,
         crop=CROP,
         chat_repeats=CHAT_REPEATS,
+        loss_weights=list(loss_weights),
         ttt_depth=TTT_DEPTH,
         ttt_decay=TTT_DECAY,
         draft_vocab=len(vocab),
@@ -200,13 +223,15 @@ def build(source, tokenizer, work: Path, out: Path, args, command: str, log, mea
     out/draft-eagle3 in vLLM's EAGLE-3 layout with its training record and acceptance (`measure`)."""
     from transformers import AutoModelForCausalLM
 
-    target = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32, use_safetensors=True).eval()
+    target = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32, use_safetensors=True)
+    target = target.to(torch.device(args.device)).eval()
     folder = work / "teacher"
     special = [i for i in (tokenizer.eos_token_id, tokenizer.bos_token_id, tokenizer.pad_token_id) if i is not None]
     size = min(DRAFT_VOCAB, target.config.vocab_size)
     vocab = vocabulary(folder, size, target.config.vocab_size, special)
     steps = args.head_steps if args.head_steps is not None else max(1, round(STEPS * args.scale))
     head, info = train(target, folder, vocab, steps, args.seed, log, work, args.feature_regression)
+    head = head.cpu()  # written, and measured, from the host
     manifest = folder / "manifest.json"
     info |= dict(reads=args.target, command=command, scale=args.scale)
     info["data"] = json.loads(manifest.read_text()) if manifest.is_file() else None

@@ -82,6 +82,9 @@ def log_step(log, model: str, step: int, loss: torch.Tensor, parts: dict[str, fl
 # what drafting shows it (the target's features up to the round's start, its own ones after), so it
 # learns to draft deep and not only the first token. Depth j's loss weighs TTT_DECAY ** j.
 TTT_DEPTH, TTT_DECAY = 3, 0.8
+# (feature regression, token cross-entropy): EAGLE-1's weights, the EAGLE-1 head's loss and, on
+# request, the EAGLE-3 head's.
+EAGLE1_WEIGHTS = (1.0, 0.1)
 
 
 def soft_ce(q_logits: torch.Tensor, top_ids: torch.Tensor, top_logp: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:

@@ -23,7 +23,17 @@ from tqdm import tqdm
 from transformers import AutoModelForCausalLM, GenerationConfig, LlamaConfig, LlamaForCausalLM
 
 from app.models.precision import native_bf16
-from app.training.steps import TTT_DECAY, TTT_DEPTH, log_step, optimiser, soft_ce, unrolled, update, write_whole
+from app.training.steps import (
+    EAGLE1_WEIGHTS,
+    TTT_DECAY,
+    TTT_DEPTH,
+    log_step,
+    optimiser,
+    soft_ce,
+    unrolled,
+    update,
+    write_whole,
+)
 from app.training.target_text import (
     ANSWER_TOKENS,
     SAMPLE_TEMPERATURE,
@@ -36,7 +46,7 @@ from app.training.target_text import (
 
 DRAFT_VOCAB = 8192  # the feature head drafts among the target's most frequent tokens only
 HEAD_STEPS, HEAD_LR, HEAD_BATCH = 2000, 1e-3, 8
-HEAD_WEIGHTS = (1.0, 0.1)  # (feature regression, token cross-entropy), EAGLE-1's weights
+HEAD_WEIGHTS = EAGLE1_WEIGHTS
 HEAD_NOISE = 0.1  # uniform noise on input features, in units of their standard deviation
 TEACHER_TOKENS = 4_000_000  # teacher-forced positions (teacher_forcing.py), beside the target's answers
 CHECKPOINT_EVERY = 100  # head steps between checkpoints in the work folder (a stopped run resumes there)
