@@ -134,3 +134,25 @@ def test_the_export_names_vllms_eagle3_method_for_an_eagle3_head(trained):
     exported = vllm(models.TINY_TARGET, info("eagle:" + str(folder / "head")), FIXED, GREEDY)
     want = {"method": "eagle3", "model": str(folder / "head"), "num_speculative_tokens": 5}
     assert spec_config(exported.argv) == want
+
+
+def test_an_eagle3_head_drafts_in_int8_beside_an_int8_target_and_the_output_is_the_targets(trained):
+    """In the exact int8 precision the head's projections and draft scores run in int8 (its fp32
+    steps cost several times theirs); the target's verification keeps the output plain decoding's."""
+    from app.models import exact, int8_kernel
+
+    if int8_kernel.module() is None:
+        pytest.skip(f"the int8 kernel does not run here: {int8_kernel.why()}")
+    _, folder = trained
+    pair = models.load_pair(models.TINY_TARGET, "eagle:" + str(folder / "head"), dtype="int8")
+    head = pair.draft.head
+    attention = head.body.layers[0].layer.self_attn
+    assert isinstance(head.fc, exact.Int8Linear) and isinstance(attention.q_proj, exact.Int8Linear)
+    assert isinstance(head.rows_linear, exact.Int8Linear) and head.specdec_precision == exact.NAME
+    accepted = 0
+    for prompt in PROMPTS:
+        proposer = pair.proposer(models.SpecConfig())
+        spec, steps = run(pair.target, pair.tokenizer, prompt, proposer, k=4, k_policy="fixed", max_new_tokens=32)
+        assert spec == run(pair.target, pair.tokenizer, prompt, None, max_new_tokens=32)[0]
+        accepted += sum(s.accepted for s in steps)
+    assert accepted > 0, "the int8 head is right sometimes"

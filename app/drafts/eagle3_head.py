@@ -85,6 +85,7 @@ class Eagle3Head(nn.Module):
         # The draft vocabulary (sorted target ids) and the head's own LM head over it.
         self.draft_vocab = vocab.long()
         self.lm_head = nn.Linear(hidden, len(vocab), bias=False)
+        self.rows_linear: nn.Module | None = None  # the scores in int8 (exact_model.convert_head)
 
     def draft_rows(self, lm_head: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
         """(ids, LM-head rows) of the draft vocabulary: the head's own LM head, not the target's."""
@@ -96,6 +97,8 @@ class Eagle3Head(nn.Module):
 
     def score(self, readout: torch.Tensor, w_sub: torch.Tensor) -> torch.Tensor:
         """(..., len(draft_vocab)) logits over the draft vocabulary (feature_head.FeatureHead.score's call)."""
+        if self.rows_linear is not None:
+            return self.rows_linear(readout)
         return torch.nn.functional.linear(readout, w_sub)
 
     def new_cache(self) -> DynamicCache:
