@@ -25,7 +25,7 @@ from transformers import AutoModel, DynamicCache, PreTrainedModel
 
 from app.core.config import UserError
 from app.core.decoder_layers import fused_layers
-from app.drafts.feature_head import HEAD_FIELDS, SUPPORTED, through_head
+from app.drafts.feature_head import HEAD_FIELDS, SUPPORTED, FeatureHead, through_head
 from app.kv import growing_cache
 
 ARCHITECTURE = "LlamaForCausalLMEagle3"  # vLLM's name for this layout
@@ -95,11 +95,7 @@ class Eagle3Head(nn.Module):
         """What the head's LM head reads: its final norm of h."""
         return self.body.norm(h)
 
-    def score(self, readout: torch.Tensor, w_sub: torch.Tensor) -> torch.Tensor:
-        """(..., len(draft_vocab)) logits over the draft vocabulary (feature_head.FeatureHead.score's call)."""
-        if self.rows_linear is not None:
-            return self.rows_linear(readout)
-        return torch.nn.functional.linear(readout, w_sub)
+    score = FeatureHead.score  # the draft vocabulary's logits, in int8 where rows_linear is set
 
     def new_cache(self) -> DynamicCache:
         return growing_cache.new_cache(self.config)

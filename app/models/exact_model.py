@@ -5,7 +5,6 @@ an fp32 causal LM and of its EAGLE-1 head, the decoder layers that run as two ke
 from __future__ import annotations
 
 import copy
-from typing import cast
 
 import torch
 from torch import nn
@@ -206,22 +205,25 @@ def _exact_layer(layer: nn.Module, config) -> nn.Module:
 
 
 def convert_head(head: nn.Module, target: nn.Module) -> nn.Module:
-    """An EAGLE-1 feature head for a target in this precision, in the same kernels: its fusion layer,
-    decoder layer and draft-vocabulary scores in int8. Its proposals may then differ from the fp32
-    head's by rounding, which moves α only: the target's verification decides the output. Where the
-    kernel does not run, the head stays as it is (its fp32 passes are then the faster)."""
+    """A feature head for a target in this precision, in the same kernels: an EAGLE-1 head's fusion
+    layer and decoder layer as the kernel's whole layers, an EAGLE-3 head's projections one by one,
+    and either's draft-vocabulary scores in int8. Its proposals may then differ from the fp32 head's
+    by rounding, which moves α only: the target's verification decides the output. Where the kernel
+    does not run, the head stays as it is (its fp32 passes are then the faster)."""
     from app.drafts.eagle3_head import Eagle3Head
     from app.drafts.feature_head import FeatureHead
 
-    if int8_kernel.module() is not None and type(head) is Eagle3Head:
-        return _convert_eagle3(head)
-    # EAGLE-1's own layout only: an EAGLE-3 head's layer reads its inputs through norms of its own
-    if int8_kernel.module() is None or type(head) is not FeatureHead or not supports_layers(head.body.layers):
+    if int8_kernel.module() is None:
         return head
-    body = head.body
-    head.fc = exact.Int8Linear.of(head.fc)
-    head.config._attn_implementation = body.config._attn_implementation = exact.ATTENTION
-    body.layers = nn.ModuleList(_exact_layer(layer, head.config) for layer in body.layers)
+    if type(head) is Eagle3Head:
+        _int8_projections(head)
+    elif type(head) is FeatureHead and supports_layers(head.body.layers):
+        body = head.body
+        head.fc = exact.Int8Linear.of(head.fc)
+        head.config._attn_implementation = body.config._attn_implementation = exact.ATTENTION
+        body.layers = nn.ModuleList(_exact_layer(layer, head.config) for layer in body.layers)
+    else:
+        return head
     rows = head.draft_rows(target.get_output_embeddings())
     if rows is not None:
         head.rows_linear = exact.Int8Linear(rows[1])
@@ -229,19 +231,15 @@ def convert_head(head: nn.Module, target: nn.Module) -> nn.Module:
     return head
 
 
-def _convert_eagle3(head: nn.Module) -> nn.Module:
-    """An EAGLE-3 head with its projections in int8 one by one. Its fused layer reads the embedding and
-    g through norms of its own, which the kernel's whole-layer path does not; int8 projections still
+def _int8_projections(head: nn.Module) -> None:
+    """An EAGLE-3 head's linear layers in int8, one by one: its fused layer reads the embedding and g
+    through norms of its own, which the kernel's whole-layer path does not, and int8 projections still
     take most of the fp32 step's cost (SmolLM2's head: 3.0 against 0.5 ms a drafted step on a 2-core
-    AMD EPYC). The LM head keeps its float rows, which drafting gathers; its scores run in int8."""
-    lm_head = cast(nn.Linear, head.lm_head)
+    AMD EPYC). Its own LM head keeps the float rows that drafting gathers (draft_rows)."""
     for module in list(head.modules()):
         for name, child in list(module.named_children()):
-            if type(child) is nn.Linear and child is not lm_head:
+            if type(child) is nn.Linear and child is not head.lm_head:
                 setattr(module, name, exact.Int8Linear.of(child))
-    head.rows_linear = exact.Int8Linear(lm_head.weight)
-    head.specdec_precision = exact.NAME
-    return head
 
 
 def parameter_count(model: nn.Module) -> int:

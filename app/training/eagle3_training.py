@@ -44,7 +44,7 @@ CHAT_REPEATS = 3
 # target's last-layer feature at the position it drafts for, weighted as the EAGLE-1 head's loss is.
 # On equal answers the EAGLE-1 head, which keeps the term, accepted more than this head without it;
 # the term is the difference under test.
-EAGLE3_WEIGHTS, REGRESSION_WEIGHTS = (0.0, 1.0), EAGLE1_WEIGHTS
+EAGLE3_WEIGHTS = (0.0, 1.0)
 
 
 def vocabulary(folder: Path, size: int, vocab: int, always: list[int]) -> torch.Tensor:
@@ -142,7 +142,7 @@ def train(
     to_draft = to_draft.to(device)
     opt, sched = optimiser(head, LR, steps, weight_decay=0.0)
     gen = torch.Generator().manual_seed(seed)
-    loss_weights = REGRESSION_WEIGHTS if regression else EAGLE3_WEIGHTS
+    loss_weights = EAGLE1_WEIGHTS if regression else EAGLE3_WEIGHTS
     settings = dict(
         steps=steps,
         loss_weights=list(loss_weights),

@@ -46,7 +46,6 @@ from app.training.target_text import (
 
 DRAFT_VOCAB = 8192  # the feature head drafts among the target's most frequent tokens only
 HEAD_STEPS, HEAD_LR, HEAD_BATCH = 2000, 1e-3, 8
-HEAD_WEIGHTS = EAGLE1_WEIGHTS
 HEAD_NOISE = 0.1  # uniform noise on input features, in units of their standard deviation
 TEACHER_TOKENS = 4_000_000  # teacher-forced positions (teacher_forcing.py), beside the target's answers
 CHECKPOINT_EVERY = 100  # head steps between checkpoints in the work folder (a stopped run resumes there)
@@ -103,7 +102,7 @@ def head_loss(head, embed, w_sub, to_draft, b, noise_scale: float, depth: int = 
     valid = mask[:, 1:] * mask[:, :-1]
     inputs = f[:, :-1] + (torch.rand_like(f[:, :-1]) * 2 - 1) * noise_scale
     top = to_draft[b["top_ids"][:, 1:]]  # target ids -> draft-vocabulary rows, -1 where absent
-    w_reg, w_ce = HEAD_WEIGHTS
+    w_reg, w_ce = EAGLE1_WEIGHTS
     total, weights, parts = 0.0, 0.0, {}
     for j, pred in enumerate(unrolled(head, embed(ids[:, 1:]).detach(), inputs, depth)):
         v = valid.clone()
@@ -186,7 +185,7 @@ def _head_info(head, vocab: torch.Tensor, steps: int, spent: float, start: float
         steps=steps,
         lr=HEAD_LR,
         batch=HEAD_BATCH,
-        loss_weights=HEAD_WEIGHTS,
+        loss_weights=EAGLE1_WEIGHTS,
         noise=HEAD_NOISE,
         ttt_depth=TTT_DEPTH,
         ttt_decay=TTT_DECAY,
