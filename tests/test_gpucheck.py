@@ -101,7 +101,9 @@ def test_gpucheck_gives_a_planted_bug_the_mismatch_verdict(monkeypatch):
 
 def test_the_sync_count_counts_what_cudas_debug_mode_warns(monkeypatch):
     """CUDA's sync debug mode warns at each host sync; on a CPU a stand-in warns at each read of a
-    value (.tolist, .item), so the count runs here: one a round under every rule on the graphs' cache."""
+    value (.tolist, .item) and at each host number written into a float tensor (on CUDA a copy from
+    pageable memory; the round's float tensors are the device's, its host buffers hold ids), so the
+    count runs here: one a round under every rule on the graphs' cache."""
     import warnings
 
     import torch
@@ -120,6 +122,14 @@ def test_the_sync_count_counts_what_cudas_debug_mode_warns(monkeypatch):
             return _real(self)
 
         monkeypatch.setattr(torch.Tensor, name, read)
+    real_set = torch.Tensor.__setitem__
+
+    def write(self, index, value):
+        if mode["on"] and self.is_floating_point() and not isinstance(value, torch.Tensor):
+            warnings.warn("called a synchronizing CUDA operation", stacklevel=2)
+        return real_set(self, index, value)
+
+    monkeypatch.setattr(torch.Tensor, "__setitem__", write)
     target = gpucheck.build("tiny-target", torch.device("cpu"), torch.float32)
     tok = gpucheck.id_tokenizer(target.config.vocab_size)
     prompt = list(range(3, 40))

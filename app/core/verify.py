@@ -103,9 +103,11 @@ def greedy(
     else:
         best, p_of = argmax.tolist(), [None] * n
     path, judged, ok = _follow(tokens, parents, best)
-    pick = best[path[-1] + 1 if path else 0]
-    residual = torch.zeros(logits.shape[-1], device=logits.device)
-    residual[pick] = 1.0
+    row = path[-1] + 1 if path else 0
+    pick = best[row]
+    # The one-hot from the argmax still on the device: a host number written into a device tensor is a
+    # copy from pageable memory, which would be a second sync a round.
+    residual = torch.zeros(logits.shape[-1], device=logits.device).index_fill_(0, argmax[row].view(1), 1.0)
     m = len(judged)
     return Verdict(path, pick, judged, [p_of[j] for j in judged], [1.0] * m, ok, [None] * m, residual)
 
