@@ -35,6 +35,11 @@ def test_gpucheck_reports_every_figure_on_cpu(capsys):
     assert err.index("timing the static_eager cache (2/3)") < err.index("gpucheck: static_eager done")
     assert doc["compiled"].startswith("skipped")  # CUDA only unless forced
     assert set(doc["rows_exact"]) == {"8", "16"} and all(isinstance(v, bool) for v in doc["rows_exact"].values())
+    # Operators a step: the same per layer, so the 4-layer target's exceed the 2-layer draft's by
+    # twice a layer's, and a layer has at least its 7 projections.
+    ops, layers = doc["ops_a_step"], {"tiny-target": 4, "tiny-draft": 2}
+    per_layer = (ops["tiny-target"] - ops["tiny-draft"]) / 2
+    assert set(ops) == set(layers) and per_layer >= 7 and ops["tiny-draft"] > 2 * per_layer
     for kind in ("eager", "static_eager", "graphs"):
         times = doc[kind]
         assert times["target"]["step_ms"] > 0 and set(times["target"]["verify_ms"]) == {"1", "4"}

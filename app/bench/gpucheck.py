@@ -26,6 +26,7 @@ from contextlib import contextmanager
 import torch
 from tokenizers import Tokenizer, pre_tokenizers
 from tokenizers.models import WordLevel
+from torch.utils._python_dispatch import TorchDispatchMode
 from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast, Qwen2Config
 
 from app import args as generation_args
@@ -117,6 +118,33 @@ def step_times(model, context: list[int], ks: list[int], n: int, cache) -> dict:
     out = {"step_ms": _median_ms(width(1), n, lm.device)}
     out["verify_ms"] = {str(k): _median_ms(width(k + 1), n, lm.device) for k in ks}
     return out
+
+
+class _OpCount(TorchDispatchMode):
+    """Counts the operators a pass dispatches, views aside: each is a kernel launch on a GPU."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops += not func.is_view
+        return func(*args, **(kwargs or {}))
+
+
+@torch.inference_mode()
+def ops_a_step(model, context: list[int], max_len: int) -> int:
+    """Operators in one plain step on the static cache: the eager pass a CUDA graph captures. A graph
+    replays each as a kernel, and a small one costs a few microseconds however few bytes it moves, so
+    this count, not the weights' size, sets a small model's step on a GPU."""
+    lm = static_cache.StaticRollbackCache(model, max_len)
+    try:
+        lm.extend(context, keep=1)
+        with _OpCount() as count:
+            lm.step(context[-1])
+    finally:
+        lm.close()
+    return count.ops
 
 
 def self_pair(target, tok) -> Pair:
@@ -272,6 +300,8 @@ def check(
     # Whether the target's rows on fixed-width passes are the same bits wherever they sit (the exact
     # choice on the fast path, runs.py), at the widths k = 4 and 8 need.
     report["rows_exact"] = {str(w): _reported(static_cache.rows_exact, target, w) for w in (8, 16)}
+    models_built = {target_shape: target, draft_shape: draft}
+    report["ops_a_step"] = {name: ops_a_step(lm, prompt, max_len) for name, lm in models_built.items()}
     if device.type == "cuda":  # the sync debug mode is CUDA's
         syncs = {  # a few rounds a rule is enough to count by
             name: _reported(round_syncs, self_pair(target, tok), prompt, min(new_tokens, 32), kinds[name])
