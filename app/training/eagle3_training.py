@@ -238,7 +238,7 @@ def build(source, tokenizer, work: Path, out: Path, args, command: str, log, mea
     info["trained_on"] = teacher_forcing.built(folder)  # positions by kind: a build may have stopped early
     dest = out / "draft-eagle3"
     head.save(dest, info)
-    info["acceptance"] = measure(source, dest, args.scale)
+    info["acceptance"] = measure(source, dest, args.scale, args.device)  # on --device, as the steps ran
     head.save(dest, info)
     log(dict(model="eagle-3 head", acceptance=info["acceptance"]))
     return info
