@@ -67,8 +67,8 @@ def align(p: torch.Tensor, q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]
 def one_hot_q(drafts: list[int], width: int, device) -> torch.Tensor:
     """q for a draft source with no distribution: all mass on the proposed token."""
     q = torch.zeros(len(drafts), width, device=device)
-    if drafts:
-        q[torch.arange(len(drafts)), torch.tensor(drafts)] = 1.0
+    if drafts:  # a queued copy of the ids: a plain one from the host would be a sync of its own
+        q.scatter_(1, transfer.queued(torch.tensor(drafts)[:, None], device), 1.0)
     return q
 
 
@@ -254,8 +254,8 @@ def shared_noise(
 
 def _index(tokens: list[int], parents: list[int], device) -> tuple[torch.Tensor, torch.Tensor]:
     """(n,) each node's token and (n,) the row of p it is judged at: its parent's, one past it."""
-    x = torch.tensor(tokens, dtype=torch.long, device=device)
-    return x, torch.tensor(parents, dtype=torch.long, device=device) + 1
+    both = transfer.queued(torch.tensor([tokens, parents], dtype=torch.long), device)  # one queued copy
+    return both[0], both[1] + 1
 
 
 def _follow(tokens: list[int], parents: list[int], best: list[int]) -> tuple[list[int], list[int], list[float]]:
