@@ -107,8 +107,9 @@ def test_gpucheck_gives_a_planted_bug_the_mismatch_verdict(monkeypatch):
 def test_the_sync_count_counts_what_cudas_debug_mode_warns(monkeypatch):
     """CUDA's sync debug mode warns at each host sync; on a CPU a stand-in warns at each read of a
     value (.tolist, .item) and at each host number written into a float tensor (on CUDA a copy from
-    pageable memory; the round's float tensors are the device's, its host buffers hold ids), so the
-    count runs here: one a round under every rule on the graphs' cache."""
+    pageable memory; on this path the round's float tensors are the device's, its host buffers hold ids;
+    host float tensors elsewhere would be flagged too), so the count runs here: one a round under every
+    rule on the graphs' cache."""
     import warnings
 
     import torch

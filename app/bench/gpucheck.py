@@ -121,7 +121,7 @@ def step_times(model, context: list[int], ks: list[int], n: int, cache) -> dict:
 
 
 class _OpCount(TorchDispatchMode):
-    """Counts the operators a pass dispatches, views aside: each is a kernel launch on a GPU."""
+    """Counts the operators a pass dispatches, views aside: about the kernels a GPU launches for it."""
 
     def __init__(self):
         super().__init__()
@@ -301,7 +301,7 @@ def check(
     # choice on the fast path, runs.py), at the widths k = 4 and 8 need.
     report["rows_exact"] = {str(w): _reported(static_cache.rows_exact, target, w) for w in (8, 16)}
     models_built = {target_shape: target, draft_shape: draft}
-    report["ops_a_step"] = {name: ops_a_step(lm, prompt, max_len) for name, lm in models_built.items()}
+    report["ops_a_step"] = {name: _reported(ops_a_step, lm, prompt, max_len) for name, lm in models_built.items()}
     if device.type == "cuda":  # the sync debug mode is CUDA's
         syncs = {  # a few rounds a rule is enough to count by
             name: _reported(round_syncs, self_pair(target, tok), prompt, min(new_tokens, 32), kinds[name])

@@ -231,7 +231,7 @@ def build(source, tokenizer, work: Path, out: Path, args, command: str, log, mea
     vocab = vocabulary(folder, size, target.config.vocab_size, special)
     steps = args.head_steps if args.head_steps is not None else max(1, round(STEPS * args.scale))
     head, info = train(target, folder, vocab, steps, args.seed, log, work, args.feature_regression)
-    head = head.cpu()  # written, and measured, from the host
+    head = head.cpu()  # written from the host (measured on --device below)
     manifest = folder / "manifest.json"
     info |= dict(reads=args.target, command=command, scale=args.scale)
     info["data"] = json.loads(manifest.read_text()) if manifest.is_file() else None
