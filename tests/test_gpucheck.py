@@ -119,20 +119,23 @@ def test_the_sync_count_counts_what_cudas_debug_mode_warns(monkeypatch):
 
     mode = {"on": False}
     monkeypatch.setattr(torch.cuda, "set_sync_debug_mode", lambda m: mode.__setitem__("on", m == "warn"))
+
+    def sync(where: bool = True) -> None:
+        if mode["on"] and where:
+            warnings.warn("called a synchronizing CUDA operation", stacklevel=3)
+
     for name in ("tolist", "item"):
         real = getattr(torch.Tensor, name)
 
         def read(self, _real=real):
-            if mode["on"]:
-                warnings.warn("called a synchronizing CUDA operation", stacklevel=2)
+            sync()
             return _real(self)
 
         monkeypatch.setattr(torch.Tensor, name, read)
     real_set = torch.Tensor.__setitem__
 
     def write(self, index, value):
-        if mode["on"] and self.is_floating_point() and not isinstance(value, torch.Tensor):
-            warnings.warn("called a synchronizing CUDA operation", stacklevel=2)
+        sync(self.is_floating_point() and not isinstance(value, torch.Tensor))
         return real_set(self, index, value)
 
     monkeypatch.setattr(torch.Tensor, "__setitem__", write)
