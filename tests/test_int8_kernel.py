@@ -85,6 +85,19 @@ def test_the_attention_gives_the_torch_paths_bits_under_every_mask(kernel, torch
         assert torch.equal(got, want), f"width {queries.shape[2]}, mask {mask is not None}"
 
 
+# hidden sizes of the supported families, rows below ATen's one-thread grain and past it (the last)
+@pytest.mark.parametrize("hidden", [64, 576, 896, 2048, 3584])
+def test_the_kernels_rms_norm_gives_the_modules_bits(kernel, hidden):
+    from transformers.models.llama.modeling_llama import LlamaRMSNorm
+
+    g = torch.Generator().manual_seed(hidden)
+    norm = LlamaRMSNorm(hidden, eps=1e-5)
+    norm.weight.data = torch.randn(hidden, generator=g)
+    for rows in (1, 2, 5, 9, 17, exact.GRAIN // hidden + 1):
+        h = torch.randn(1, rows, hidden, generator=g) * torch.rand(1, rows, 1, generator=g) * 50
+        assert torch.equal(kernel.rms_norm(h, norm.weight, norm.variance_epsilon), norm(h)), f"{rows} rows"
+
+
 # head dims of 8 (the rotary embedding number by number) and 32 (whole vectors, as SmolLM2's 64)
 @pytest.mark.parametrize("hidden", [32, 128])
 def test_a_models_logits_are_the_torch_paths_on_every_row(kernel, torch_path, hidden):
@@ -163,6 +176,43 @@ def test_a_pass_runs_its_layers_as_one_stack_with_the_bits_of_each_layers_own_ca
         assert ran and not any(ran)
     for width, out in stacked.items():
         assert torch.equal(out, layered[width]), f"width {width}"
+
+
+def test_a_pass_writes_its_cache_in_place_with_the_bits_and_taps_of_the_layer_by_layer_pass(kernel):
+    """Passes whose cache has room run the whole stack in one kernel call, which writes the new keys and
+    values into the cache's buffers itself; a first pass and one that must grow the buffers go layer by
+    layer. Logits, tapped features and the cache after rollbacks are the same bits either way."""
+    from tests.conftest import tiny_llama
+
+    fused = exact_model.convert(tiny_llama(vocab=96).eval())
+    ids = [(5 * i + 2) % 96 for i in range(60)]
+    ran = []
+    in_place = exact_model._in_place
+
+    def counted(*a, **k):
+        ran.append(True)
+        return in_place(*a, **k)
+
+    def rows() -> list[torch.Tensor]:
+        # room for 4 spare positions: passes past them regrow the buffers, layer by layer
+        cache = DynamicRollbackCache(fused, feature_layers=(0, 1), room=4)
+        out = list(cache.extend_with_features(ids[:10], keep=1))
+        for i in range(10, 50, 5):
+            out += cache.extend_with_features(ids[i : i + 5], keep=5)
+            cache.rollback(cache.length - 2)  # the next pass overwrites the forgotten positions
+            out.append(cache.extend(ids[i + 3 : i + 5], keep=2))
+        return out
+
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(exact_model, "_in_place", counted)
+        stacked = rows()
+        assert len(ran) >= 8, "most passes ran in place"
+        ran.clear()
+        m.setattr(exact_model, "_rooms", lambda *a: None)
+        layered = rows()
+        assert not ran
+    for i, (a, b) in enumerate(zip(stacked, layered, strict=True)):
+        assert torch.equal(a, b), f"pass {i}"
 
 
 def test_a_fresh_build_removes_older_sources_builds_for_this_torch_only(tmp_path):

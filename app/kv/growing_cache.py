@@ -48,6 +48,19 @@ class GrowingLayer(DynamicLayer):
         self._hold(end)
         return self.keys, self.values
 
+    def room_for(self, tokens: int) -> tuple[torch.Tensor, torch.Tensor, int] | None:
+        """(key buffer, value buffer, start) where `tokens` new positions fit in place from `start`, for a
+        pass that writes them itself and then calls `hold(start + tokens)`; None before the first
+        update or when they do not fit (update allocates and grows)."""
+        if self._k is None or self._v is None:
+            return None
+        start = self.get_seq_length()
+        return (self._k, self._v, start) if start + tokens <= self._k.shape[-2] else None
+
+    def hold(self, length: int) -> None:
+        """Hold the first `length` positions of the buffers (written in place by the pass that asked `room`)."""
+        self._hold(length)
+
     @staticmethod
     def _grown(old: torch.Tensor | None, new: torch.Tensor, held: int, size: int) -> torch.Tensor:
         """A buffer of `size` positions shaped like `new`, holding old's first `held` positions."""

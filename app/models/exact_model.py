@@ -1,10 +1,11 @@
 """A model in the exact int8 precision (exact.py's arithmetic): which models it runs, the conversion of
-an fp32 causal LM and of its EAGLE-1 head, the decoder layers that run as two kernel calls
-(int8_kernel.cpp) where the kernel loads, and what a converted model counts and reads."""
+an fp32 causal LM and of its EAGLE-1 head, the decoder layers that run as two kernel calls each, or a
+whole stack as one (int8_kernel.cpp), where the kernel loads, and what a converted model counts and reads."""
 
 from __future__ import annotations
 
 import copy
+import weakref
 
 import torch
 from torch import nn
@@ -38,8 +39,9 @@ class KernelLayer(nn.Module):
 
     @staticmethod
     def run_stack(layers, h, mask, position_embeddings, cache, taps=(), tapped=None):
-        """A pass's decoder layers, each in its two kernel calls, without each module's call machinery
-        (which cost more per layer than a one-token layer's attention): the same calls in the same order
+        """A pass's decoder layers without each module's call machinery (which cost more per layer than a
+        one-token layer's attention): all in one kernel call where every layer's cache has room for the
+        new positions in place, else each in its two calls from here. The same calls in the same order
         as forward, so the same bits. None where forward must run: no kernel, a layer it does not fuse,
         or hooks on a layer, which only the module call would run."""
         kernel = int8_kernel.module()
@@ -51,7 +53,10 @@ class KernelLayer(nn.Module):
             if args is None or layer._forward_pre_hooks or not _idle(layer._forward_hooks.values()):
                 return None
             stack.append(args)
-        return _through(kernel, stack, h, mask, position_embeddings, cache, taps, tapped)
+        rooms = _rooms(cache, stack, h.shape[1])
+        if rooms is None:
+            return _through(kernel, stack, h, mask, position_embeddings, cache, taps, tapped)
+        return _in_place(kernel, layers, stack, rooms, h, mask, position_embeddings, taps, tapped)
 
     def _own_arguments(self) -> tuple[tuple, tuple, int] | None:
         """The layer's kernel arguments, gathered on first use; None where its weights are not packed for
@@ -111,6 +116,58 @@ def _through(kernel, stack, h, mask, position_embeddings, cache, taps=(), tapped
     if tapped is not None:
         tapped.extend(entering[i] for i in taps)
     return h
+
+
+def _rooms(cache, stack, t: int) -> list | None:
+    """Each layer's cache layer with room for t new positions in place (growing_cache.GrowingLayer.room_for)
+    and that room, or None where some layer has none (no cache, another kind, a first or growing pass)."""
+    layers = getattr(cache, "layers", None)
+    if layers is None:
+        return None
+    rooms = []
+    for _, _, layer_idx in stack:
+        held = layers[layer_idx] if layer_idx < len(layers) else None
+        room = held.room_for(t) if hasattr(held, "room_for") else None
+        if room is None:
+            return None
+        rooms.append((held, room))
+    return rooms if len({start for _, (_, _, start) in rooms}) == 1 else None
+
+
+def _in_place(kernel, layers, stack, rooms, h, mask, position_embeddings, taps=(), tapped=None):
+    """_through's passes in one kernel call (int8_kernel.cpp's Stack), which writes each layer's new keys
+    and values into its cache buffers in place: the same calls in the same order, so the same bits."""
+    b, t = h.shape[:2]
+    start = rooms[0][1][2]
+    first, blocked = exact.blocked_keys(mask, b, t, start + t, h.device)
+    out = _stack_of(kernel, layers, stack).run(
+        h,
+        *position_embeddings,
+        [k for _, (k, _, _) in rooms],
+        [v for _, (_, v, _) in rooms],
+        start,
+        first,
+        blocked,
+        list(taps),
+    )
+    for held, _ in rooms:
+        held.hold(start + t)
+    if tapped is not None:
+        tapped.extend(out[1:])
+    return out[0]
+
+
+_stacks: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _stack_of(kernel, layers, stack):
+    """The kernel's Stack of these layers' arguments, built once per run of layers (its first layer keeps
+    a few, keyed by the layers' identities: a model's whole stack, an early exit's first layers)."""
+    key = tuple(id(layer) for layer in layers)
+    held = _stacks.setdefault(layers[0], {})
+    if key not in held:
+        held[key] = kernel.Stack([(into, out_of) for into, out_of, _ in stack])
+    return held[key]
 
 
 def _idle(hooks) -> bool:

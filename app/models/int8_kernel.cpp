@@ -15,6 +15,7 @@
 #include <ATen/ThreadLocalState.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <type_traits>
@@ -463,8 +464,6 @@ struct Attend {
   int64_t k_strides[3], v_strides[3];  // the views' strides over B, Hkv and S (D + 1 is contiguous)
   const bool* mask;  // (B, 1, T, S - first), or null
   double* sc;  // (B·Hkv, group·T, S) scores, then their exp
-  double* k_steps;  // (B·Hkv, S8) the keys' steps, gathered from their last column
-  double* v_steps;  // (B·Hkv, S8)
   double* q_int;  // (B·Hkv, group·T, D)
   double* q_step;  // (B·Hkv, group·T)
   float* os;  // (B, T, H, D) out
@@ -479,13 +478,10 @@ struct Attend {
   }
 };
 
-void gather_steps(const Attend& a, int64_t n) {
-  for (int64_t nn = 0; nn < n; ++nn) {
-    for (int64_t j = 0; j < a.s; ++j) {
-      a.k_steps[nn * a.s8 + j] = a.key(nn, j)[a.d];
-      a.v_steps[nn * a.s8 + j] = a.value(nn, j)[a.d];
-    }
-  }
+// One kv head's steps of its keys (or values), from their last column, into steps[0..S): read by the
+// thread that next reads those rows, so the strided reads overlap its sums instead of running alone first.
+void steps_of(const Attend& a, int64_t nn, bool values, double* steps) {
+  for (int64_t j = 0; j < a.s; ++j) steps[j] = (values ? a.value(nn, j) : a.key(nn, j))[a.d];
 }
 
 // Rows r0..r1-1 (row r: kv head r / (group·T), query head g = (r mod group·T) / T, position i):
@@ -502,10 +498,13 @@ SPECDEC_AVX512 void score_rows(const Attend& a, int64_t r0, int64_t r1) {
     const float* x = a.qs + ((bb * a.heads + h) * a.t + i) * d;
     a.q_step[r] = fixed_row(x, d, 1e-300, a.q_int + r * d);
   }
+  std::vector<double> held_steps(static_cast<size_t>(a.s8), 1.0);  // padding past S: a step of 1
+  const double* k_steps = held_steps.data();
+  int64_t held = -1;
   for (int64_t r = r0; r < r1;) {
     const int64_t nn = r / rows;
     const float* k0 = a.key(nn, 0);
-    const double* k_steps = a.k_steps + nn * a.s8;
+    if (nn != held) steps_of(a, held = nn, false, held_steps.data());
     double* row = a.sc + r * a.s;
     if constexpr (V > 0) {
       __m512d q0[V];
@@ -574,8 +573,8 @@ SPECDEC_AVX512 void score_rows(const Attend& a, int64_t r0, int64_t r1) {
 
 // One row after exp: the weights in fixed point with the values' steps carried in (into w), and their
 // integer total; returns the weights' step factor for the rescale, as exact._attend.
-SPECDEC_AVX512 double weights_of(const Attend& a, int64_t r, double* w, double* total_out) {
-  const int64_t rows = a.group * a.t, s = a.s, nn = r / rows;
+SPECDEC_AVX512 double weights_of(const Attend& a, int64_t r, const double* v_steps, double* w, double* total_out) {
+  const int64_t s = a.s;
   const double scale_up = FIXED * a.levels;
   const double* e = a.sc + r * s;
   // x = e · value step, its peak, and the integer total of e · FIXED · levels (exact in any order)
@@ -585,7 +584,7 @@ SPECDEC_AVX512 double weights_of(const Attend& a, int64_t r, double* w, double* 
   for (int64_t j0 = 0; j0 < s; j0 += 8) {
     const __mmask8 live = j0 + 8 <= s ? 0xff : static_cast<__mmask8>((1u << (s - j0)) - 1);
     const __m512d ej = _mm512_maskz_loadu_pd(live, e + j0);
-    const __m512d x = _mm512_mul_pd(ej, _mm512_loadu_pd(a.v_steps + nn * a.s8 + j0));
+    const __m512d x = _mm512_mul_pd(ej, _mm512_loadu_pd(v_steps + j0));
     _mm512_storeu_pd(w + j0, x);
     peaks = _mm512_max_pd(peaks, x);
     totals = _mm512_add_pd(totals, _mm512_roundscale_pd(_mm512_mul_pd(ej, up), NEAREST));
@@ -609,8 +608,11 @@ SPECDEC_AVX512 void weigh_rows(const Attend& a, int64_t r0, int64_t r1) {
   constexpr int MOST = V > 0 && V <= 8 ? 3 : 1;  // MOST·V accumulators fit the 32 registers
   const int64_t rows = a.group * a.t, d = a.d;
   std::vector<double> w(static_cast<size_t>(MOST * a.s8)), acc(static_cast<size_t>(MOST * d));
+  std::vector<double> v_steps(static_cast<size_t>(a.s8), 0.0);  // padding past S: a step of 0
+  int64_t held = -1;
   for (int64_t r = r0; r < r1;) {
     const int64_t nn = r / rows;
+    if (nn != held) steps_of(a, held = nn, true, v_steps.data());
     int64_t n_rows = 1;
     while (n_rows < MOST && r + n_rows < r1 && (r + n_rows) / rows == nn) ++n_rows;
     double factors[3], totals[3];
@@ -619,7 +621,7 @@ SPECDEC_AVX512 void weigh_rows(const Attend& a, int64_t r0, int64_t r1) {
     for (int64_t k = 0; k < n_rows; ++k) {
       ws[k] = w.data() + k * a.s8;
       accs[k] = acc.data() + k * d;
-      factors[k] = weights_of(a, r + k, w.data() + k * a.s8, &totals[k]);
+      factors[k] = weights_of(a, r + k, v_steps.data(), w.data() + k * a.s8, &totals[k]);
     }
     const float* v0 = a.value(nn, 0);
     const int64_t stride = a.v_strides[2];
@@ -654,6 +656,10 @@ SPECDEC_AVX512 void weigh_rows(const Attend& a, int64_t r0, int64_t r1) {
 }  // namespace
 #endif
 
+// Query rows a thread of the attention takes at least: rows go to torch's threads only where each
+// gets about a million multiply-adds (waking a thread costs more than a one-token pass's attention).
+int64_t attention_grain(int64_t s, int64_t d) { return std::max<int64_t>(1, (1 << 20) / std::max<int64_t>(1, 2 * s * d)); }
+
 // exact.attention's arithmetic in one call, for passes of a few rows: (B, H, T, D) float32 queries
 // over (B, Hkv, S, D + 1) float32 keys and values in fixed point (exact.stored), -> (B, T, H, D)
 // float32. `blocked`: (B, 1, T, S - first) bool, True where a row may not see a key from slot `first`
@@ -681,7 +687,6 @@ torch::Tensor attention_rows(torch::Tensor query, torch::Tensor key, torch::Tens
   // the scores sit in a buffer padded to whole vector widths, so exp runs every element on one path
   auto buffer = torch::empty({size + (LANES - size % LANES) % LANES}, k.options().dtype(torch::kFloat64));
   buffer.narrow(0, size, buffer.size(0) - size).zero_();
-  std::vector<double> k_steps(static_cast<size_t>(n * s8), 1.0), v_steps(static_cast<size_t>(n * s8), 0.0);
   std::vector<double> q_int(static_cast<size_t>(n * rows * d)), q_step(static_cast<size_t>(n * rows));
   auto out = torch::empty({b, t, heads, d}, q.options());
   const Attend a{q.data_ptr<float>(),
@@ -691,8 +696,6 @@ torch::Tensor attention_rows(torch::Tensor query, torch::Tensor key, torch::Tens
                  {v.stride(0), v.stride(1), v.stride(2)},
                  blocked.has_value() ? blocked_c.data_ptr<bool>() : nullptr,
                  buffer.data_ptr<double>(),
-                 k_steps.data(),
-                 v_steps.data(),
                  q_int.data(),
                  q_step.data(),
                  out.data_ptr<float>(),
@@ -706,10 +709,7 @@ torch::Tensor attention_rows(torch::Tensor query, torch::Tensor key, torch::Tens
                  first,
                  scaling,
                  levels};
-  // Rows go to torch's threads only where each thread gets about a million multiply-adds: waking
-  // a thread costs more than a one-token pass's attention.
-  const int64_t grain = std::max<int64_t>(1, (1 << 20) / std::max<int64_t>(1, 2 * s * d));
-  gather_steps(a, n);
+  const int64_t grain = attention_grain(s, d);
   auto scores = d == 64 ? &score_rows<8> : d == 128 ? &score_rows<16> : &score_rows<0>;
   auto weigh = d == 64 ? &weigh_rows<8> : d == 128 ? &weigh_rows<16> : &weigh_rows<0>;
   at::parallel_for(0, n * rows, grain, [&](int64_t r0, int64_t r1) { scores(a, r0, r1); });
@@ -748,13 +748,122 @@ torch::Tensor attention(torch::Tensor query, torch::Tensor key, torch::Tensor va
   return torch::cat(parts, 1);
 }
 
-// A Llama RMSNorm with ATen's own kernels, as LlamaRMSNorm.forward calls them (the mean's order is
-// ATen's, so these are its bits).
+#ifdef SPECDEC_X86
+namespace {
+
+// ceil(log2(x)) as ATen's utils::CeilLog2 (1 for x <= 2)
+int64_t ceil_log2(int64_t x) {
+  if (x <= 2) return 1;
+  int64_t bits = 0;
+  for (uint64_t v = static_cast<uint64_t>(x) - 1; v; v >>= 1) ++bits;
+  return bits;
+}
+
+// Eight numbers' squares, each rounded as pow(2)'s.
+__attribute__((target("avx2"))) inline __m256 squared(const float* x) {
+  const __m256 a = _mm256_loadu_ps(x);
+  return _mm256_mul_ps(a, a);
+}
+
+// The sum of a contiguous float32 row's squares, in the order of ATen's sum (SumKernel.cpp's cascade
+// over 8-lane vectors, which ATen runs for float32 on AVX2 and AVX-512 machines alike: four vector
+// accumulators, folded level by level every 16 groups, then the lanes added one by one), so
+// squares.mean() and this give the same bits where ATen sums a row on one thread. A torch whose sum
+// took another order would fail test_int8_kernel's norm test, not pass quietly.
+__attribute__((target("avx2"))) float row_sum_of_squares(const float* x, int64_t n) {
+  constexpr int64_t W = 8, ILP = 4, LEVELS = 4;
+  const int64_t vectors = n / W, groups = vectors / ILP;
+  const int64_t power = std::max<int64_t>(4, ceil_log2(groups) / LEVELS), step = int64_t(1) << power;
+  const int64_t mask = step - 1;
+  __m256 acc[LEVELS][ILP];
+  for (auto& level : acc) for (auto& a : level) a = _mm256_setzero_ps();
+  int64_t i = 0;
+  while (i + step <= groups) {
+    for (int64_t j = 0; j < step; ++j, ++i) {
+      for (int64_t k = 0; k < ILP; ++k) acc[0][k] = _mm256_add_ps(acc[0][k], squared(x + (ILP * i + k) * W));
+    }
+    for (int64_t j = 1; j < LEVELS; ++j) {
+      for (int64_t k = 0; k < ILP; ++k) {
+        acc[j][k] = _mm256_add_ps(acc[j][k], acc[j - 1][k]);
+        acc[j - 1][k] = _mm256_setzero_ps();
+      }
+      if (i & (mask << (j * power))) break;
+    }
+  }
+  for (; i < groups; ++i) {
+    for (int64_t k = 0; k < ILP; ++k) acc[0][k] = _mm256_add_ps(acc[0][k], squared(x + (ILP * i + k) * W));
+  }
+  for (int64_t j = 1; j < LEVELS; ++j) {
+    for (int64_t k = 0; k < ILP; ++k) acc[0][k] = _mm256_add_ps(acc[0][k], acc[j][k]);
+  }
+  for (int64_t v = groups * ILP; v < vectors; ++v) acc[0][0] = _mm256_add_ps(acc[0][0], squared(x + v * W));
+  __m256 sum = acc[0][0];
+  for (int64_t k = 1; k < ILP; ++k) sum = _mm256_add_ps(sum, acc[0][k]);
+  float total = 0.0f;
+  for (int64_t e = vectors * W; e < n; ++e) {
+    const float sq = x[e] * x[e];
+    total += sq;
+  }
+  alignas(32) float lanes[W];
+  _mm256_store_ps(lanes, sum);
+  for (int64_t k = 0; k < W; ++k) total += lanes[k];
+  return total;
+}
+
+}  // namespace
+#endif
+
+// a + b for float32 tensors of one shape: torch's add, without a call through the dispatcher.
+torch::Tensor added(const torch::Tensor& a, const torch::Tensor& b) {
+  auto x = a.contiguous(), y = b.contiguous();
+  TORCH_CHECK(x.sizes() == y.sizes() && x.scalar_type() == torch::kFloat32 && y.scalar_type() == torch::kFloat32,
+              "a residual adds float32 rows of one shape");
+  auto out = torch::empty_like(x);
+  const float* xs = x.data_ptr<float>();
+  const float* ys = y.data_ptr<float>();
+  float* os = out.data_ptr<float>();
+  for (int64_t i = 0; i < x.numel(); ++i) os[i] = xs[i] + ys[i];
+  return out;
+}
+
+// A Llama RMSNorm with LlamaRMSNorm.forward's bits, each step the same IEEE operation on each number
+// (x·x as pow(2), the mean as ATen's sum then / H, + eps in float32, 1/sqrt as ATen's rsqrt, then the
+// two products), written here because ATen's six small calls cost more than the row's arithmetic. The
+// sums are row_sum_of_squares's where ATen sums each row on one thread (fewer than its grain of
+// numbers), ATen's own mean elsewhere.
 torch::Tensor rms_norm(const torch::Tensor& h, const torch::Tensor& weight, double eps) {
-  auto x = h.to(torch::kFloat32);
-  auto variance = x.pow(2).mean(-1, true);
-  x = x * at::rsqrt(variance + eps);
-  return weight * x;
+  auto x = h.to(torch::kFloat32).contiguous();
+  auto w = weight.to(torch::kFloat32).contiguous();
+  const int64_t hidden = x.size(-1), rows = x.numel() / std::max<int64_t>(1, hidden);
+  TORCH_CHECK(w.numel() == hidden, "a norm weight per hidden number");
+  const float* xs = x.data_ptr<float>();
+  std::vector<float> var(static_cast<size_t>(rows));
+#ifdef SPECDEC_X86
+  if (x.numel() < GRAIN) {
+    for (int64_t r = 0; r < rows; ++r) var[r] = row_sum_of_squares(xs + r * hidden, hidden) / static_cast<float>(hidden);
+  } else
+#endif
+  {
+    auto squares = torch::empty_like(x);
+    float* sq = squares.data_ptr<float>();
+    for (int64_t i = 0; i < x.numel(); ++i) sq[i] = xs[i] * xs[i];
+    auto mean = squares.mean(-1, true).contiguous();
+    std::copy(mean.data_ptr<float>(), mean.data_ptr<float>() + rows, var.begin());
+  }
+  const float* ws = w.data_ptr<float>();
+  auto out = torch::empty_like(x);
+  float* os = out.data_ptr<float>();
+  const float e = static_cast<float>(eps);
+  for (int64_t r = 0; r < rows; ++r) {
+    const float inv = 1.0f / std::sqrt(var[r] + e);
+    const float* xr = xs + r * hidden;
+    float* o = os + r * hidden;
+    for (int64_t i = 0; i < hidden; ++i) {
+      const float scaled = xr[i] * inv;
+      o[i] = ws[i] * scaled;
+    }
+  }
+  return out;
 }
 
 #ifdef SPECDEC_X86
@@ -843,6 +952,33 @@ std::vector<torch::Tensor> attention_in(torch::Tensor h, c10::optional<torch::Te
 #endif
 }
 
+#ifdef SPECDEC_X86
+namespace {
+
+// Reads the weights in `spans` (a pointer and a byte count each) until `done` is set: run on a thread
+// the attention leaves idle, it brings the weights the layer reads next nearer (its cache, and the
+// shared cache as they leave it) while the memory would otherwise wait on the attention's arithmetic.
+// Loads, not prefetch hints, so it never runs ahead of what has arrived.
+SPECDEC_AVX512 void warm(const std::vector<std::pair<const uint8_t*, int64_t>>& spans, const std::atomic<bool>& done) {
+  __m512i sink = _mm512_setzero_si512();
+  for (const auto& [ptr, bytes] : spans) {
+    for (int64_t off = 0; off + 512 <= bytes; off += 512) {
+      if ((off & 8191) == 0 && done.load(std::memory_order_relaxed)) {
+        volatile int keep = _mm512_reduce_or_epi32(sink);
+        (void)keep;
+        return;
+      }
+#pragma GCC unroll 8
+      for (int l = 0; l < 8; ++l) sink = _mm512_or_si512(sink, _mm512_loadu_si512(ptr + off + 64 * l));
+    }
+  }
+  volatile int keep = _mm512_reduce_or_epi32(sink);
+  (void)keep;
+}
+
+}  // namespace
+#endif
+
 // The second half: attention over the cached keys and values, the output layer, the residual, RMSNorm,
 // the MLP (gate and up as one int8 layer on int8 rows, SiLU on whole-row slices below ATen's grain, as
 // exact.silu, times up, down) and its residual. -> (B, T, H) hidden states.
@@ -855,9 +991,38 @@ torch::Tensor attention_out(torch::Tensor h, torch::Tensor q, torch::Tensor k, t
                             bool down_wide) {
   const int64_t b = h.size(0), t = h.size(1), hidden = h.size(2);
   auto rows_of = [&](const torch::Tensor& x) { return x.reshape({b * t, x.size(-1)}); };
-  auto attended = attention(q, k, v, first, blocked, scaling, levels);  // (B, T, H, D)
+  torch::Tensor attended;
+#ifdef SPECDEC_X86
+  // A few rows' attention runs on one thread (attention_rows's grain): the other then warms this
+  // layer's output, gate-and-up and down weights, read next at the memory's speed.
+  const int64_t rows = q.size(0) * q.size(1) * q.size(2);
+  const bool alone = q.size(2) <= 128 && rows <= attention_grain(k.size(2), q.size(3));
+  if (alone && at::get_num_threads() > 1 && !at::in_parallel_region()) {
+    const std::vector<std::pair<const uint8_t*, int64_t>> spans{
+        {o_packed.data_ptr<uint8_t>(), o_packed.numel()},
+        {up_packed.data_ptr<uint8_t>(), up_packed.numel()},
+        {down_packed.data_ptr<uint8_t>(), down_packed.numel()}};
+    std::atomic<bool> done{false};
+    const at::ThreadLocalState caller;
+    at::parallel_for(0, 2, 1, [&](int64_t i0, int64_t i1) {
+      for (int64_t i = i0; i < i1; ++i) {
+        if (i == 0) {
+          const at::ThreadLocalStateGuard as_caller(caller);
+          attended = attention(q, k, v, first, blocked, scaling, levels);
+          done.store(true, std::memory_order_relaxed);
+        } else {
+          warm(spans, done);
+        }
+      }
+    });
+  } else {
+    attended = attention(q, k, v, first, blocked, scaling, levels);  // (B, T, H, D)
+  }
+#else
+  attended = attention(q, k, v, first, blocked, scaling, levels);  // (B, T, H, D)
+#endif
   auto o = linear(rows_of(attended.reshape({b, t, -1})), o_packed, o_scale, o_bias, hidden, o_half, o_wide);
-  auto h1 = h + o.view({b, t, hidden});
+  auto h1 = added(h, o.view({b, t, hidden}));
   auto x = rms_norm(h1, norm_weight, eps);
   auto gate_up = linear(rows_of(x), up_packed, up_scale, up_bias, up_n, 0, false).view({b, t, up_n});
   auto chunks = gate_up.chunk(2, -1);
@@ -874,8 +1039,101 @@ torch::Tensor attention_out(torch::Tensor h, torch::Tensor q, torch::Tensor k, t
   }
   act.mul_(chunks[1]);
   auto down = linear(rows_of(act), down_packed, down_scale, down_bias, hidden, down_half, down_wide);
-  return h1 + down.view({b, t, hidden});
+  return added(h1, down.view({b, t, hidden}));
 }
+
+// A decoder stack's layers as one call: each layer's arguments (the tuples exact_model gathers) are
+// converted once, and each pass runs attention_in, writes the new keys and values into the cache's
+// buffers in place (a growing cache's, with room for them), and runs attention_out, layer after layer:
+// the same calls in the same order as one layer at a time, so the same bits, without a return to
+// Python and a cache update through transformers between the two halves of every layer.
+class Stack {
+ public:
+  explicit Stack(const py::list& layers) {
+    for (const auto& item : layers) {
+      const auto pair = item.cast<py::tuple>();
+      const auto in = pair[0].cast<py::tuple>(), out = pair[1].cast<py::tuple>();
+      TORCH_CHECK(in.size() == 9 && out.size() == 18, "a layer's kernel arguments: 9 into, 18 out of");
+      Layer l;
+      l.in_norm = in[0].cast<c10::optional<torch::Tensor>>();
+      l.in_eps = in[1].cast<double>();
+      l.qkv = {in[2].cast<torch::Tensor>(), in[3].cast<torch::Tensor>(), in[4].cast<c10::optional<torch::Tensor>>(),
+               in[5].cast<int64_t>(), in[6].cast<bool>()};
+      l.heads = in[7].cast<int64_t>();
+      l.kv_heads = in[8].cast<int64_t>();
+      l.scaling = out[0].cast<double>();
+      l.levels = out[1].cast<double>();
+      l.o = {out[2].cast<torch::Tensor>(), out[3].cast<torch::Tensor>(), out[4].cast<c10::optional<torch::Tensor>>(),
+             out[5].cast<int64_t>(), out[6].cast<bool>()};
+      l.norm = out[7].cast<torch::Tensor>();
+      l.eps = out[8].cast<double>();
+      l.up = {out[9].cast<torch::Tensor>(), out[10].cast<torch::Tensor>(), out[11].cast<c10::optional<torch::Tensor>>(),
+              out[12].cast<int64_t>(), false};
+      l.down = {out[13].cast<torch::Tensor>(), out[14].cast<torch::Tensor>(),
+                out[15].cast<c10::optional<torch::Tensor>>(), out[16].cast<int64_t>(), out[17].cast<bool>()};
+      layers_.push_back(std::move(l));
+    }
+  }
+
+  // (B, T, H) hidden states through the layers; keys[i] and values[i] are layer i's cache buffers,
+  // (B, Hkv, room, D + 1) contiguous float32 with the new positions from `start` fitting inside; `first`
+  // and `blocked` as attention's. -> [the last layer's hidden states, then the states entering each
+  // layer in `taps`, in the order of taps].
+  std::vector<torch::Tensor> run(torch::Tensor h, const torch::Tensor& cos, const torch::Tensor& sin,
+                                 const std::vector<torch::Tensor>& keys, const std::vector<torch::Tensor>& values,
+                                 int64_t start, int64_t first, const c10::optional<torch::Tensor>& blocked,
+                                 const std::vector<int64_t>& taps) const {
+    TORCH_CHECK(keys.size() == layers_.size() && values.size() == layers_.size(), "a key and a value buffer a layer");
+    const int64_t t = h.size(1);
+    std::vector<torch::Tensor> out{torch::Tensor()};
+    std::vector<torch::Tensor> entering(layers_.size());
+    for (size_t i = 0; i < layers_.size(); ++i) {
+      const Layer& l = layers_[i];
+      entering[i] = h;
+      auto qkv = attention_in(h, l.in_norm, l.in_eps, l.qkv.packed, l.qkv.scale, l.qkv.bias, l.qkv.half,
+                              l.qkv.wide, l.heads, l.kv_heads, cos, sin);
+      place(qkv[1], keys[i], start);
+      place(qkv[2], values[i], start);
+      h = attention_out(h, qkv[0], keys[i].narrow(2, 0, start + t), values[i].narrow(2, 0, start + t), first,
+                        blocked, l.scaling, l.levels, l.o.packed, l.o.scale, l.o.bias, l.o.half, l.o.wide, l.norm,
+                        l.eps, l.up.packed, l.up.scale, l.up.bias, l.up.half, l.down.packed, l.down.scale,
+                        l.down.bias, l.down.half, l.down.wide);
+    }
+    out[0] = h;
+    for (const int64_t i : taps) out.push_back(entering.at(static_cast<size_t>(i)));
+    return out;
+  }
+
+ private:
+  struct Linear {
+    torch::Tensor packed, scale;
+    c10::optional<torch::Tensor> bias;
+    int64_t half;  // gate and up: their output count (attention_out's up_n)
+    bool wide;
+  };
+  struct Layer {
+    c10::optional<torch::Tensor> in_norm;
+    double in_eps, scaling, levels, eps;
+    Linear qkv, o, up, down;
+    int64_t heads, kv_heads;
+    torch::Tensor norm;
+  };
+  std::vector<Layer> layers_;
+
+  // new (B, Hkv, T, D + 1) rows into a buffer's positions start..start+T-1, in place
+  static void place(const torch::Tensor& rows, const torch::Tensor& buffer, int64_t start) {
+    TORCH_CHECK(buffer.is_contiguous() && buffer.scalar_type() == torch::kFloat32 && rows.is_contiguous() &&
+                    buffer.size(0) == rows.size(0) && buffer.size(1) == rows.size(1) &&
+                    buffer.size(3) == rows.size(3) && start + rows.size(2) <= buffer.size(2),
+                "a cache buffer with room for the new keys and values");
+    const int64_t heads = rows.size(0) * rows.size(1), t = rows.size(2), width = rows.size(3), room = buffer.size(2);
+    const float* src = rows.data_ptr<float>();
+    float* dst = buffer.data_ptr<float>();
+    for (int64_t hh = 0; hh < heads; ++hh) {
+      std::copy(src + hh * t * width, src + (hh + 1) * t * width, dst + (hh * room + start) * width);
+    }
+  }
+};
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("available", &available, "whether this CPU runs the kernel (AVX-512 VNNI)");
@@ -883,5 +1141,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("linear", &linear, "the exact int8 linear layer");
   m.def("attention", &attention, "the exact attention over fixed-point keys and values");
   m.def("attention_in", &attention_in, "an exact decoder layer up to its keys and values");
+  m.def("rms_norm", &rms_norm, "a Llama RMSNorm with its module's bits");
   m.def("attention_out", &attention_out, "an exact decoder layer from its attention on");
+  py::class_<Stack>(m, "Stack", "a decoder stack's layers as one call")
+      .def(py::init<const py::list&>())
+      .def("run", &Stack::run, "hidden states through every layer, the cache written in place");
 }
