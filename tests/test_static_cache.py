@@ -5,6 +5,7 @@ from conftest import host_reads, pair_of, run, tiny_llama
 
 from app.drafts.lookup import PromptLookup
 from app.drafts.model import ModelProposer
+from app.kv import fused_pass
 from app.kv.static_cache import BUCKETS, StaticCachePool, StaticRollbackCache, available, cache_length
 
 PROMPT = "def add(a, b):\n  return a"
@@ -178,7 +179,7 @@ def test_a_chain_and_a_tree_of_one_width_share_one_graph_and_its_numbers(target)
     lm.extend(ids[:-1])
     tree = lm.extend(ids[-1:] + [5, 6, 7, 8], parents=[-1, -1, 0, 2])  # 5 nodes: bucket 5
     passes = dict(lm.pooled.graphs.passes)
-    assert (5, False, ()) in passes
+    assert (5, False, (), True) in passes  # fused_pass runs the tiny Llama
     lm.rollback(len(ids) - 1)
     chain = lm.extend(ids[-1:] + [5, 7, 8], keep=4)  # 4 tokens: bucket 5 as well
     assert lm.pooled.graphs.passes == passes, "the chain reused the tree's pass of width 5"
@@ -389,19 +390,25 @@ def test_a_long_pass_at_a_fixed_width_is_two_passes_not_one_a_token(target):
     """A prompt longer than the fixed width fills the cache in one pass, then reads its last rows from a
     pass of the width: two model calls, whatever the prompt's length."""
     calls = []
-    forward = target.forward
+    forward, fused = target.forward, fused_pass.FusedPass.__call__
 
     def counted(*args, **kwargs):
         calls.append(kwargs["input_ids"].shape[1])
         return forward(*args, **kwargs)
 
+    def counted_fused(self, input_ids, *args, **kwargs):
+        calls.append(input_ids.shape[1])
+        return fused(self, input_ids, *args, **kwargs)
+
     lm = StaticRollbackCache(target, 512, graphs=True, width=8)
     target.forward = counted
     try:
-        lm.extend(list(range(3, 303)), keep=1)
+        with pytest.MonkeyPatch.context() as m:
+            m.setattr(fused_pass.FusedPass, "__call__", counted_fused)
+            lm.extend(list(range(3, 303)), keep=1)
     finally:
         del target.forward
-    assert calls == [299, 8] and lm.length == 300
+    assert calls == [299, 8] and lm.length == 300  # the prompt's eager pass, then the fixed width's (fused)
     lm.close()
 
 

@@ -30,7 +30,7 @@ from transformers import PreTrainedModel, StaticCache
 
 from app.core import decoder_layers, transfer
 from app.core.config import FAST_PATHS, K_MAX, TREE_MAX, UserError
-from app.kv import cuda_graphs
+from app.kv import cuda_graphs, fused_pass
 from app.kv.cache import RollbackCache
 
 # Pass widths with a graph: a draft step, verify over k+1 for k = 1, 2, 4, 8, 16, and trees up to TREE_MAX nodes.
@@ -130,6 +130,7 @@ class StaticRollbackCache(RollbackCache):
         feature_layers: tuple[int, ...] = (),
         graphs: bool = False,
         width: int | None = None,
+        fused: bool = True,
     ):
         why = unsupported(model)
         if why and (graphs or "full-attention" in why):
@@ -138,6 +139,11 @@ class StaticRollbackCache(RollbackCache):
         self.max_len = max_len
         self.forward = compiled(model) if compile else model
         self.compile, self.graphs = compile, graphs
+        # Graphs replay fused_pass's few kernels where it runs the model, else transformers' layers. It
+        # joins the projections' weights at its first use, before any graph of this model is captured
+        # (a graph reads the weights where they were), so it is prepared for either kind.
+        prepared = fused_pass.of(model) if graphs or compile else None
+        self.fused = prepared if fused and graphs else None
         # Every pass of up to `width` tokens is padded to exactly `width`, and wider ones end in such a
         # pass over the rows whose logits are read: the rows a run compares then always come from the
         # same matrix shapes, whose rows are the same bits wherever they sit (rows_exact probes it).
@@ -270,17 +276,25 @@ class StaticRollbackCache(RollbackCache):
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """A pass of `width` rows through this cache's graph of that width and output kind (`late`: ids
         from an offset on, on the device: WidthPass)."""
+        key = (width, features, self.feature_layers, self.fused is not None)
+        return self.pooled.graphs.get(key, lambda: self.width_pass(width, features))(rows, late)
+
+    def width_pass(self, width: int, features: bool) -> cuda_graphs.WidthPass:
+        """A new pass of `width` rows over this cache: fused_pass's where it runs, else the model's own
+        forward (a graph captures it at its first use on CUDA)."""
         # The pass holds the model weakly: the pool, which keeps it, must not keep the model alive.
-        model, cache, layers, config = weakref.ref(self.model), self.cache, self.feature_layers, self.model.config
+        model, cache, layers, fused = weakref.ref(self.model), self.cache, self.feature_layers, self.fused
 
-        def make() -> cuda_graphs.WidthPass:
-            def forward(**inputs):
-                out = model()(**inputs, cache=cache, use_cache=True, output_hidden_states=features)
-                return out.logits[0], (decoder_layers.entering(out.hidden_states, layers)[0] if features else None)
+        def forward(**inputs):
+            if fused is not None and fused_pass.of(model()) is fused:
+                try:
+                    return fused(**inputs, cache=cache, taps=layers if features else None)
+                except (RuntimeError, TypeError, ValueError, IndexError) as e:  # the model's own layers then
+                    fused_pass.refuse(model(), e)
+            out = model()(**inputs, cache=cache, use_cache=True, output_hidden_states=features)
+            return out.logits[0], (decoder_layers.entering(out.hidden_states, layers)[0] if features else None)
 
-            return cuda_graphs.WidthPass(config, self.device, forward, width, self.max_len)
-
-        return self.pooled.graphs.get((width, features, layers), make)(rows, late)
+        return cuda_graphs.WidthPass(self.model.config, self.device, forward, width, self.max_len)
 
     def _layers(self) -> list:
         assert self.cache is not None, "the cache was given back (close)"
@@ -359,6 +373,9 @@ class StaticCachePool:
     compile: bool = False
     graphs: bool = False
     width: int | None = None  # every pass this wide (StaticRollbackCache.width), for rows exact at every width
+    fused: bool = True  # graphs replay fused_pass where it runs the model (False: transformers' layers)
 
     def __call__(self, model: PreTrainedModel) -> StaticRollbackCache:
-        return StaticRollbackCache(model, self.max_len, self.compile, graphs=self.graphs, width=self.width)
+        return StaticRollbackCache(
+            model, self.max_len, self.compile, graphs=self.graphs, width=self.width, fused=self.fused
+        )
