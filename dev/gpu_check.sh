@@ -2,10 +2,11 @@
 # The device checks prepared for a lent GPU (image: torch 2.11, transformers 5.17, no gradio), in one
 # call that finishes inside 8 minutes. Run from the repository root with OUT set to a folder for the
 # logs, after dev/gpu_stage.sh's parts have reached /tmp/whl (it prints the calls).
-# Each gpucheck times the dynamic cache, the static cache's plain passes and its CUDA graphs (and
-# probes whether fixed-width rows are exact), or checks the bundled family's outputs on the dynamic
-# cache and the graphs. About 7.5 minutes in all on an H200 (fp32 equality 78 s, SmolLM2's shape with
-# torch.compile's column 163 s, the 7B shape 71 s, bf16 equality estimated); each step's JSON goes to $OUT.
+# Each gpucheck times the dynamic cache, the static cache's plain passes and its CUDA graphs, with the
+# fused pass's layers (the default) and with transformers' own (and probes whether fixed-width rows are
+# exact), or checks the bundled family's outputs on the dynamic cache and the graphs. About 7 minutes
+# in all on an H200 (fp32 equality 78 s, bf16 equality under 130 s, SmolLM2's shape about 90 s and the
+# 7B shape about 90 s, each with its fourth column); each step's JSON goes to $OUT.
 export PYTHONUNBUFFERED=1 USE_HUB_KERNELS=NO HF_HUB_OFFLINE=1
 nvidia-smi -L
 if ls /tmp/whl/part-* >/dev/null 2>&1; then
@@ -24,6 +25,6 @@ step() {  # name, seconds, gpucheck arguments...
 }
 step eq_fp32 90 --no-timing --dtype fp32 --compile off --equality-prompts 1
 step eq_bf16 130 --no-timing --compile off --equality-prompts 1  # 90 s cut off its second draft on an H200
-step smollm2 200 --shapes smollm2 --no-equality --compile on --k 4 --steps 20  # with torch.compile's graphs: 163 s
-step qwen 150 --no-equality --compile off --k 4 --steps 10
+step smollm2 170 --shapes smollm2 --no-equality --compile off --k 4 --steps 20  # torch.compile's column: 2.21 ms, kept in the docs
+step qwen 170 --no-equality --compile off --k 4 --steps 10
 nvidia-smi --query-gpu=memory.used,clocks.sm --format=csv

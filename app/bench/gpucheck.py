@@ -37,7 +37,7 @@ from app.core import engine, knobs
 from app.core.config import SHARED_NOISE, RunConfig, SamplingConfig, Settings, SpecConfig, UserError
 from app.drafts import model as model_draft
 from app.drafts.draft_spec import DraftSpec
-from app.kv import static_cache
+from app.kv import cuda_graphs, static_cache
 from app.kv.cache import DynamicRollbackCache, RollbackCache
 from app.models import threads
 from app.models.pair import Pair
@@ -133,18 +133,26 @@ class _OpCount(TorchDispatchMode):
 
 
 @torch.inference_mode()
-def ops_a_step(model, context: list[int], max_len: int) -> int:
-    """Operators in one plain step on the static cache: the eager pass a CUDA graph captures. A graph
-    replays each as a kernel, and a small one costs a few microseconds however few bytes it moves, so
-    this count, not the weights' size, sets a small model's step on a GPU."""
-    lm = static_cache.StaticRollbackCache(model, max_len)
-    try:
-        lm.extend(context, keep=1)
-        with _OpCount() as count:
-            lm.step(context[-1])
-    finally:
-        lm.close()
-    return count.ops
+def ops_a_step(model, context: list[int], max_len: int) -> dict[str, int]:
+    """Operators in one plain step as a CUDA graph captures it (the pass, with its mask built from the
+    input buffer), with fused_pass's layers where they run the model and with transformers' own. A
+    graph replays each as a kernel, and a small one costs a few microseconds however few bytes it
+    moves, so this count, not the weights' size, sets a small model's step on a GPU."""
+    out = {}
+    for name, fused in (("fused", True), ("transformers", False)):
+        lm = static_cache.StaticRollbackCache(model, max_len, graphs=True, fused=fused)
+        try:
+            if fused and lm.fused is None:
+                continue
+            lm.extend(context, keep=1)
+            step = lm.width_pass(1, False)
+            step.eager = True  # run as the graph would capture it, on any device
+            with _OpCount() as count:
+                step(cuda_graphs.chain(context[-1:], lm.length))
+            out[name] = count.ops
+        finally:
+            lm.close()
+    return out
 
 
 def self_pair(target, tok) -> Pair:
@@ -286,6 +294,7 @@ def check(
         "eager": DynamicRollbackCache,
         "static_eager": static_cache.StaticCachePool(max_len),
         "graphs": static_cache.StaticCachePool(max_len, graphs=True),
+        "graphs_transformers": static_cache.StaticCachePool(max_len, graphs=True, fused=False),
     } | ({"compiled": static_cache.StaticCachePool(max_len, compile=True)} if compiled_on else {})
     report = dict(
         device=str(device),
