@@ -39,6 +39,7 @@ def test_the_fused_pass_gives_transformers_logits_and_features(make, taps):
         own = StaticRollbackCache(model, 256, graphs=True, feature_layers=taps, fused=False)
         assert fused.fused is not None and own.fused is None
         got, want = passes(fused), passes(own)
+    assert fused_pass.of(model) is fused.fused, "the fused pass ran every graph pass (none fell back)"
     assert len(got) == len(want)
     for i, (a, b) in enumerate(zip(got, want, strict=True)):
         torch.testing.assert_close(a, b, msg=lambda m, i=i: f"output {i}: {m}")
@@ -57,9 +58,13 @@ def test_joining_keeps_each_weight_once_and_its_numbers():
     assert {w.untyped_storage().data_ptr() for w in after[3:]} == {layer.gate_up.untyped_storage().data_ptr()}
 
 
-def test_a_layer_with_a_hook_of_its_own_keeps_transformers_layers():
+@pytest.mark.parametrize("where", ["layer", "projection"])
+def test_a_layer_with_a_hook_of_its_own_keeps_transformers_layers(where):
     model = tiny_llama(vocab=96).eval()
-    model.model.layers[1].register_forward_pre_hook(lambda *a: None)
+    if where == "layer":
+        model.model.layers[1].register_forward_pre_hook(lambda *a: None)
+    else:  # the fused pass reads the weights itself, so a projection's hook would never run
+        model.model.layers[0].mlp.down_proj.register_forward_hook(lambda *a: None)
     assert "hooks" in (fused_pass.unsupported(model) or "")
     assert StaticRollbackCache(model, 256, graphs=True).fused is None
 
@@ -95,3 +100,27 @@ def test_a_fused_pass_that_fails_hands_the_model_to_transformers_layers_and_says
     ]
     for a, b in zip(got, want, strict=True):
         torch.testing.assert_close(a, b)
+
+
+def test_an_early_exit_view_reuses_its_targets_joined_weights():
+    """A view sharing the target's layers (a new model object each request) joins nothing again: the
+    weights a graph of the target reads stay where they are, held once."""
+    from app.drafts.model import early_exit_view
+
+    model = qwen2_with_biases()
+    target = fused_pass.of(model)
+    assert target is not None
+    q = model.model.layers[1].self_attn.q_proj
+    where = q.weight.data_ptr()
+    for _ in range(2):
+        view = fused_pass.of(early_exit_view(model, 2))
+        assert view is not None and view.layers[1] is target.layers[1]
+    assert q.weight.data_ptr() == where
+
+
+def test_joining_inside_inference_mode_leaves_plain_weights():
+    model = qwen2_with_biases()
+    with torch.inference_mode():
+        prepared = fused_pass.of(model)
+    assert prepared is not None and not prepared.layers[0].qkv.is_inference()
+    assert not model.model.layers[0].self_attn.q_proj.weight.is_inference()

@@ -85,8 +85,9 @@ def test_the_attention_gives_the_torch_paths_bits_under_every_mask(kernel, torch
         assert torch.equal(got, want), f"width {queries.shape[2]}, mask {mask is not None}"
 
 
-# hidden sizes of the supported families, rows below ATen's one-thread grain and past it (the last)
-@pytest.mark.parametrize("hidden", [64, 576, 896, 2048, 3584])
+# hidden sizes of the supported families, one with a tail past whole vectors and one shorter than a
+# vector (ATen's other loops), rows below ATen's one-thread grain and past it (the last)
+@pytest.mark.parametrize("hidden", [64, 576, 896, 2048, 3584, 100, 6])
 def test_the_kernels_rms_norm_gives_the_modules_bits(kernel, hidden):
     from transformers.models.llama.modeling_llama import LlamaRMSNorm
 

@@ -29,7 +29,7 @@ from torch.nn import functional as F
 from transformers.utils import output_capturing
 
 FAMILIES = ("llama", "mistral", "qwen2")  # full rotary on q and k by rotate_half, a SiLU-gated MLP
-_lock = threading.Lock()
+_lock = threading.RLock()  # of() holds it while a FusedPass joins its layers' weights
 _prepared: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> FusedPass or None
 log = logging.getLogger(__name__)
 
@@ -60,12 +60,15 @@ def unsupported(model: Any) -> str | None:
 
 
 def _hooked(layer: nn.Module) -> bool:
-    """Whether a hook would act on the layer's call, which the fused pass never makes: any but
+    """Whether a hook would act on a call within the layer, none of which the fused pass makes: any but
     transformers' output-capturing hooks (its model wrapper installs them on every layer; they act only
     inside a wrapper call that asks for hidden states), or accelerate's placement hook."""
-    if layer._forward_pre_hooks or any(hasattr(m, "_hf_hook") for m in layer.modules()):
-        return True
-    return any(getattr(h, "__module__", None) != output_capturing.__name__ for h in layer._forward_hooks.values())
+    for module in layer.modules():
+        if module._forward_pre_hooks or hasattr(module, "_hf_hook"):
+            return True
+        if any(getattr(h, "__module__", None) != output_capturing.__name__ for h in module._forward_hooks.values()):
+            return True
+    return False
 
 
 @dataclass
@@ -85,14 +88,45 @@ class _Layer:
 
 def _joined(*linears: nn.Linear) -> torch.Tensor:
     """The linears' weights as one tensor, whose row blocks then become their weights (views), so the
-    model holds each weight once and every path reads the same numbers."""
-    joined = torch.cat([lin.weight.detach() for lin in linears])
+    model holds each weight once and every path reads the same numbers. Plain tensors even when asked
+    inside inference mode: the model's weights outlive the request that first ran the pass."""
+    with torch.inference_mode(False), torch.no_grad():
+        joined = torch.cat([lin.weight.detach() for lin in linears])
     start = 0
     for lin in linears:
         rows = lin.weight.shape[0]
         lin.weight = nn.Parameter(joined[start : start + rows], requires_grad=False)
         start += rows
     return joined
+
+
+_joins: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # decoder layer -> its _Layer
+
+
+def _weights(layer: nn.Module) -> _Layer:
+    """A decoder layer's weights as the fused pass reads them, joined once a layer: an early exit's
+    view of a target shares its layers, and a second join would move weights a graph already reads."""
+    if layer not in _joins:
+        attn, mlp = layer.self_attn, layer.mlp
+        projections = (attn.q_proj, attn.k_proj, attn.v_proj)
+        qkv_bias = None
+        if any(p.bias is not None for p in projections):
+            with torch.inference_mode(False), torch.no_grad():
+                qkv_bias = torch.cat(
+                    [p.bias if p.bias is not None else p.weight.new_zeros(p.out_features) for p in projections]
+                )
+        _joins[layer] = _Layer(
+            norm=layer.input_layernorm.weight,
+            norm_eps=layer.input_layernorm.variance_epsilon,
+            qkv=_joined(*projections),
+            qkv_bias=qkv_bias,
+            o=attn.o_proj.weight,
+            post_norm=layer.post_attention_layernorm.weight,
+            post_eps=layer.post_attention_layernorm.variance_epsilon,
+            gate_up=_joined(mlp.gate_proj, mlp.up_proj),
+            down=mlp.down_proj.weight,
+        )
+    return _joins[layer]
 
 
 class FusedPass:
@@ -104,32 +138,8 @@ class FusedPass:
         self.model = weakref.ref(model)
         self.heads, self.kv_heads = int(config.num_attention_heads), int(config.num_key_value_heads)
         self.head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // self.heads)
-        self.layers = []
-        with torch.no_grad():
-            for layer in base.layers:
-                attn, mlp = layer.self_attn, layer.mlp
-                biases = [p.bias for p in (attn.q_proj, attn.k_proj, attn.v_proj)]
-                qkv_bias = None
-                if any(b is not None for b in biases):
-                    qkv_bias = torch.cat(
-                        [
-                            b if b is not None else p.weight.new_zeros(p.out_features)
-                            for b, p in zip(biases, (attn.q_proj, attn.k_proj, attn.v_proj), strict=True)
-                        ]
-                    )
-                self.layers.append(
-                    _Layer(
-                        norm=layer.input_layernorm.weight,
-                        norm_eps=layer.input_layernorm.variance_epsilon,
-                        qkv=_joined(attn.q_proj, attn.k_proj, attn.v_proj),
-                        qkv_bias=qkv_bias,
-                        o=attn.o_proj.weight,
-                        post_norm=layer.post_attention_layernorm.weight,
-                        post_eps=layer.post_attention_layernorm.variance_epsilon,
-                        gate_up=_joined(mlp.gate_proj, mlp.up_proj),
-                        down=mlp.down_proj.weight,
-                    )
-                )
+        with _lock:
+            self.layers = [_weights(layer) for layer in base.layers]
         self.scaling = self.head_dim**-0.5
 
     def __call__(
@@ -178,14 +188,13 @@ class FusedPass:
             x = F.rms_norm(h, (h.shape[-1],), w.post_norm, w.post_eps)
             gate, up = F.linear(x, w.gate_up).view(t, 2, -1).unbind(1)
             h = torch.addmm(h.view(t, -1), F.silu(gate) * up, w.down.t()).view(1, t, -1)
-        # the cache's write positions move once every layer is written: a pass that fails half-way
-        # leaves them where they were, for transformers' layers to write the same slots (refuse)
-        torch._foreach_add_([layer.cumulative_length for layer in layers], t)
         h = F.rms_norm(h, (h.shape[-1],), base.norm.weight, base.norm.variance_epsilon)
         logits = model.lm_head(h)[0]
-        if taps is None:
-            return logits, None
-        return logits, (torch.cat([entering[i] for i in taps], dim=-1)[0] if taps else h[0])
+        features = None if taps is None else torch.cat([entering[i] for i in taps], dim=-1)[0] if taps else h[0]
+        # the cache's write positions move last: a pass that fails anywhere leaves them where they
+        # were, for transformers' layers to write the same slots (refuse)
+        torch._foreach_add_([layer.cumulative_length for layer in layers], t)
+        return logits, features
 
 
 def _signs(d: int, like: torch.Tensor) -> torch.Tensor:

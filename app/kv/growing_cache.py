@@ -58,7 +58,7 @@ class GrowingLayer(DynamicLayer):
         return (self._k, self._v, start) if start + tokens <= self._k.shape[-2] else None
 
     def hold(self, length: int) -> None:
-        """Hold the first `length` positions of the buffers (written in place by the pass that asked `room`)."""
+        """Hold the first `length` positions of the buffers (written in place by the pass that asked `room_for`)."""
         self._hold(length)
 
     @staticmethod

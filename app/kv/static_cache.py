@@ -289,6 +289,8 @@ class StaticRollbackCache(RollbackCache):
             if fused is not None and fused_pass.of(model()) is fused:
                 try:
                     return fused(**inputs, cache=cache, taps=layers if features else None)
+                except torch.OutOfMemoryError:  # the request's, not the pass's: transformers' layers need memory too
+                    raise
                 except (RuntimeError, TypeError, ValueError, IndexError) as e:  # the model's own layers then
                     fused_pass.refuse(model(), e)
             out = model()(**inputs, cache=cache, use_cache=True, output_hidden_states=features)
@@ -327,8 +329,9 @@ def rows_exact(model: PreTrainedModel, width: int, max_len: int | None = None) -
     device and in this precision. Probed once per model, width and length (on CUDA it also captures that
     width's graph for the request's caches)."""
     max_len = max_len or cache_length(PROBE_CONTEXT, width)
+    key = (width, max_len, fused_pass.of(model) is not None)  # the pass it probed: a refused fused pass's verdict goes
     with _exact_lock:
-        known = _exact.get(model, {}).get((width, max_len))
+        known = _exact.get(model, {}).get(key)
     if known is not None:
         return known
     vocab = cast(torch.Tensor, model.get_input_embeddings().weight).shape[0]
@@ -343,7 +346,7 @@ def rows_exact(model: PreTrainedModel, width: int, max_len: int | None = None) -
         one.close()
         wide.close()
     with _exact_lock:
-        _exact.setdefault(model, {})[(width, max_len)] = exact
+        _exact.setdefault(model, {})[key] = exact
     return exact
 
 

@@ -839,7 +839,7 @@ torch::Tensor rms_norm(const torch::Tensor& h, const torch::Tensor& weight, doub
   const float* xs = x.data_ptr<float>();
   std::vector<float> var(static_cast<size_t>(rows));
 #ifdef SPECDEC_X86
-  if (x.numel() < GRAIN) {
+  if (x.numel() < GRAIN && hidden >= 8) {  // ATen sums rows shorter than a vector by another loop
     for (int64_t r = 0; r < rows; ++r) var[r] = row_sum_of_squares(xs + r * hidden, hidden) / static_cast<float>(hidden);
   } else
 #endif
@@ -1145,5 +1145,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("attention_out", &attention_out, "an exact decoder layer from its attention on");
   py::class_<Stack>(m, "Stack", "a decoder stack's layers as one call")
       .def(py::init<const py::list&>())
-      .def("run", &Stack::run, "hidden states through every layer, the cache written in place");
+      // the GIL goes while the stack runs (it reads no Python object): other requests' threads go on
+      .def("run", &Stack::run, "hidden states through every layer, the cache written in place",
+           py::call_guard<py::gil_scoped_release>());
 }
