@@ -103,7 +103,7 @@ def _joined(*linears: nn.Linear) -> torch.Tensor:
 _joins: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # decoder layer -> its _Layer
 
 
-def _weights(layer: nn.Module) -> _Layer:
+def _weights(layer: Any) -> _Layer:
     """A decoder layer's weights as the fused pass reads them, joined once a layer: an early exit's
     view of a target shares its layers, and a second join would move weights a graph already reads."""
     if layer not in _joins:
