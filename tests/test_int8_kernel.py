@@ -202,12 +202,13 @@ def test_a_pass_writes_its_cache_in_place_with_the_bits_and_taps_of_the_layer_by
             out += cache.extend_with_features(ids[i : i + 5], keep=5)
             cache.rollback(cache.length - 2)  # the next pass overwrites the forgotten positions
             out.append(cache.extend(ids[i + 3 : i + 5], keep=2))
+            out.append(cache.step(ids[i]))  # a plain step: the stack in place too
         return out
 
     with pytest.MonkeyPatch.context() as m:
         m.setattr(exact_model, "_in_place", counted)
         stacked = rows()
-        assert len(ran) >= 8, "most passes ran in place"
+        assert len(ran) >= 16, "most passes and steps ran in place"
         ran.clear()
         m.setattr(exact_model, "_rooms", lambda *a: None)
         layered = rows()

@@ -76,6 +76,11 @@ def through_layers(layers, rotary: nn.Module, h: torch.Tensor, cache: DynamicCac
     One query attends to every cached position, so no mask is built or passed."""
     position = torch.full((1, 1), cache.get_seq_length(), dtype=torch.long, device=h.device)
     position_embeddings = rotary(h, position)
+    run_stack = getattr(layers[0], "run_stack", None) if len(layers) else None
+    if run_stack is not None:  # as through_masked: layers that run a whole pass themselves do so
+        out = run_stack(layers, h, None, position_embeddings, cache)
+        if out is not None:
+            return out
     for layer in layers:
         h = layer(
             h,
