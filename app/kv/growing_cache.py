@@ -45,7 +45,7 @@ class GrowingLayer(DynamicLayer):
         assert self._v is not None  # grown together with _k
         self._k[..., start:end, :].copy_(key_states)
         self._v[..., start:end, :].copy_(value_states)
-        self._hold(end)
+        self.hold(end)
         return self.keys, self.values
 
     def room_for(self, tokens: int) -> tuple[torch.Tensor, torch.Tensor, int] | None:
@@ -57,10 +57,6 @@ class GrowingLayer(DynamicLayer):
         start = self.get_seq_length()
         return (self._k, self._v, start) if start + tokens <= self._k.shape[-2] else None
 
-    def hold(self, length: int) -> None:
-        """Hold the first `length` positions of the buffers (written in place by the pass that asked `room_for`)."""
-        self._hold(length)
-
     @staticmethod
     def _grown(old: torch.Tensor | None, new: torch.Tensor, held: int, size: int) -> torch.Tensor:
         """A buffer of `size` positions shaped like `new`, holding old's first `held` positions."""
@@ -69,7 +65,8 @@ class GrowingLayer(DynamicLayer):
             buffer[..., :held, :].copy_(old[..., :held, :])
         return buffer
 
-    def _hold(self, length: int) -> None:
+    def hold(self, length: int) -> None:
+        """Hold the buffers' first `length` positions (also after a pass that wrote them in place, room_for)."""
         assert self._k is not None and self._v is not None  # called once the buffers exist
         self.keys, self.values = self._k[..., :length, :], self._v[..., :length, :]
 
@@ -79,7 +76,7 @@ class GrowingLayer(DynamicLayer):
         if tokens_to_remove > 0:
             raise ValueError(f"crop takes a negative count of positions to remove, got {tokens_to_remove}")
         if tokens_to_remove and self._k is not None:
-            self._hold(max(0, self.get_seq_length() + tokens_to_remove))
+            self.hold(max(0, self.get_seq_length() + tokens_to_remove))
 
     def reset(self) -> None:
         super().reset()
