@@ -8,8 +8,52 @@ import torch
 from torch import nn
 from transformers import DynamicCache
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, create_causal_mask, sdpa_mask
+from transformers.utils import output_capturing
 
 from app.core.config import UserError
+
+# Families whose attention is exactly Llama's (full rotary on q and k with transformers' rotate_half, no
+# q/k norms or clipping), which the app's own layers (the int8 kernel's, the fused GPU pass) recompute:
+# others that look alike (StableLM's partial rotary, Cohere's interleaved one) would give wrong logits.
+LLAMA_FAMILIES = ("llama", "mistral", "qwen2")
+LLAMA_PROJECTIONS = {
+    "self_attn": ("q_proj", "k_proj", "v_proj", "o_proj"),
+    "mlp": ("gate_proj", "up_proj", "down_proj"),
+}
+
+
+def llama_layers(layers) -> bool:
+    """Whether every layer has q, k, v and o projections without norms of their own and a SiLU-gated MLP."""
+    for layer in layers:
+        for part, names in LLAMA_PROJECTIONS.items():
+            module = getattr(layer, part, None)
+            if module is None or not all(isinstance(getattr(module, n, None), nn.Linear) for n in names):
+                return False
+        attn = layer.self_attn
+        if hasattr(attn, "q_norm") or getattr(attn, "sliding_window", None):
+            return False
+    return True
+
+
+def llama_shaped(model) -> bool:
+    """Whether the model is a Llama-family decoder with such layers under a standard rotary embedding
+    and an LM head of its own."""
+    config = model.config
+    if getattr(config, "model_type", None) not in LLAMA_FAMILIES or getattr(config, "clip_qkv", None):
+        return False
+    if (
+        float(getattr(config, "partial_rotary_factor", 1.0) or 1.0) != 1.0
+        or getattr(config, "hidden_act", None) != "silu"
+    ):
+        return False
+    layers = getattr(getattr(model, "model", None), "layers", None)
+    return layers is not None and model.get_output_embeddings() is not None and llama_layers(layers)
+
+
+def capturing_only(hooks) -> bool:
+    """Whether these forward hooks are all transformers' output-capturing ones (its model wrapper installs
+    them on every layer; they act only inside a wrapper call that asks for hidden states)."""
+    return all(getattr(h, "__module__", None) == output_capturing.__name__ for h in hooks)
 
 
 def through_masked(
@@ -34,12 +78,9 @@ def through_masked(
             config=config, inputs_embeds=h, attention_mask=None, cache=cache, position_ids=position
         )
     position_embeddings = rotary(h, position_ids=position)
-    # Layers that run a whole pass themselves (an exact int8 target's kernel layers) do so first.
-    run_stack = getattr(layers[0], "run_stack", None) if len(layers) else None
-    if run_stack is not None:
-        out = run_stack(layers, h, mask, position_embeddings, cache, taps, tapped)
-        if out is not None:
-            return out
+    out = _as_one_pass(layers, h, mask, position_embeddings, cache, taps, tapped)
+    if out is not None:
+        return out
     entering: dict[int, torch.Tensor] = {}
     for i, layer in enumerate(layers):
         if i in taps:
@@ -55,6 +96,13 @@ def through_masked(
     if tapped is not None:
         tapped.extend(entering[i] for i in taps)
     return h
+
+
+def _as_one_pass(layers, h, mask, position_embeddings, cache, taps=(), tapped=None) -> torch.Tensor | None:
+    """The pass run by the layers themselves where they run a whole one (an exact int8 model's kernel
+    layers: run_stack), else None (each layer is then called)."""
+    run_stack = getattr(layers[0], "run_stack", None) if len(layers) else None
+    return None if run_stack is None else run_stack(layers, h, mask, position_embeddings, cache, taps, tapped)
 
 
 def fused_layers(num_layers: int) -> tuple[int, ...]:
@@ -76,11 +124,9 @@ def through_layers(layers, rotary: nn.Module, h: torch.Tensor, cache: DynamicCac
     One query attends to every cached position, so no mask is built or passed."""
     position = torch.full((1, 1), cache.get_seq_length(), dtype=torch.long, device=h.device)
     position_embeddings = rotary(h, position)
-    run_stack = getattr(layers[0], "run_stack", None) if len(layers) else None
-    if run_stack is not None:  # as through_masked: layers that run a whole pass themselves do so
-        out = run_stack(layers, h, None, position_embeddings, cache)
-        if out is not None:
-            return out
+    out = _as_one_pass(layers, h, None, position_embeddings, cache)
+    if out is not None:
+        return out
     for layer in layers:
         h = layer(
             h,

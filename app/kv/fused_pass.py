@@ -26,9 +26,9 @@ from typing import Any
 import torch
 from torch import nn
 from torch.nn import functional as F
-from transformers.utils import output_capturing
 
-FAMILIES = ("llama", "mistral", "qwen2")  # full rotary on q and k by rotate_half, a SiLU-gated MLP
+from app.core import decoder_layers
+
 _lock = threading.RLock()  # of() holds it while a FusedPass joins its layers' weights
 _prepared: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> FusedPass or None
 log = logging.getLogger(__name__)
@@ -36,21 +36,10 @@ log = logging.getLogger(__name__)
 
 def unsupported(model: Any) -> str | None:
     """Why this model's passes keep transformers' own layers (None: the fused pass runs them)."""
-    config = model.config
-    if getattr(config, "model_type", None) not in FAMILIES:
-        return f"the fused pass runs {', '.join(FAMILIES)} layers"
-    if (
-        float(getattr(config, "partial_rotary_factor", 1.0) or 1.0) != 1.0
-        or getattr(config, "hidden_act", "") != "silu"
-    ):
-        return "the fused pass runs full rotary embeddings and SiLU-gated MLPs"
-    layers = getattr(getattr(model, "model", None), "layers", None)
-    if layers is None or model.get_output_embeddings() is None:
-        return "the fused pass needs the model's decoder layers and LM head"
-    for layer in layers:
+    if not decoder_layers.llama_shaped(model):
+        return f"the fused pass runs Llama-shaped {', '.join(decoder_layers.LLAMA_FAMILIES)} layers"
+    for layer in model.model.layers:
         attn, mlp = layer.self_attn, layer.mlp
-        if hasattr(attn, "q_norm") or getattr(attn, "sliding_window", None):
-            return "the fused pass runs layers without q/k norms or sliding windows"
         projections = (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj)
         if not all(type(p) is nn.Linear for p in projections) or _hooked(layer):
             return "the fused pass runs plain linear layers without hooks"
@@ -61,14 +50,11 @@ def unsupported(model: Any) -> str | None:
 
 def _hooked(layer: nn.Module) -> bool:
     """Whether a hook would act on a call within the layer, none of which the fused pass makes: any but
-    transformers' output-capturing hooks (its model wrapper installs them on every layer; they act only
-    inside a wrapper call that asks for hidden states), or accelerate's placement hook."""
-    for module in layer.modules():
-        if module._forward_pre_hooks or hasattr(module, "_hf_hook"):
-            return True
-        if any(getattr(h, "__module__", None) != output_capturing.__name__ for h in module._forward_hooks.values()):
-            return True
-    return False
+    transformers' output-capturing hooks, or accelerate's placement hook."""
+    return any(
+        m._forward_pre_hooks or hasattr(m, "_hf_hook") or not decoder_layers.capturing_only(m._forward_hooks.values())
+        for m in layer.modules()
+    )
 
 
 @dataclass

@@ -11,6 +11,7 @@ import torch
 from torch import nn
 from transformers.utils import output_capturing
 
+from app.core import decoder_layers
 from app.models import exact, int8_kernel
 
 
@@ -177,7 +178,7 @@ def _idle(hooks) -> bool:
         return True
     collector = getattr(output_capturing, "_active_collector", None)
     capturing = collector is None or collector.get() is not None
-    return not capturing and all(getattr(h, "__module__", None) == output_capturing.__name__ for h in hooks)
+    return not capturing and decoder_layers.capturing_only(hooks)
 
 
 _fused: dict[type, type] = {}
@@ -190,40 +191,12 @@ def _fused_class(base: type) -> type:
     return _fused[base]
 
 
-MLP_NAMES = ("gate_proj", "up_proj", "down_proj")
-# Families whose attention is exactly the one exact.ExactAttention computes (full rotary on q and k with
-# transformers' rotate_half, no q/k norms or clipping): others that look alike (StableLM's partial
-# rotary, Cohere's interleaved one) would run and give wrong logits.
-FAMILIES = ("llama", "mistral", "qwen2")
-
-
-def supports_layers(layers) -> bool:
-    """Whether every layer has q, k, v and o projections without norms of their own and a SiLU-gated MLP."""
-    names = ("q_proj", "k_proj", "v_proj", "o_proj")
-    for layer in layers:
-        attn, mlp = getattr(layer, "self_attn", None), getattr(layer, "mlp", None)
-        if attn is None or not all(isinstance(getattr(attn, n, None), nn.Linear) for n in names):
-            return False
-        if hasattr(attn, "q_norm") or hasattr(attn, "sliding_window") and attn.sliding_window:
-            return False
-        if mlp is None or not all(isinstance(getattr(mlp, n, None), nn.Linear) for n in MLP_NAMES):
-            return False
-    return True
-
-
 def supports(model: nn.Module) -> bool:
-    """Whether convert() can run this model: Llama-shaped layers (q, k, v and o projections without
-    norms of their own, a SiLU-gated MLP) under a standard rotary embedding."""
+    """Whether convert() can run this model: Llama-shaped (decoder_layers.llama_shaped), with sizes in
+    whole vector lanes."""
+    if not decoder_layers.llama_shaped(model):
+        return False
     config = model.config
-    if getattr(config, "model_type", None) not in FAMILIES or getattr(config, "clip_qkv", None):
-        return False
-    if float(getattr(config, "partial_rotary_factor", 1.0) or 1.0) != 1.0:
-        return False
-    layers = getattr(getattr(model, "model", None), "layers", None)
-    if getattr(config, "hidden_act", None) != "silu" or layers is None or model.get_output_embeddings() is None:
-        return False
-    if not supports_layers(layers):
-        return False
     return (
         getattr(config, "intermediate_size", 1) % exact.LANES == 0
         and getattr(config, "hidden_size", 1) % exact.LANES == 0
@@ -274,7 +247,7 @@ def convert_head(head: nn.Module, target: nn.Module) -> nn.Module:
         return head
     if type(head) is Eagle3Head:
         _int8_projections(head)
-    elif type(head) is FeatureHead and supports_layers(head.body.layers):
+    elif type(head) is FeatureHead and decoder_layers.llama_layers(head.body.layers):
         body = head.body
         head.fc = exact.Int8Linear.of(head.fc)
         head.config._attn_implementation = body.config._attn_implementation = exact.ATTENTION
