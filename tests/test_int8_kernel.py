@@ -6,6 +6,7 @@ CPUs (Xeon with VNNI, EPYC with AVX-512) run the kernel, so there these tests mu
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -118,6 +119,38 @@ def test_a_models_logits_are_the_torch_paths_on_every_row(kernel, torch_path, hi
     plain = exact_model.convert(fp32)
     for width, out in got.items():
         assert torch.equal(out, rows(plain, width)), f"width {width}"
+
+
+def _mapping_flags(address: int) -> dict[str, str]:
+    """The /proc/self/smaps fields of the mapping that holds `address`."""
+    fields: dict[str, str] = {}
+    inside = False
+    for line in open("/proc/self/smaps"):
+        head = line.split()[0]
+        if "-" in head and not head.endswith(":"):
+            low, high = (int(x, 16) for x in head.split("-"))
+            inside = low <= address < high
+        elif inside:
+            fields[head.rstrip(":")] = line.split(":", 1)[1].strip()
+    return fields
+
+
+def test_a_converted_models_weights_stream_from_one_buffer_on_huge_pages(kernel):
+    """The packed weights of every int8 layer and the LM head are views of one buffer, each after the
+    one a pass reads before it, and Linux is asked to back that buffer with 2 MB pages."""
+    from tests.conftest import tiny_llama
+
+    model = exact_model.convert(tiny_llama(vocab=96, hidden=64).eval())
+    linears = [m for m in model.modules() if isinstance(m, exact.Int8Linear)]
+    assert linears[-1] is model.get_output_embeddings()
+    assert len({linear.packed.untyped_storage().data_ptr() for linear in linears}) == 1
+    starts = [linear.packed.data_ptr() for linear in linears]
+    assert starts == sorted(starts) and all(start % exact_model.CACHE_LINE == 0 for start in starts)
+    assert starts[0] % (2 << 20) == 0, "the buffer starts on a 2 MB page"
+    setting = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+    if not setting.exists() or "[never]" in setting.read_text():
+        pytest.skip("this Linux gives no transparent huge pages")
+    assert _mapping_flags(starts[0]).get("THPeligible") == "1"
 
 
 def test_without_the_kernel_the_int8_path_runs_and_says_why(monkeypatch):

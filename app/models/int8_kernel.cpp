@@ -21,6 +21,10 @@
 #include <type_traits>
 #include <vector>
 
+#if defined(__linux__)
+#include <sys/mman.h>
+#endif
+
 #if defined(__x86_64__)
 #include <immintrin.h>
 #define SPECDEC_X86 1
@@ -61,6 +65,26 @@ bool available() {
 #else
   return false;
 #endif
+}
+
+// `bytes` uint8 on memory Linux may back with 2 MB pages (transparent huge pages, asked for by
+// madvise; a hint, so a kernel that refuses it gives 4 KB pages). A pass streams every weight once,
+// and on 4 KB pages each page of the stream costs a TLB miss: the packed weights of a model live in one
+// such buffer (exact_model). Its memory is released with the last tensor that views it.
+torch::Tensor huge_buffer(int64_t bytes) {
+#if defined(__linux__)
+  constexpr uintptr_t HUGE_PAGE = uintptr_t(2) << 20;
+  const size_t length = (static_cast<size_t>(bytes) + 2 * HUGE_PAGE - 1) / HUGE_PAGE * HUGE_PAGE;  // room to align
+  void* base = mmap(nullptr, length, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (base != MAP_FAILED) {
+    const uintptr_t at = (reinterpret_cast<uintptr_t>(base) + HUGE_PAGE - 1) & ~(HUGE_PAGE - 1);
+    void* start = reinterpret_cast<void*>(at);
+    madvise(start, length - (at - reinterpret_cast<uintptr_t>(base)), MADV_HUGEPAGE);
+    return torch::from_blob(start, {bytes}, [base, length](void*) { munmap(base, length); },
+                            torch::TensorOptions().dtype(torch::kUInt8));
+  }
+#endif
+  return torch::empty({bytes}, torch::kUInt8);
 }
 
 // (N, K) int8 rows -> (blocks(N), depth(K) * 64) uint8, each weight + 128: for each block of 16
@@ -1137,6 +1161,7 @@ class Stack {
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("available", &available, "whether this CPU runs the kernel (AVX-512 VNNI)");
+  m.def("huge_buffer", &huge_buffer, "uint8 on memory that may be backed by 2 MB pages");
   m.def("pack", &pack, "(N, K) int8 rows in the kernel's layout, shifted into uint8");
   m.def("linear", &linear, "the exact int8 linear layer");
   m.def("attention", &attention, "the exact attention over fixed-point keys and values");
