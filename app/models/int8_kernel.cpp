@@ -1017,15 +1017,25 @@ torch::Tensor attention_out(torch::Tensor h, torch::Tensor q, torch::Tensor k, t
   auto rows_of = [&](const torch::Tensor& x) { return x.reshape({b * t, x.size(-1)}); };
   torch::Tensor attended;
 #ifdef SPECDEC_X86
-  // A few rows' attention runs on one thread (attention_rows's grain): the other then warms this
-  // layer's output, gate-and-up and down weights, read next at the memory's speed.
+  // A few rows' attention runs on one thread (attention_rows's grain): the other then warms what it
+  // reads after its first kv head's keys (the other heads' keys, then every head's values: a pass's
+  // weights have pushed them out of the caches since the last pass), then this layer's output,
+  // gate-and-up and down weights, read next at the memory's speed.
   const int64_t rows = q.size(0) * q.size(1) * q.size(2);
   const bool alone = q.size(2) <= 128 && rows <= attention_grain(k.size(2), q.size(3));
   if (alone && at::get_num_threads() > 1 && !at::in_parallel_region()) {
-    const std::vector<std::pair<const uint8_t*, int64_t>> spans{
-        {o_packed.data_ptr<uint8_t>(), o_packed.numel()},
-        {up_packed.data_ptr<uint8_t>(), up_packed.numel()},
-        {down_packed.data_ptr<uint8_t>(), down_packed.numel()}};
+    std::vector<std::pair<const uint8_t*, int64_t>> spans;
+    for (const auto& [cached, skip] : {std::pair{&k, int64_t(1)}, std::pair{&v, int64_t(0)}}) {
+      const int64_t head_bytes = cached->size(2) * cached->stride(2) * cached->element_size();
+      for (int64_t nn = skip; nn < cached->size(0) * cached->size(1); ++nn) {
+        const auto* head = cached->data_ptr<float>() + nn / cached->size(1) * cached->stride(0) +
+                           nn % cached->size(1) * cached->stride(1);
+        spans.emplace_back(reinterpret_cast<const uint8_t*>(head), head_bytes);
+      }
+    }
+    for (const auto* packed : {&o_packed, &up_packed, &down_packed}) {
+      spans.emplace_back(packed->data_ptr<uint8_t>(), packed->numel());
+    }
     std::atomic<bool> done{false};
     const at::ThreadLocalState caller;
     at::parallel_for(0, 2, 1, [&](int64_t i0, int64_t i1) {
