@@ -86,6 +86,18 @@ def test_the_attention_gives_the_torch_paths_bits_under_every_mask(kernel, torch
         assert torch.equal(got, want), f"width {queries.shape[2]}, mask {mask is not None}"
 
 
+def test_a_converted_models_final_norm_runs_in_the_kernel_with_the_modules_bits(kernel, monkeypatch):
+    from tests.conftest import tiny_llama
+
+    fp32 = tiny_llama(vocab=96, hidden=64).eval()
+    norm = exact_model.convert(fp32).model.norm
+    assert isinstance(norm, type(fp32.model.norm)) and fp32.model.norm.__class__ is not type(norm)
+    calls, own = [], kernel.rms_norm
+    monkeypatch.setattr(kernel, "rms_norm", lambda *args: calls.append(args) or own(*args))
+    h = torch.randn(1, 5, 64) * 7
+    assert torch.equal(norm(h), fp32.model.norm(h)) and len(calls) == 1
+
+
 # hidden sizes of the supported families, one with a tail past whole vectors and one shorter than a
 # vector (ATen's other loops), rows below ATen's one-thread grain and past it (the last)
 @pytest.mark.parametrize("hidden", [64, 576, 896, 2048, 3584, 100, 6])

@@ -73,14 +73,16 @@ def through_masked(
     entering the layers numbered in `taps` are appended to `tapped`, in the order of `taps`."""
     if position is None:
         position = (torch.arange(h.shape[1], device=h.device) + cache.get_seq_length()).unsqueeze(0)
+    position_embeddings = rotary(h, position_ids=position)
+    # A whole pass reads no mask as causal over the new positions, the mask transformers would build
+    # here (its layers have no sliding windows: llama_shaped); only layers called one by one need it built.
+    out = _as_one_pass(layers, h, mask, position_embeddings, cache, taps, tapped)
+    if out is not None:
+        return out
     if mask is None:
         mask = create_causal_mask(
             config=config, inputs_embeds=h, attention_mask=None, cache=cache, position_ids=position
         )
-    position_embeddings = rotary(h, position_ids=position)
-    out = _as_one_pass(layers, h, mask, position_embeddings, cache, taps, tapped)
-    if out is not None:
-        return out
     entering: dict[int, torch.Tensor] = {}
     for i, layer in enumerate(layers):
         if i in taps:
@@ -100,7 +102,8 @@ def through_masked(
 
 def _as_one_pass(layers, h, mask, position_embeddings, cache, taps=(), tapped=None) -> torch.Tensor | None:
     """The pass run by the layers themselves where they run a whole one (an exact int8 model's kernel
-    layers: run_stack), else None (each layer is then called)."""
+    layers: run_stack; no mask: causal over the new positions), else None, before anything ran (each
+    layer is then called)."""
     run_stack = getattr(layers[0], "run_stack", None) if len(layers) else None
     return None if run_stack is None else run_stack(layers, h, mask, position_embeddings, cache, taps, tapped)
 

@@ -102,6 +102,18 @@ class KernelLayer(nn.Module):
         return into, out_of, attn.layer_idx
 
 
+class KernelNorm(nn.Module):
+    """A model's final RMSNorm in the kernel's own code (int8_kernel.rms_norm: the module's bits, its
+    six ATen calls a pass in one). Mixed into the model's own norm class, whose forward runs where the
+    kernel does not."""
+
+    def forward(self, hidden_states):
+        kernel = int8_kernel.module()
+        if kernel is None or hidden_states.dtype != torch.float32 or self.weight.dtype != torch.float32:
+            return super().forward(hidden_states)
+        return kernel.rms_norm(hidden_states, self.weight, self.variance_epsilon)
+
+
 def _through(kernel, stack, h, mask, position_embeddings, cache, taps=(), tapped=None):
     """Hidden states through layers given by their kernel arguments: per layer the first kernel call,
     the cache's update and the second; the states entering the layers in `taps` go to `tapped`."""
@@ -183,14 +195,15 @@ def _idle(hooks) -> bool:
     return not capturing and decoder_layers.capturing_only(hooks)
 
 
-_fused: dict[type, type] = {}
+_fused: dict[tuple[type, type], type] = {}
 
 
-def _fused_class(base: type) -> type:
-    """The model's decoder layer class with KernelLayer's forward first (one class per base)."""
-    if base not in _fused:
-        _fused[base] = type(f"Exact{base.__name__}", (KernelLayer, base), {})
-    return _fused[base]
+def _fused_class(base: type, mixin: type = KernelLayer) -> type:
+    """The model's own class (a decoder layer's, a norm's) with the kernel's forward first (one class
+    per base)."""
+    if (base, mixin) not in _fused:
+        _fused[base, mixin] = type(f"Exact{base.__name__}", (mixin, base), {})
+    return _fused[base, mixin]
 
 
 def supports(model: nn.Module) -> bool:
@@ -215,6 +228,8 @@ def convert(model: nn.Module) -> nn.Module:
     base = copy.copy(model.model)
     base._modules = dict(model.model._modules)
     base.layers = nn.ModuleList(_exact_layer(layer, model.config) for layer in model.model.layers)
+    base.norm = copy.copy(model.model.norm)  # shares its weight
+    base.norm.__class__ = _fused_class(type(model.model.norm), KernelNorm)
     converted.model = base
     head = exact.Int8Linear.of(model.get_output_embeddings())
     head.weight = model.get_output_embeddings().weight  # the rows a feature head drafts from (tied: the embedding)
