@@ -117,3 +117,24 @@ def test_a_regrown_growing_cache_keeps_every_position(tokenizer):
         keys.append(k), values.append(v)
         held_k, held_v = layer.update(k, v)
         assert torch.equal(held_k, torch.cat(keys, dim=-2)) and torch.equal(held_v, torch.cat(values, dim=-2))
+
+
+def test_a_growing_layer_reads_as_the_positions_it_holds_after_in_place_writes_and_crops():
+    """A pass that writes the buffers itself then calls hold, and a rollback crops: keys, values and the
+    length read afterwards are those positions, however many times the length moved between reads."""
+    from app.kv.growing_cache import GrowingLayer
+
+    layer = GrowingLayer(room=8)
+    fed = torch.arange(2 * 3 * 8, dtype=torch.float32).view(1, 2, 3, 8)
+    layer.update(fed, -fed)
+    k, v, start = layer.room_for(4)
+    k[..., start : start + 4, :] = 7.0  # what the int8 kernel's stack writes
+    v[..., start : start + 4, :] = -7.0
+    layer.hold(start + 4)
+    layer.crop(-1)
+    layer.crop(-2)
+    assert layer.get_seq_length() == 4
+    assert torch.equal(layer.keys, torch.cat([fed, torch.full((1, 2, 1, 8), 7.0)], dim=-2))
+    assert torch.equal(layer.values, -layer.keys)
+    layer.reset()
+    assert layer.get_seq_length() == 0 and layer.keys is None

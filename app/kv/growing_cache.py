@@ -3,8 +3,10 @@
 transformers' DynamicLayer appends by `torch.cat`, which copies the layer's whole cache on every
 pass: for the bundled target at a few hundred tokens that is megabytes a pass, on a CPU whose
 passes are bound by memory traffic. A growing layer writes the new keys and values into a buffer
-with room to spare, and a rollback only moves its length back. `keys` and `values` stay views of
-the positions held, so whatever reads a DynamicLayer reads this one.
+with room to spare, and a rollback only moves its length back. `keys` and `values` read as views of
+the positions held, so whatever reads a DynamicLayer reads this one; they are made when read, since
+a pass that writes the buffers itself (the int8 kernel's) and every rollback only move the length
+(two views a layer each time cost a one-token int8 pass ~0.1 ms, as much again its rollback).
 
 For inference only, one sequence, and nothing may keep a returned tensor past the next rollback:
 the next pass overwrites the positions a rollback forgot, in place (so outside inference mode, or
@@ -30,7 +32,8 @@ class GrowingLayer(DynamicLayer):
     def __init__(self, room: int = ROOM):
         super().__init__()
         self.room = room
-        self._k = self._v = None  # the buffers; keys and values are views of the positions held
+        self._k = self._v = None  # the buffers; keys and values are views of the first `_held` positions
+        self._held = 0
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
         if not self.is_initialized:
@@ -68,7 +71,23 @@ class GrowingLayer(DynamicLayer):
     def hold(self, length: int) -> None:
         """Hold the buffers' first `length` positions (also after a pass that wrote them in place, room_for)."""
         assert self._k is not None and self._v is not None  # called once the buffers exist
-        self.keys, self.values = self._k[..., :length, :], self._v[..., :length, :]
+        self._held = length
+        # dropped, so the next read makes them (__getattr__)
+        self.__dict__.pop("keys", None)
+        self.__dict__.pop("values", None)
+
+    def __getattr__(self, name: str) -> torch.Tensor:
+        """`keys` and `values` once the buffers exist: views of the positions held, made on first read
+        after hold. Any other missing attribute is missing."""
+        k, v = self.__dict__.get("_k"), self.__dict__.get("_v")
+        if name not in ("keys", "values") or k is None or v is None:
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        held = self.__dict__["_held"]
+        self.keys, self.values = k[..., :held, :], v[..., :held, :]
+        return self.__dict__[name]
+
+    def get_seq_length(self) -> int:
+        return self._held if self._k is not None else super().get_seq_length()
 
     def crop(self, tokens_to_remove: int) -> None:
         """Forget the last -tokens_to_remove positions (DynamicLayer's convention): they are
@@ -81,6 +100,7 @@ class GrowingLayer(DynamicLayer):
     def reset(self) -> None:
         super().reset()
         self._k = self._v = None
+        self._held = 0
 
     # DynamicLayer's versions of these replace `keys` and `values` but not the buffers behind them,
     # so the next pass would quietly undo them: refused rather than wrong.
