@@ -74,8 +74,8 @@ def through_masked(
     if position is None:
         position = (torch.arange(h.shape[1], device=h.device) + cache.get_seq_length()).unsqueeze(0)
     position_embeddings = rotary(h, position_ids=position)
-    # A whole pass reads no mask as causal over the new positions, the mask transformers would build
-    # here (its layers have no sliding windows: llama_shaped); only layers called one by one need it built.
+    # A whole pass reads no mask as causal over the new positions (exact.blocked_keys), which is the
+    # plain causal mask create_causal_mask builds here; only layers called one by one need it built.
     out = _as_one_pass(layers, h, mask, position_embeddings, cache, taps, tapped)
     if out is not None:
         return out

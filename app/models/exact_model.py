@@ -200,7 +200,7 @@ _fused: dict[tuple[type, type], type] = {}
 
 def _fused_class(base: type, mixin: type = KernelLayer) -> type:
     """The model's own class (a decoder layer's, a norm's) with the kernel's forward first (one class
-    per base)."""
+    per base and mixin)."""
     if (base, mixin) not in _fused:
         _fused[base, mixin] = type(f"Exact{base.__name__}", (mixin, base), {})
     return _fused[base, mixin]
@@ -223,7 +223,7 @@ def convert(model: nn.Module) -> nn.Module:
     attention and SiLU. The input embedding stays fp32 (a row lookup needs no sums)."""
     if not supports(model):
         raise ValueError("the int8 precision runs Llama-shaped decoders (SmolLM2, Llama, Qwen2, Mistral)")
-    converted = copy.copy(model)  # shares the embedding and norms; the layers below are new modules
+    converted = copy.copy(model)  # shares the embedding; the layers and the final norm below are new modules
     converted._modules = dict(model._modules)
     base = copy.copy(model.model)
     base._modules = dict(model.model._modules)
@@ -284,7 +284,7 @@ def _onto_huge_pages(model: nn.Module) -> None:
     """The packed weights of the model's int8 layers moved into one buffer, in the order a pass reads
     them, on memory the kernel asks Linux to back with 2 MB pages (int8_kernel.cpp's huge_buffer): a
     pass streams them all, and on 4 KB pages every page of the stream costs a TLB miss (SmolLM2's
-    one-token pass 0.92 of its time on 4 KB pages, an A/B on a 2-core AMD EPYC). The same bytes, so
+    one-token pass took 0.93 of its 4 KB-page time, an A/B on a 2-core AMD EPYC). The same bytes, so
     the same bits; each layer's `packed` becomes a view of the buffer."""
     kernel = int8_kernel.module()
     linears = [m for m in model.modules() if isinstance(m, exact.Int8Linear) and m.packed is not None]

@@ -1026,7 +1026,10 @@ torch::Tensor attention_out(torch::Tensor h, torch::Tensor q, torch::Tensor k, t
   if (alone && at::get_num_threads() > 1 && !at::in_parallel_region()) {
     std::vector<std::pair<const uint8_t*, int64_t>> spans;
     for (const auto& [cached, skip] : {std::pair{&k, int64_t(1)}, std::pair{&v, int64_t(0)}}) {
-      const int64_t head_bytes = cached->size(2) * cached->stride(2) * cached->element_size();
+      if (cached->scalar_type() != torch::kFloat32 || cached->stride(3) != 1) continue;  // attention copies these
+      // a head's positions, up to its last one's last number
+      const int64_t head_bytes =
+          ((cached->size(2) - 1) * cached->stride(2) + cached->size(3)) * cached->element_size();
       for (int64_t nn = skip; nn < cached->size(0) * cached->size(1); ++nn) {
         const auto* head = cached->data_ptr<float>() + nn / cached->size(1) * cached->stride(0) +
                            nn % cached->size(1) * cached->stride(1);
