@@ -127,6 +127,9 @@ class FusedPass:
         with _lock:
             self.layers = [_weights(layer) for layer in base.layers]
         self.scaling = self.head_dim**-0.5
+        # rotate_half's signs, made once: in a graph, a tensor made each pass is kernels replayed each step
+        with torch.inference_mode(False):
+            self.signs = _signs(self.head_dim, base.embed_tokens.weight.detach())
 
     def __call__(
         self,
@@ -147,7 +150,7 @@ class FusedPass:
         cos, sin = base.rotary_emb(h, position_ids)  # (1, T, D) each
         # rotate_half(x)·sin is x rolled by half a head times sin with its first half negated: the
         # same products, one kernel fewer a layer
-        cos, sin = cos[:, :, None], (sin * _signs(d, sin))[:, :, None]
+        cos, sin = cos[:, :, None], (sin * self.signs)[:, :, None]
         # grouped query heads folded into the query length (row g·T + i: head g of the group, token i),
         # so every kv head attends once, to its own keys as the cache holds them
         mask = _additive(attention_mask, h.dtype).repeat(1, 1, group, 1)  # (1, 1, G·T, L)
