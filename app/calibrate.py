@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import itertools
 import statistics
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import replace
@@ -26,8 +25,7 @@ from app.core.costs import Costs
 from app.core.policy import FixedK
 from app.kv import static_cache
 from app.kv.cache import DynamicRollbackCache
-from app.models import context_length, threads
-from app.models.loading import precision_of
+from app.models import context_length
 
 # Code with some repetition, so prompt lookup finds matches as it does in real code.
 PROBE = '''import os
@@ -69,11 +67,6 @@ REPS = 5  # timed passes per width, after one warm-up
 # difference of timings, so it keeps the median too.
 # Plain and speculative runs take turns for the same reason: a burst that outlasts one short run
 # then slows some rounds of each kind, not all rounds of one (docs/how-it-works.md, the cost model).
-
-_cache: dict[tuple, Costs] = {}
-_lock = threading.Lock()
-MAX_CACHED = 16
-
 
 BLOCK = 4  # rounds in a row with the same k; the first of each block is not timed
 PARTS = 3  # turns of a short plain run and a short speculative run
@@ -332,67 +325,9 @@ def _repeat(probe: list[int], n: int) -> list[int]:
     return (probe * (n // len(probe) + 1))[-n:]
 
 
-def costs_for(
-    pair,
-    spec: SpecConfig,
-    target_cache: Callable = DynamicRollbackCache,
-    sampling: SamplingConfig | None = None,
-    report: Callable[[float], None] | None = None,
-) -> Costs:
-    """This machine's costs for `pair`, measured once per pair, draft, k_max, threads, cache kind and
-    cost class of the sampling settings (`cost_class`; default greedy), under the first request's;
-    `report` hears a measurement's progress (measure)."""
-    sampling = sampling or SamplingConfig()
-    tree = spec.tree if spec.tree_auto else 0  # the widest tree the cost model may choose
-    key = (
-        pair.target_name,
-        pair.draft_name,
-        str(pair.target.device),
-        precision_of(pair.target),  # an int8 model holds fp32 tensors too: its dtype does not name it
-        spec.k_max,
-        threads.key(),
-        getattr(target_cache, "__name__", str(target_cache)),
-        cost_class(sampling),
-        tree,
-    )
-    with _lock:
-        if key not in _cache:
-            if len(_cache) >= MAX_CACHED:  # the least recently used goes: greedy stays while it is in use
-                _cache.pop(next(iter(_cache)))
-            _cache[key] = measure(pair, spec.k_max, target_cache, sampling=sampling, tree=tree, report=report)
-        _cache[key] = _cache.pop(key)  # now the most recently used
-        return _cache[key]
-
-
-DRIFT = 1.3  # a run's one-token passes this many times slower or faster than measured: measure again
-DRIFT_ROUNDS = 8  # the fewest one-token passes a check reads
-
-
-def forget(costs: Costs | None = None) -> int:
-    """Drop the measurement `costs` came from (None: every measurement here), so that the next request
-    of its kind measures this machine again; how many were dropped."""
-    with _lock:
-        gone = [key for key, held in _cache.items() if costs is None or held is costs]
-        for key in gone:
-            del _cache[key]
-    return len(gone)
-
-
-def drift(costs: Costs, plain_steps) -> float | None:
-    """How many times its measured time a run's one-token passes took (the median over the rounds of a
-    plain run beside it, each at its own context), when that is off by more than DRIFT either way: the
-    measurement is then forgotten and the next request measures again. None: within DRIFT, or too few
-    rounds to tell. A measurement taken while the machine was busy (a browser drawing the first page
-    beside it, say) would otherwise steer every later run on this server."""
-    ratios = [
-        s.verify_time / costs.verify_time(1, s.context)
-        for s in plain_steps[1:]  # the first round holds the prefill
-        if not s.drafted and s.verify_time > 0
-    ]
-    if len(ratios) < DRIFT_ROUNDS:
-        return None
-    ratio = statistics.median(ratios)
-    if 1 / DRIFT <= ratio <= DRIFT:
-        return None
-    forget(costs)
-    return ratio
+def check_passes(pair, k_max: int, target_cache: Callable = DynamicRollbackCache) -> list[float]:
+    """Fastest seconds of a one-token pass and of the widest chain's pass after the calibration's context:
+    a second's worth of timing that tells whether a kept calibration still holds here."""
+    limit, _ = _window(pair, k_max, target_cache)
+    ids = _repeat(pair.tokenizer(PROBE)["input_ids"], min(limit // 2, CONTEXT))
+    return pass_widths(pair.target, ids, [1, k_max + 1], target_cache)

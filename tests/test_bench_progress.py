@@ -30,7 +30,7 @@ def test_bench_says_so_before_loading_and_measuring(monkeypatch, capsys):
         bench.main(["--target", models.TINY_TARGET, "--limit", "1"])
     assert "bench: loading" in seen[0]
     monkeypatch.undo()
-    _halt_at(monkeypatch, capsys, bench.calibrate, "costs_for", seen)
+    _halt_at(monkeypatch, capsys, bench.kept_costs, "costs_for", seen)
     with pytest.raises(Halt):
         bench.main(["--target", models.TINY_TARGET, "--limit", "1"])
     assert "bench: measuring this machine" in seen[1]

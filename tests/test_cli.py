@@ -20,9 +20,9 @@ ROOT = Path(__file__).resolve().parent.parent
 
 @pytest.mark.parametrize("draft", [None, "prompt-lookup", "early-exit:2"])
 def test_plain_output_is_exactly_the_json_text(capsys, monkeypatch, draft):
-    from app import calibrate
+    from app import kept_costs
 
-    monkeypatch.setattr(calibrate, "_cache", {})  # a first run here, as in a fresh process
+    monkeypatch.setattr(kept_costs, "_cache", {})  # a first run here, as in a fresh process
     # The bundled target with each kind of draft source; stdout is not a terminal here.
     prompt = "import os\n\n\ndef main(argv=None):\n"  # every source's drafts are both kept and rejected here
     argv = [
@@ -174,10 +174,10 @@ def test_cli_with_an_unreachable_hub_is_one_line(tmp_path):
 def test_a_sampled_run_is_planned_on_timings_of_sampled_rounds(capsys, monkeypatch):
     """Adaptive k and "predicted for this machine" read a calibration taken under the request's own
     sampling settings: sampled rounds cost more than greedy ones (calibrate.measure)."""
-    from app import calibrate
+    from app import calibrate, kept_costs
 
     seen, real_measure = [], calibrate.measure
-    monkeypatch.setattr(calibrate, "_cache", {})
+    monkeypatch.setattr(kept_costs, "_cache", {})
     monkeypatch.setattr(calibrate, "measure", lambda *a, **kw: seen.append(kw["sampling"]) or real_measure(*a, **kw))
     argv = [
         "generate",

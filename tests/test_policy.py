@@ -7,7 +7,7 @@ import random
 import pytest
 from conftest import pair_of, run
 
-from app import calibrate, request
+from app import calibrate, kept_costs, request
 from app.core import cost_fit, engine, metrics
 from app.core.config import RunConfig, SamplingConfig, Settings, SpecConfig
 from app.core.costs import Costs
@@ -103,7 +103,7 @@ def test_calibration_measures_every_part(target, near_draft, tokenizer, draft):
     assert costs.draft_round_s + costs.draft_token_s > 0  # prompt lookup's search is measured too, not 0
     run = request.start(pair, pair.encode("def f"), Settings(spec=SpecConfig(k_policy="adaptive", k_max=4)))
     policy = run.policy()
-    assert isinstance(policy, AdaptiveK) and policy.costs is calibrate.costs_for(pair, SpecConfig(k_max=4))
+    assert isinstance(policy, AdaptiveK) and policy.costs is kept_costs.costs_for(pair, SpecConfig(k_max=4))
 
 
 def test_calibration_runs_under_the_requests_sampling_once_per_cost_class(target, near_draft, tokenizer, monkeypatch):
@@ -113,27 +113,27 @@ def test_calibration_runs_under_the_requests_sampling_once_per_cost_class(target
     pair = pair_of(target, tokenizer, "tiny-sampling", near_draft, "model")
     spec, seen = SpecConfig(k_policy="adaptive", k_max=3), []
     real_generate = calibrate.engine.generate
-    monkeypatch.setattr(calibrate, "_cache", {})
+    monkeypatch.setattr(kept_costs, "_cache", {})
 
     def spy(*args, sampling_cfg=SamplingConfig(), **kwargs):
         seen.append(sampling_cfg)
         return real_generate(*args, sampling_cfg=sampling_cfg, **kwargs)
 
     monkeypatch.setattr(calibrate.engine, "generate", spy)
-    greedy = calibrate.costs_for(pair, spec)
+    greedy = kept_costs.costs_for(pair, spec)
     assert seen and all(s.greedy for s in seen)
     sampled_cfg = SamplingConfig(temperature=0.9, top_p=0.95, repetition_penalty=1.1)
     seen.clear()
-    sampled = calibrate.costs_for(pair, spec, sampling=sampled_cfg)
+    sampled = kept_costs.costs_for(pair, spec, sampling=sampled_cfg)
     assert sampled is not greedy
     assert seen and all(s == sampled_cfg for s in seen)  # the request's own settings, every round
     seen.clear()
     hotter = dataclasses.replace(sampled_cfg, temperature=0.5, seed=7)
-    assert calibrate.costs_for(pair, spec, sampling=hotter) is sampled and not seen
+    assert kept_costs.costs_for(pair, spec, sampling=hotter) is sampled and not seen
     policy = request.start(pair, pair.encode("def f"), Settings(hotter, spec)).policy()
     assert isinstance(policy, AdaptiveK) and policy.costs is sampled
     # Greedy rounds take the argmax: the UI's top-k and top-p sliders cost them nothing.
-    assert calibrate.costs_for(pair, spec, sampling=SamplingConfig(top_k=50, top_p=0.9)) is greedy
+    assert kept_costs.costs_for(pair, spec, sampling=SamplingConfig(top_k=50, top_p=0.9)) is greedy
     # Each of sampling itself, top-k, top-p and either repetition control is a cost of its own.
     others = [
         SamplingConfig(temperature=0.7),
@@ -142,7 +142,7 @@ def test_calibration_runs_under_the_requests_sampling_once_per_cost_class(target
         SamplingConfig(no_repeat_ngram_size=3),
         SamplingConfig(repetition_penalty=1.2),
     ]
-    measured = [calibrate.costs_for(pair, spec, sampling=cfg) for cfg in others]
+    measured = [kept_costs.costs_for(pair, spec, sampling=cfg) for cfg in others]
     assert len({id(c) for c in [greedy, sampled, *measured]}) == 2 + len(others)
 
 
@@ -445,7 +445,7 @@ def test_a_round_never_drafts_past_the_tokens_left_less_the_bonus_slot(target, n
 
 
 def test_a_run_that_disagrees_with_the_machines_measurement_has_it_measured_again():
-    """calibrate.drift: a plain run whose one-token passes took 1.5x (or 0.6x) the measured time drops
+    """kept_costs.drift: a plain run whose one-token passes took 1.5x (or 0.6x) the measured time drops
     the measurement, so the next request measures again; one within DRIFT keeps it; too few rounds tell
     nothing. The page says so under the summary."""
     from types import SimpleNamespace
@@ -458,12 +458,12 @@ def test_a_run_that_disagrees_with_the_machines_measurement_has_it_measured_agai
         return [SimpleNamespace(drafted=[], verify_time=seconds, context=100 + i) for i in range(n)]
 
     for seconds, forgotten in ((0.015, True), (0.006, True), (0.011, False), (0.0092, False)):
-        calibrate._cache[("drift test",)] = costs
-        ratio = calibrate.drift(costs, plain(seconds))
-        assert (ratio is not None) == forgotten and (("drift test",) not in calibrate._cache) == forgotten
-        calibrate._cache.pop(("drift test",), None)
-    calibrate._cache[("drift test",)] = costs
-    assert calibrate.drift(costs, plain(0.02, n=5)) is None and ("drift test",) in calibrate._cache
-    calibrate.forget(costs)
-    assert ("drift test",) not in calibrate._cache
+        kept_costs._cache[("drift test",)] = costs
+        ratio = kept_costs.drift(costs, plain(seconds))
+        assert (ratio is not None) == forgotten and (("drift test",) not in kept_costs._cache) == forgotten
+        kept_costs._cache.pop(("drift test",), None)
+    kept_costs._cache[("drift test",)] = costs
+    assert kept_costs.drift(costs, plain(0.02, n=5)) is None and ("drift test",) in kept_costs._cache
+    kept_costs.forget(costs)
+    assert ("drift test",) not in kept_costs._cache
     assert "1.50×" in render.drift_note(1.5) and render.drift_note(None) == ""

@@ -11,7 +11,7 @@ import pytest
 import torch
 from conftest import hf_greedy_until_eos, pair_of, run
 
-from app import calibrate
+from app import kept_costs
 from app.core.config import SpecConfig, UserError
 from app.drafts.model import ModelProposer
 from app.models import threads
@@ -190,8 +190,8 @@ def test_adaptive_costs_are_measured_once_under_auto(target, near_draft, tokeniz
     pair = pair_of(target, tokenizer, "tiny-threads", near_draft)
     spec = SpecConfig(k_policy="adaptive", k_max=3)
     torch.set_num_threads(1)
-    first = calibrate.costs_for(pair, spec)
+    first = kept_costs.costs_for(pair, spec)
     torch.set_num_threads(2)
-    assert calibrate.costs_for(pair, spec) is first
+    assert kept_costs.costs_for(pair, spec) is first
     threads.apply(1)  # a fixed count is measured for itself
-    assert calibrate.costs_for(pair, spec) is not first
+    assert kept_costs.costs_for(pair, spec) is not first

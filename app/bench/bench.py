@@ -28,7 +28,7 @@ from pathlib import Path
 
 import torch
 
-from app import calibrate, category_runner, models
+from app import calibrate, category_runner, kept_costs, models
 from app.args import settings, with_chat
 from app.bench import progress, specbench
 from app.bench.bench_args import parser
@@ -216,7 +216,7 @@ def _tree_costs(pair, sp, s, cached: bool = True):
         return None
     spec = _auto_spec(sp)
     if cached:
-        return calibrate.costs_for(pair, spec, sampling=s)
+        return kept_costs.costs_for(pair, spec, sampling=s)
     return calibrate.measure(pair, spec.k_max, sampling=s, tree=sp.tree)
 
 
@@ -231,8 +231,8 @@ def bench(args) -> dict:
         lookup_pair = models.load_pair(args.target, models.PROMPT_LOOKUP, args.device, args.dtype)
     # The pair's calibration, as the app and the CLI keep it: here only the warm-up runs on it.
     progress.say("bench", "measuring this machine (each prompt measures it again before its runs)")
-    costs = calibrate.costs_for(pair, adaptive_k(sp), sampling=s)
-    lookup_costs = calibrate.costs_for(lookup_pair, adaptive_k(sp), sampling=s) if lookup_pair else None
+    costs = kept_costs.costs_for(pair, adaptive_k(sp), sampling=s)
+    lookup_costs = kept_costs.costs_for(lookup_pair, adaptive_k(sp), sampling=s) if lookup_pair else None
     tree_costs = _tree_costs(pair, sp, s)
     prompts = suite(args.suite, st.run.chat)[: args.limit or None]
     llama_note = ""

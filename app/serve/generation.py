@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import gradio as gr
 import torch
 
-from app import calibrate, models, request
+from app import kept_costs, models, request
 from app.core import divergence, metrics
 from app.core.config import UserError
 from app.models import threads
@@ -110,8 +110,10 @@ def _stream(form: Form, control, progress=None) -> Iterator[tuple]:
     }
     doc["comparison"] = metrics.compare(doc["speculative"]["stats"], doc["autoregressive"]["stats"])
     doc["stopped"] = stopped  # True: Stop ended both runs early, so every figure is partial
+    if costs is not None:
+        doc["calibration"] = kept_costs.origin(costs) or "measured in this process"
     if costs is not None and not stopped:
-        doc["machine_drift"] = calibrate.drift(costs, ar)  # not None: the next request measures again
+        doc["machine_drift"] = kept_costs.drift(costs, ar)  # not None: the next request measures again
     doc["threads"] = threads.key()  # "auto" or the fixed count (docs/threads.md)
     used = models.precision_of(pair.target)
     doc["dtype"] = dict(asked=dtype, used=used if used == "int8" else str(pair.target.dtype).removeprefix("torch."))

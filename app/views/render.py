@@ -163,7 +163,7 @@ def summary_markdown(
 
 
 def drift_note(ratio: float | None) -> str:
-    """The line that says a run disagreed with the machine's measurement (calibrate.drift), or ""."""
+    """The line that says a run disagreed with the machine's measurement (kept_costs.drift), or ""."""
     if ratio is None:
         return ""
     return (
