@@ -184,11 +184,12 @@ def test_rules_reports_both_sampling_rules_for_every_bundled_draft(tmp_path, cap
     assert "prompt (shared-noise)" in capsys.readouterr().err  # progress, on stderr
 
 
-def test_passes_times_each_width_in_both_dtypes_beside_the_bandwidth(tmp_path):
+def test_passes_times_each_width_in_both_dtypes_beside_the_bandwidth(tmp_path, capsys):
     out = tmp_path / "passes"
     args = ["--passes", "--target", models.TINY_TARGET, "--k-max", "2", "--out", str(out)]
     assert bench.main(args) == 0
     doc = json.loads(out.with_suffix(".json").read_text())
+    assert f"on {doc['threads']} torch threads" in capsys.readouterr().err  # the text says what the JSON says
     timed = [name for name in ("fp32", "bf16", "int8") if name in doc]
     assert doc["bandwidth_gb_s"] > 0 and {"fp32", "bf16"} <= set(timed)
     assert doc["faster_one_token_pass"] == min(timed, key=lambda name: doc[name]["ms_by_width"][0])

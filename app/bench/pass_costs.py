@@ -18,7 +18,7 @@ from app import calibrate, models
 from app.bench import progress
 from app.core import text
 from app.data.prompts import suite
-from app.models import exact, exact_model
+from app.models import exact, exact_model, threads
 
 COPY_BYTES = 256 << 20  # larger than any cache, so the copy streams from memory
 COPY_REPS = 5
@@ -46,7 +46,9 @@ def passes(args) -> dict:
     context = text.prompt_ids(tok, suite("code", chat=chat)[0], chat, 1 << 20)
     context = (context * (calibrate.CONTEXT // len(context) + 1))[: calibrate.CONTEXT]
     widths = args.k_max + 1
-    progress.say("passes", "measuring the memory bandwidth")
+    # Auto threads read the machine's load when they start: a busy machine times on fewer (docs/threads.md).
+    how = "chosen from this machine's load now" if threads.key() == threads.AUTO else "fixed"
+    progress.say("passes", f"measuring the memory bandwidth, on {torch.get_num_threads()} torch threads ({how})")
     bytes_per_s = bandwidth()
     out = dict(
         target=target_id,
