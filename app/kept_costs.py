@@ -1,12 +1,14 @@
 """This machine's calibrations, kept: each measured once per kind of request in a process, and kept on
-disk so that a later process starts from one instead of measuring.
+disk so that a later process on the CPU starts from one instead of measuring.
 
 A calibration takes seconds (calibrate.measure), and a CLI command or a restarted server would otherwise
 pay them on its first request for each pair. A kept one is filed under what the costs depend on (the key:
-pair, precision, k_max, threads, cache kind, cost class) and under the machine and the code that measured
-them, so another CPU, card, torch or version of this app never reads it; a few passes are timed against
-the ones timed beside it before it is used, and the machine is measured again where they disagree.
-A run that drifts from its costs (drift) drops them from both. SPECDEC_KEEP_COSTS=0 keeps nothing on disk.
+pair, precision, k_max, threads, cache kind, cost class), the models' shapes, and the machine and code that
+measured them, so another CPU, torch, model or version of this app never reads it. It is kept only where
+the passes timed before and after the measurement agree (a burst of load during it would otherwise stay
+on disk), and used only where the same passes, timed now, agree with those. A run that drifts from its
+costs (drift) drops them from both. On CUDA every process measures: measuring captures each width's graph.
+SPECDEC_KEEP_COSTS=0 keeps nothing on disk; the benchmarks keep nothing (keep_none).
 """
 
 from __future__ import annotations
@@ -15,13 +17,14 @@ import functools
 import hashlib
 import json
 import logging
+import math
 import os
 import platform
 import statistics
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 from app import calibrate
@@ -34,9 +37,19 @@ from app.models.loading import precision_of
 
 log = logging.getLogger(__name__)
 
-_cache: dict[tuple, Costs] = {}
-_lock = threading.Lock()
 MAX_CACHED = 16
+DRIFT = 1.3  # passes this many times slower or faster than measured: measure again
+DRIFT_ROUNDS = 8  # the fewest one-token passes a run's drift check reads
+FORMAT = 1  # bumped when what a file holds changes meaning
+STALE_S = 30 * 86400  # a kept file unused this long goes when another is written
+APP = Path(__file__).resolve().parent
+
+_cache: dict[tuple, Costs] = {}  # key -> this process's costs, least recently used first
+_lock = threading.Lock()  # held through a measurement: one per key
+_origins: dict[int, tuple[Costs, str]] = {}  # id(costs) -> (costs, where they came from), when read from disk
+_origins_lock = threading.Lock()  # a run's summary reads an origin while another request measures
+_files: dict[tuple, Path] = {}  # key -> the file this process read its costs from or wrote them to
+_keep = True  # False: this process keeps nothing on disk (keep_none)
 
 
 def costs_for(
@@ -47,8 +60,9 @@ def costs_for(
     report: Callable[[float], None] | None = None,
 ) -> Costs:
     """This machine's costs for `pair`, measured once per pair, draft, k_max, threads, cache kind and
-    cost class of the sampling settings (`cost_class`; default greedy), under the first request's;
-    `report` hears a measurement's progress (measure)."""
+    cost class of the sampling settings (`calibrate.cost_class`; default greedy), under the first
+    request's, or read from disk where an earlier process kept them; `report` hears a measurement's
+    progress (calibrate.measure)."""
     sampling = sampling or SamplingConfig()
     tree = spec.tree if spec.tree_auto else 0  # the widest tree the cost model may choose
     key = (
@@ -65,48 +79,59 @@ def costs_for(
     with _lock:
         if key not in _cache:
             if len(_cache) >= MAX_CACHED:  # the least recently used goes: greedy stays while it is in use
-                _cache.pop(next(iter(_cache)))
+                _unnote(_cache.pop(next(iter(_cache))))
             _cache[key] = _kept_or_measured(pair, spec.k_max, target_cache, sampling, tree, key, report)
         _cache[key] = _cache.pop(key)  # now the most recently used
         return _cache[key]
 
 
-_origins: dict[tuple, str] = {}  # key -> where its costs came from, when another process measured them
-
-
-def _kept_or_measured(pair, k_max: int, target_cache: Callable, sampling, tree: int, key: tuple, report) -> Costs:
-    """The calibration kept on disk for `key` where passes timed now agree with those kept beside it
-    (reused), else a new measurement, kept for the next process."""
-    device, check = str(pair.target.device), lambda: calibrate.check_passes(pair, k_max, target_cache)
-    _origins.pop(key, None)
-    kept = reused(key, device, check, DRIFT)
+def _kept_or_measured(
+    pair, k_max: int, target_cache: Callable, sampling: SamplingConfig, tree: int, key: tuple, report
+) -> Costs:
+    """The calibration kept on disk for `key` where passes timed now agree with those kept beside it,
+    else a new measurement, kept for the next process where the passes before and after it agree."""
+    device = str(pair.target.device)
+    if not (enabled() and device == "cpu"):
+        return calibrate.measure(pair, k_max, target_cache, sampling=sampling, tree=tree, report=report)
+    name = _name(key, pair)
+    before = calibrate.check_passes(pair, k_max, target_cache)
+    kept = _load(key, name)
     if kept is not None:
-        _origins[key] = kept.note
-        return kept.costs
+        times = _agree(before, kept.reference_s)
+        if times is not None:
+            _touch(key)
+            note = f"round costs measured here {_ago(time.time() - kept.saved)}; passes timed now take {times}"
+            note += " their time then"
+            with _origins_lock:
+                _origins[id(kept.costs)] = (kept.costs, note)
+            return kept.costs
     costs = calibrate.measure(pair, k_max, target_cache, sampling=sampling, tree=tree, report=report)
-    save(key, device, costs, check())
+    after = calibrate.check_passes(pair, k_max, target_cache)
+    if _agree(after, before) is not None:
+        _save(key, name, costs, [min(a, b) for a, b in zip(before, after, strict=True)])
     return costs
 
 
 def origin(costs: Costs) -> str | None:
     """Where `costs` came from when an earlier process measured them (kept on disk), else None."""
-    with _lock:
-        return next((_origins.get(k) for k, held in _cache.items() if held is costs), None)
+    with _origins_lock:
+        held = _origins.get(id(costs))
+    return held[1] if held is not None and held[0] is costs else None
 
 
-DRIFT = 1.3  # a run's one-token passes this many times slower or faster than measured: measure again
-DRIFT_ROUNDS = 8  # the fewest one-token passes a check reads
+def _unnote(costs: Costs) -> None:
+    with _origins_lock:
+        _origins.pop(id(costs), None)
 
 
 def forget(costs: Costs | None = None) -> int:
-    """Drop the measurement `costs` came from (None: every measurement here), so that the next request
-    of its kind measures this machine again; how many were dropped."""
+    """Drop the measurement `costs` came from (None: every measurement here), on disk too, so that the
+    next request of its kind measures this machine again; how many were dropped."""
     with _lock:
         gone = [key for key, held in _cache.items() if costs is None or held is costs]
         for key in gone:
-            del _cache[key]
-            _origins.pop(key, None)
-            drop(key)
+            _unnote(_cache.pop(key))
+            _drop(key)
     return len(gone)
 
 
@@ -130,37 +155,15 @@ def drift(costs: Costs, plain_steps) -> float | None:
     return ratio
 
 
-# On disk
-
-FORMAT = 1  # bumped when what a file holds changes meaning
-STALE_S = 30 * 86400  # a kept file unused this long is removed when another is written
-APP = Path(__file__).resolve().parent
-
-
-@dataclass(frozen=True)
-class Kept:
-    costs: Costs
-    reference_s: tuple[float, ...]  # calibrate.check_passes's seconds, timed right after the measurement
-    saved: float  # when, as time.time()
-    note: str = ""  # where the costs came from, as a run reports it
-
-
-def reused(key: tuple, device: str, check: Callable[[], list[float]], tolerance: float) -> Kept | None:
-    """The calibration kept for `key` where `check()`'s seconds, timed now, are each within `tolerance`
-    times (either way) of those timed beside it when it was measured; None: measure again."""
-    kept = load(key, device)
-    if kept is None:
+def _agree(now: list[float], then: list[float] | tuple[float, ...]) -> str | None:
+    """The ratios of passes timed now to those timed then, as "1.02x and 0.97x", where each is within
+    DRIFT either way; None where any is not (or the two do not pair up)."""
+    if len(now) != len(then) or not all(t > 0 for t in then):
         return None
-    ratios = [now / then for now, then in zip(check(), kept.reference_s, strict=True) if then > 0]
-    if len(ratios) != len(kept.reference_s) or not all(1 / tolerance <= r <= tolerance for r in ratios):
+    ratios = [a / b for a, b in zip(now, then, strict=True)]
+    if not all(1 / DRIFT <= r <= DRIFT for r in ratios):
         return None
-    try:
-        _files[key].touch()  # in use: not stale (save)
-    except OSError:
-        pass
-    times = " and ".join(f"{r:.2f}x" for r in ratios)
-    note = f"round costs measured here {_ago(time.time() - kept.saved)}; passes timed now take {times} their time then"
-    return replace(kept, note=note)
+    return " and ".join(f"{r:.2f}x" for r in ratios)
 
 
 def _ago(seconds: float) -> str:
@@ -169,93 +172,159 @@ def _ago(seconds: float) -> str:
     return f"{seconds / 3600:.1f} h ago" if seconds < 2 * 86400 else f"{seconds / 86400:.0f} days ago"
 
 
+# On disk. Nothing here may fail a request: a folder that cannot be read or written, or a file cut short
+# or written by anything else, logs one line and the machine is measured as if nothing were kept.
+
+
 def enabled() -> bool:
-    return os.environ.get("SPECDEC_KEEP_COSTS", "1").strip() != "0"
+    """Whether this process keeps calibrations on disk (SPECDEC_KEEP_COSTS: 0, false, no or off: not)."""
+    return _keep and os.environ.get("SPECDEC_KEEP_COSTS", "1").strip().lower() not in ("0", "false", "no", "off")
 
 
-def load(key: tuple, device: str) -> Kept | None:
-    """The calibration kept for `key` on this machine and code, or None (none kept, or unreadable)."""
-    path = _path(key, device)
-    if not enabled() or not path.is_file():
-        return None
+def keep_none() -> None:
+    """This process reads and writes no kept calibration: a benchmark measures the machine it times."""
+    global _keep
+    _keep = False
+
+
+def folder() -> Path:
+    """Where kept calibrations live: costs/ under the app's cache folder (SPECDEC_CACHE)."""
+    return cache_root() / "costs"
+
+
+@dataclass(frozen=True)
+class Kept:
+    costs: Costs
+    reference_s: tuple[float, ...]  # calibrate.check_passes's seconds around the measurement (the faster)
+    saved: float  # when, as time.time()
+
+
+def _load(key: tuple, name: str) -> Kept | None:
+    """The calibration kept for `key` under `name`, or None (none kept, or unreadable)."""
     try:
+        path = folder() / name
+        if not path.is_file():
+            return None
         doc = json.loads(path.read_text())
-        names = {f.name for f in fields(Costs)}
-        costs = Costs(**{k: tuple(v) if isinstance(v, list) else v for k, v in doc["costs"].items() if k in names})
-        return Kept(costs, tuple(float(s) for s in doc["reference_s"]), float(doc["saved"]))
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        log.warning("kept calibration %s unreadable (%s): measuring again", path.name, e)
+        kept = Kept(_costs(doc["costs"]), tuple(_seconds(doc["reference_s"])), float(doc["saved"]))
+        if len(kept.reference_s) != 2:
+            raise ValueError("two reference passes expected")
+    except Exception as e:  # noqa: BLE001 - anything a bad file or folder raises: measure instead
+        log.warning("kept calibration %s unreadable (%s): measuring again", name, e)
         return None
+    _files[key] = path
+    return kept
 
 
-def save(key: tuple, device: str, costs: Costs, reference_s: list[float]) -> None:
-    """Keep `costs` for `key`, with the check's seconds timed beside them; a failure to write only logs."""
-    if not enabled():
-        return
-    path = _path(key, device)
-    doc = dict(key=repr(key), machine=_machine(device), costs=asdict(costs), reference_s=reference_s, saved=time.time())
+def _costs(held) -> Costs:
+    """A Costs from a file's mapping, its shape checked: tuples of finite non-negative seconds, numbers."""
+    names = {f.name: f.default for f in fields(Costs)}
+    if not isinstance(held, dict) or not set(held) <= set(names):
+        raise ValueError("not a calibration")
+    values = {k: tuple(_seconds(v)) if isinstance(names[k], tuple) or k == "verify_s" else v for k, v in held.items()}
+    for k, v in values.items():
+        if not isinstance(v, tuple) and (isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v)):
+            raise ValueError(f"{k} is not a number")
+    if not values.get("verify_s"):
+        raise ValueError("no pass times")
+    return Costs(**values)
+
+
+def _seconds(values) -> list[float]:
+    if not isinstance(values, list) or not all(
+        isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) and v >= 0 for v in values
+    ):
+        raise ValueError("not a list of seconds")
+    return [float(v) for v in values]
+
+
+def _save(key: tuple, name: str, costs: Costs, reference_s: list[float]) -> None:
+    """Keep `costs` for `key` under `name`, with the passes timed around the measurement."""
+    doc = dict(key=repr(key), costs=asdict(costs), reference_s=reference_s, saved=time.time())
     try:
+        path = folder() / name
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(f".{os.getpid()}.tmp")  # processes writing at once each rename a whole file
         tmp.write_text(json.dumps(doc))
         tmp.replace(path)
-        # A file unused that long (another version of the app wrote it, or its settings went out of use).
-        for old in path.parent.glob("*.json"):
-            if time.time() - old.stat().st_mtime > STALE_S:
-                old.unlink(missing_ok=True)
-    except OSError as e:
+    except Exception as e:  # noqa: BLE001 - a folder that cannot be written: nothing kept, nothing broken
         log.warning("could not keep the calibration (%s)", e)
+        return
+    _files[key] = path
+    for old in [*path.parent.glob("*.json"), *path.parent.glob("*.tmp")]:
+        # unused that long: another version of the app wrote it, its settings went out of use, or a
+        # process stopped mid-write
+        try:
+            if time.time() - old.stat().st_mtime > STALE_S:
+                old.unlink()
+        except OSError:
+            pass  # another process took it first
 
 
-_files: dict[tuple, Path] = {}  # key -> the file this process read its costs from or wrote them to
+def _touch(key: tuple) -> None:
+    """Mark the kept file in use (not stale), without creating it where another process dropped it."""
+    try:
+        os.utime(_files[key])
+    except (OSError, KeyError):
+        pass
 
 
-def drop(key: tuple) -> None:
-    """Forget what is kept on disk for `key` (a run drifted from it)."""
+def _drop(key: tuple) -> None:
+    """Remove the file this process read or wrote for `key` (a run drifted from it)."""
     path = _files.pop(key, None)
     try:
-        if path is not None:
+        if path is not None and enabled():
             path.unlink(missing_ok=True)
     except OSError as e:
         log.warning("could not drop the kept calibration (%s)", e)
 
 
-def _path(key: tuple, device: str) -> Path:
-    name = hashlib.sha256(repr((key, _machine(device))).encode()).hexdigest()[:24]
-    _files[key] = folder() / f"{name}.json"
-    return _files[key]
+def _name(key: tuple, pair) -> str:
+    """The file name of `key`'s calibration on this machine, with this code and these models' shapes."""
+    parts = (FORMAT, key, _cpu(), os.cpu_count(), _torch(), _code(), _shapes(pair))
+    return hashlib.sha256(repr(parts).encode()).hexdigest()[:24] + ".json"
 
 
-def folder() -> Path:
-    return cache_root() / "costs"
+def _shapes(pair) -> tuple:
+    """What of the pair's models sets a pass's cost beyond their names (a local folder retrained at
+    another size, a new revision): each model's class, configuration and parameter count."""
+    models = [pair.target, *(pair.draft.modules() if pair.draft is not None else [])]
+    described = []
+    for m in models:
+        config = getattr(m, "config", None)
+        text = config.to_json_string(use_diff=False) if hasattr(config, "to_json_string") else ""
+        described.append((type(m).__name__, text, sum(p.numel() for p in m.parameters())))
+    return tuple(described)
 
 
-def _machine(device: str) -> dict:
-    """What besides the key a measurement depends on: this CPU (or card), torch, and this app's code."""
+def _torch() -> str:
     import torch
 
-    card = torch.cuda.get_device_name(torch.device(device)) if device.startswith("cuda") else ""
-    return dict(format=FORMAT, cpu=_cpu(), cores=os.cpu_count(), card=card, torch=torch.__version__, code=_code())
+    return torch.__version__
 
 
 @functools.cache
 def _code() -> str:
     """A digest of this app's source (its Python and the kernel's C++): a change to either may change costs."""
     h = hashlib.sha256()
-    for path in sorted(p for p in APP.rglob("*") if p.suffix in (".py", ".cpp")):
-        h.update(str(path.relative_to(APP)).encode() + b"\0" + path.read_bytes())
+    try:
+        for path in sorted(p for p in APP.rglob("*") if p.suffix in (".py", ".cpp")):
+            h.update(str(path.relative_to(APP)).encode() + b"\0" + path.read_bytes())
+    except OSError:
+        h.update(str(time.time()).encode())  # unreadable: a digest no later process shares
     return h.hexdigest()[:16]
 
 
-def _cpu() -> str:
+def _cpu(cpuinfo: str | None = None) -> str:
     """The CPU's model name and a digest of its feature flags (Linux's /proc/cpuinfo: a virtual machine
     may name two generations alike); elsewhere what platform says."""
-    try:
-        lines = Path("/proc/cpuinfo").read_text().splitlines()
-    except OSError:
-        lines = []
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            cpuinfo = ""
     info: dict[str, str] = {}
-    for line in lines:
+    for line in cpuinfo.splitlines():
         name, _, value = line.partition(":")
         info.setdefault(name.strip(), value.strip())
     if "model name" not in info:
