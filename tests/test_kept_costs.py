@@ -94,6 +94,21 @@ def test_passes_off_either_way_measure_again(kept, target, near_draft, tokenizer
     assert json.loads(path.read_text())["reference_s"] == (then if reused else machine["passes"])
 
 
+def test_a_slow_first_check_is_timed_once_more(kept, target, near_draft, tokenizer, monkeypatch):
+    """A process's first passes can run slow for a moment (a new thread's pool, memory first touched):
+    one more check before measuring again."""
+    folder, machine = kept
+    machine["measure"] = lambda *a, **kw: FAKE
+    pair = pair_of(target, tokenizer, "tiny-kept-slow-start", near_draft)
+    kept_costs.costs_for(pair, SPEC)
+    then = list(machine["passes"])
+    as_a_new_process()
+    timed = [[2 * s for s in then], then]
+    monkeypatch.setattr(calibrate, "check_passes", lambda *a, **kw: timed.pop(0))
+    costs = kept_costs.costs_for(pair, SPEC)
+    assert len(machine["measured"]) == 1 and not timed and kept_costs.origin(costs) is not None
+
+
 def test_a_burst_during_the_measurement_keeps_nothing(kept, target, near_draft, tokenizer):
     folder, machine = kept
 
