@@ -93,9 +93,13 @@ def _kept_or_measured(
     device = str(pair.target.device)
     if not (enabled() and device == "cpu"):
         return calibrate.measure(pair, k_max, target_cache, sampling=sampling, tree=tree, report=report)
-    name = _name(key, pair)
+    try:
+        name = _name(key, pair)
+    except Exception as e:  # noqa: BLE001 - a model that cannot describe itself: measured, not kept
+        log.warning("calibration not kept: %s", e)
+        return calibrate.measure(pair, k_max, target_cache, sampling=sampling, tree=tree, report=report)
     before = calibrate.check_passes(pair, k_max, target_cache)
-    kept = _load(key, name)
+    kept = _load(key, name, widths=max(k_max, tree) + 1)
     if kept is not None:
         times = _agree(before, kept.reference_s)
         if times is None:  # a process's first passes can run slow for a moment: time them once more
@@ -202,15 +206,16 @@ class Kept:
     saved: float  # when, as time.time()
 
 
-def _load(key: tuple, name: str) -> Kept | None:
-    """The calibration kept for `key` under `name`, or None (none kept, or unreadable)."""
+def _load(key: tuple, name: str, widths: int) -> Kept | None:
+    """The calibration kept for `key` under `name`, its pass curve `widths` long, or None (none kept, or
+    unreadable)."""
     try:
         path = folder() / name
         if not path.is_file():
             return None
         doc = json.loads(path.read_text())
-        kept = Kept(_costs(doc["costs"]), tuple(_seconds(doc["reference_s"])), float(doc["saved"]))
-        if len(kept.reference_s) != 2:
+        kept = Kept(_costs(doc["costs"], widths), tuple(_seconds(doc["reference_s"])), float(doc["saved"]))
+        if len(kept.reference_s) != 2 or not all(s > 0 for s in kept.reference_s):
             raise ValueError("two reference passes expected")
     except Exception as e:  # noqa: BLE001 - anything a bad file or folder raises: measure instead
         log.warning("kept calibration %s unreadable (%s): measuring again", name, e)
@@ -219,17 +224,23 @@ def _load(key: tuple, name: str) -> Kept | None:
     return kept
 
 
-def _costs(held) -> Costs:
-    """A Costs from a file's mapping, its shape checked: tuples of finite non-negative seconds, numbers."""
+def _costs(held, widths: int) -> Costs:
+    """A Costs from a file's mapping, checked as the cost model reads it: a pass curve of `widths` positive,
+    non-decreasing seconds, a positive plain round, and finite, non-negative numbers elsewhere."""
     names = {f.name: f.default for f in fields(Costs)}
     if not isinstance(held, dict) or not set(held) <= set(names):
         raise ValueError("not a calibration")
     values = {k: tuple(_seconds(v)) if isinstance(names[k], tuple) or k == "verify_s" else v for k, v in held.items()}
     for k, v in values.items():
-        if not isinstance(v, tuple) and (isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v)):
-            raise ValueError(f"{k} is not a number")
-    if not values.get("verify_s"):
-        raise ValueError("no pass times")
+        if not isinstance(v, tuple) and (
+            isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or v < 0
+        ):
+            raise ValueError(f"{k} is not a non-negative number")
+    curve = values.get("verify_s", ())
+    if len(curve) != widths or not all(0 < a <= b for a, b in zip(curve, curve[1:] + curve[-1:], strict=True)):
+        raise ValueError(f"the pass curve is not {widths} increasing times")
+    if not values.get("plain_round_s", 0) > 0 or not isinstance(values.get("context", 0), int):
+        raise ValueError("no plain round, or a context that is not a count")
     return Costs(**values)
 
 
@@ -242,7 +253,7 @@ def _seconds(values) -> list[float]:
 
 
 def _save(key: tuple, name: str, costs: Costs, reference_s: list[float]) -> None:
-    """Keep `costs` for `key` under `name`, with the passes timed around the measurement."""
+    """Keep `costs` for `key` under `name`, with the passes timed just before the measurement."""
     doc = dict(key=repr(key), costs=asdict(costs), reference_s=reference_s, saved=time.time())
     try:
         path = folder() / name
@@ -254,14 +265,17 @@ def _save(key: tuple, name: str, costs: Costs, reference_s: list[float]) -> None
         log.warning("could not keep the calibration (%s)", e)
         return
     _files[key] = path
-    for old in [*path.parent.glob("*.json"), *path.parent.glob("*.tmp")]:
-        # unused that long: another version of the app wrote it, its settings went out of use, or a
-        # process stopped mid-write
-        try:
-            if time.time() - old.stat().st_mtime > STALE_S:
-                old.unlink()
-        except OSError:
-            pass  # another process took it first
+    try:
+        for old in [*path.parent.glob("*.json"), *path.parent.glob("*.tmp")]:
+            # unused that long: another version of the app wrote it, its settings went out of use, or a
+            # process stopped mid-write
+            try:
+                if time.time() - old.stat().st_mtime > STALE_S:
+                    old.unlink()
+            except OSError:
+                pass  # another process took it first
+    except OSError:
+        pass  # the folder cannot be listed now: the next write sweeps
 
 
 def _touch(key: tuple) -> None:

