@@ -53,6 +53,14 @@ def as_a_new_process():
     kept_costs._files.clear()
 
 
+def kept_once(machine, pair) -> list[float]:
+    """Keep a stand-in calibration of `pair`, then start as a new process; the passes kept beside it."""
+    machine["measure"] = lambda *a, **kw: FAKE
+    kept_costs.costs_for(pair, SPEC)
+    as_a_new_process()
+    return list(machine["passes"])
+
+
 def test_the_check_times_a_one_token_and_the_widest_pass(target, near_draft, tokenizer):
     pair = pair_of(target, tokenizer, "tiny-check", near_draft)
     seconds = calibrate.check_passes(pair, 3)
@@ -81,13 +89,9 @@ def test_a_later_process_plans_with_the_kept_calibration(kept, target, near_draf
 @pytest.mark.parametrize("factor, reused", [(10, False), (0.1, False), (1.35, False), (1 / 1.35, False), (1.25, True)])
 def test_passes_off_either_way_measure_again(kept, target, near_draft, tokenizer, factor, reused):
     folder, machine = kept
-    machine["measure"] = lambda *a, **kw: FAKE
-    pair = pair_of(target, tokenizer, "tiny-kept-off-by", near_draft)
-    kept_costs.costs_for(pair, SPEC)
-    then = list(machine["passes"])
-    as_a_new_process()
+    then = kept_once(machine, pair_of(target, tokenizer, "tiny-kept-off-by", near_draft))
     machine["passes"] = [factor * s for s in then]  # a busier machine, or one that was busy then
-    costs = kept_costs.costs_for(pair, SPEC)
+    costs = kept_costs.costs_for(pair_of(target, tokenizer, "tiny-kept-off-by", near_draft), SPEC)
     assert len(machine["measured"]) == (1 if reused else 2)
     assert (kept_costs.origin(costs) is not None) == reused
     (path,) = folder.glob("*.json")  # a new measurement replaces the old one, with the passes timed now
@@ -97,12 +101,9 @@ def test_passes_off_either_way_measure_again(kept, target, near_draft, tokenizer
 def test_a_slow_first_check_is_timed_once_more(kept, target, near_draft, tokenizer, monkeypatch):
     """A process's first passes can run slow for a moment (a new thread's pool, memory first touched):
     one more check before measuring again."""
-    folder, machine = kept
-    machine["measure"] = lambda *a, **kw: FAKE
+    _, machine = kept
     pair = pair_of(target, tokenizer, "tiny-kept-slow-start", near_draft)
-    kept_costs.costs_for(pair, SPEC)
-    then = list(machine["passes"])
-    as_a_new_process()
+    then = kept_once(machine, pair)
     timed = [[2 * s for s in then], then]
     monkeypatch.setattr(calibrate, "check_passes", lambda *a, **kw: timed.pop(0))
     costs = kept_costs.costs_for(pair, SPEC)
