@@ -64,7 +64,7 @@ def cmd_generate(args) -> int:
     draft = (args.draft or models.default_draft(args.target)) if speculative else None
     doc = metrics.report(steps, args.target or models.DEFAULT_TARGET, draft, s.as_dict(args.mode), run.costs)
     doc["threads"] = threads.key()  # "auto" or the fixed count (docs/threads.md)
-    doc["calibration"] = kept or ("measured in this process" if run.costs is not None else None)
+    doc["calibration"] = kept_costs.provenance(run.costs) if run.costs is not None else None
     if args.json:
         json.dump(doc, sys.stdout)
         print()

@@ -90,31 +90,36 @@ def _kept_or_measured(
 ) -> Costs:
     """The calibration kept on disk for `key` where passes timed now agree with those kept beside it,
     else a new measurement, kept for the next process where the passes before and after it agree."""
-    device = str(pair.target.device)
-    if not (enabled() and device == "cpu"):
+
+    def measure() -> Costs:
         return calibrate.measure(pair, k_max, target_cache, sampling=sampling, tree=tree, report=report)
+
+    def check() -> list[float]:
+        return calibrate.check_passes(pair, k_max, target_cache)
+
+    if not (enabled() and str(pair.target.device) == "cpu"):
+        return measure()
     try:
         name = _name(key, pair)
     except Exception as e:  # noqa: BLE001 - a model that cannot describe itself: measured, not kept
         log.warning("calibration not kept: %s", e)
-        return calibrate.measure(pair, k_max, target_cache, sampling=sampling, tree=tree, report=report)
-    before = calibrate.check_passes(pair, k_max, target_cache)
+        return measure()
+    before = check()
     kept = _load(key, name, widths=max(k_max, tree) + 1)
     if kept is not None:
         times = _agree(before, kept.reference_s)
         if times is None:  # a process's first passes can run slow for a moment: time them once more
-            before = calibrate.check_passes(pair, k_max, target_cache)
+            before = check()
             times = _agree(before, kept.reference_s)
         if times is not None:
             _touch(key)
             note = f"round costs measured here {_ago(time.time() - kept.saved)}; passes timed now take {times}"
-            note += " their time then"
             with _origins_lock:
-                _origins[id(kept.costs)] = (kept.costs, note)
+                _origins[id(kept.costs)] = (kept.costs, note + " their time then")
             return kept.costs
-    costs = calibrate.measure(pair, k_max, target_cache, sampling=sampling, tree=tree, report=report)
+    costs = measure()
     # Kept with the passes timed before it, as a later process times them: soon after its load.
-    if _agree(calibrate.check_passes(pair, k_max, target_cache), before) is not None:
+    if _agree(check(), before) is not None:
         _save(key, name, costs, before)
     return costs
 
@@ -124,6 +129,11 @@ def origin(costs: Costs) -> str | None:
     with _origins_lock:
         held = _origins.get(id(costs))
     return held[1] if held is not None and held[0] is costs else None
+
+
+def provenance(costs: Costs) -> str:
+    """What a run's JSON says of where its costs came from: origin, or a measurement in this process."""
+    return origin(costs) or "measured in this process"
 
 
 def _unnote(costs: Costs) -> None:

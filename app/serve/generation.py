@@ -111,7 +111,7 @@ def _stream(form: Form, control, progress=None) -> Iterator[tuple]:
     doc["comparison"] = metrics.compare(doc["speculative"]["stats"], doc["autoregressive"]["stats"])
     doc["stopped"] = stopped  # True: Stop ended both runs early, so every figure is partial
     if costs is not None:
-        doc["calibration"] = kept_costs.origin(costs) or "measured in this process"
+        doc["calibration"] = kept_costs.provenance(costs)
     if costs is not None and not stopped:
         doc["machine_drift"] = kept_costs.drift(costs, ar)  # not None: the next request measures again
     doc["threads"] = threads.key()  # "auto" or the fixed count (docs/threads.md)
