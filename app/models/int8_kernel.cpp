@@ -286,9 +286,9 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni"))) void quantise(co
 #endif
 
 // Rows (T, parts, row_bytes) -> for each chunk of chunk_tokens tokens, (depth(K), rows of the chunk, 4):
-// block_sums's layout. A chunk starts where its rows started.
-void interleave(std::vector<int8_t>& xq, int64_t t, int parts, int64_t row_bytes) {
-  std::vector<int8_t> out(xq.size());
+// block_sums's layout, into `out`. A chunk starts where its rows started.
+void interleave(const std::vector<int8_t>& xq, int64_t t, int parts, int64_t row_bytes, std::vector<int8_t>& out) {
+  out.resize(xq.size());
   const int64_t per = chunk_tokens(t, parts);
   for (int64_t r0 = 0; r0 < t; r0 += per) {
     const int64_t rows = std::min<int64_t>(per, t - r0) * parts;
@@ -300,12 +300,50 @@ void interleave(std::vector<int8_t>& xq, int64_t t, int parts, int64_t row_bytes
       }
     }
   }
-  xq.swap(out);
 }
 
-// (T, K) float32 rows -> (T, N) float32: x Wᵀ in the exact precision. `half` > 0 splits each row's
+// An int8 layer's weights as the kernel reads them.
+struct Weights {
+  const uint8_t* packed;
+  int64_t bytes;  // the packed weights' size
+  const float* scale;
+  const float* bias;  // or null
+  int64_t n, half;  // outputs; hi·half + lo (0: the row as int8)
+  bool wide;
+};
+
+Weights weights_of(const torch::Tensor& packed, const torch::Tensor& scale, const c10::optional<torch::Tensor>& bias,
+                   int64_t n, int64_t half, bool wide) {
+  return {packed.data_ptr<uint8_t>(), packed.numel(), scale.data_ptr<float>(),
+          bias.has_value() ? bias->data_ptr<float>() : nullptr, n, half, wide};
+}
+
+// The rows' integers a linear layer makes, kept by a caller that runs many layers (a pass's Stack::run),
+// so that a layer allocates nothing: a pass of a few tokens is short enough for allocations to show.
+struct LinearScratch {
+  std::vector<int8_t> xq, interleaved;
+  std::vector<int32_t> shifts;
+  std::vector<float> steps;
+};
+
+// (T, K) float32 rows -> y, (T, N) float32: x Wᵀ in the exact precision. `half` > 0 splits each row's
 // 15-bit integers into hi·half + lo (Int8Linear with split=True), 0 takes the row as int8; `wide`
 // combines hi and lo in int64 (rows too long for int32 at that half).
+void linear_rows(const float* x, int64_t t, int64_t k, const Weights& w, float* y, LinearScratch& s) {
+#ifdef SPECDEC_X86
+  const int parts = w.half > 0 ? 2 : 1;
+  const int64_t k4 = depth(k), nb = blocks(w.n), row_bytes = k4 * DEPTH;
+  s.xq.assign(static_cast<size_t>(t * parts * row_bytes), 0);
+  s.shifts.resize(static_cast<size_t>(t * parts));
+  s.steps.resize(static_cast<size_t>(t));
+  quantise(x, t, k, row_bytes, w.half, s.xq.data(), s.shifts.data(), s.steps.data());
+  interleave(s.xq, t, parts, row_bytes, s.interleaved);
+  const Job job{s.interleaved.data(), s.shifts.data(), s.steps.data(), w.packed, w.scale, w.bias, y, t, w.n, k4,
+                row_bytes, parts, w.half, w.wide};
+  at::parallel_for(0, nb, 4, [&](int64_t b0, int64_t b1) { run_blocks(job, b0, b1); });
+#endif
+}
+
 torch::Tensor linear(torch::Tensor x, torch::Tensor packed, torch::Tensor scale, c10::optional<torch::Tensor> bias,
                      int64_t n, int64_t half, bool wide) {
 #ifndef SPECDEC_X86
@@ -313,31 +351,11 @@ torch::Tensor linear(torch::Tensor x, torch::Tensor packed, torch::Tensor scale,
 #else
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat32, "linear takes (T, K) float32 rows");
   x = x.contiguous();
-  const int64_t t = x.size(0), k = x.size(1), k4 = depth(k), nb = blocks(n);
-  TORCH_CHECK(packed.size(0) == nb && packed.size(1) == k4 * COLS * DEPTH, "packed weights of another shape");
-  const int parts = half > 0 ? 2 : 1;
-  const int64_t row_bytes = k4 * DEPTH;
-  std::vector<int8_t> xq(static_cast<size_t>(t * parts * row_bytes), 0);
-  std::vector<int32_t> shifts(static_cast<size_t>(t * parts));
-  std::vector<float> steps(static_cast<size_t>(t));
-  quantise(x.data_ptr<float>(), t, k, row_bytes, half, xq.data(), shifts.data(), steps.data());
-  interleave(xq, t, parts, row_bytes);
+  const int64_t t = x.size(0), k = x.size(1);
+  TORCH_CHECK(packed.size(0) == blocks(n) && packed.size(1) == depth(k) * COLS * DEPTH, "packed weights of another shape");
   auto y = torch::empty({t, n}, x.options());
-  const Job job{xq.data(),
-                shifts.data(),
-                steps.data(),
-                packed.data_ptr<uint8_t>(),
-                scale.data_ptr<float>(),
-                bias.has_value() ? bias->data_ptr<float>() : nullptr,
-                y.data_ptr<float>(),
-                t,
-                n,
-                k4,
-                row_bytes,
-                parts,
-                half,
-                wide};
-  at::parallel_for(0, nb, 4, [&](int64_t b0, int64_t b1) { run_blocks(job, b0, b1); });
+  LinearScratch s;
+  linear_rows(x.data_ptr<float>(), t, k, weights_of(packed, scale, bias, n, half, wide), y.data_ptr<float>(), s);
   return y;
 #endif
 }
@@ -487,12 +505,17 @@ struct Attend {
   const float* vs;  // values, as keys
   int64_t k_strides[3], v_strides[3];  // the views' strides over B, Hkv and S (D + 1 is contiguous)
   const bool* mask;  // (B, 1, T, S - first), or null
-  double* sc;  // (B·Hkv, group·T, S) scores, then their exp
-  double* q_int;  // (B·Hkv, group·T, D)
-  double* q_step;  // (B·Hkv, group·T)
+  double* sc;  // (B·Hkv, group·t, S) scores, then their exp
+  double* q_int;  // (B·Hkv, group·t, D)
+  double* q_step;  // (B·Hkv, group·t)
   float* os;  // (B, T, H, D) out
   int64_t heads, kv_heads, group, t, s, s8, d, first;
+  int64_t t0, t_all;  // this call's t query rows start at row t0 of the pass's t_all
   double scaling, levels;
+
+  const float* query(int64_t bb, int64_t h, int64_t i) const { return qs + ((bb * heads + h) * t_all + t0 + i) * d; }
+  float* out(int64_t bb, int64_t i, int64_t h) const { return os + ((bb * t_all + t0 + i) * heads + h) * d; }
+  const bool* blocked(int64_t bb, int64_t i) const { return mask + (bb * t_all + t0 + i) * (s - first) - first; }
 
   const float* key(int64_t nn, int64_t j) const {
     return ks + nn / kv_heads * k_strides[0] + nn % kv_heads * k_strides[1] + j * k_strides[2];
@@ -519,7 +542,7 @@ SPECDEC_AVX512 void score_rows(const Attend& a, int64_t r0, int64_t r1) {
   for (int64_t r = r0; r < r1; ++r) {
     const int64_t nn = r / rows, gi = r % rows, g = gi / a.t, i = gi % a.t;
     const int64_t bb = nn / a.kv_heads, h = (nn % a.kv_heads) * a.group + g;
-    const float* x = a.qs + ((bb * a.heads + h) * a.t + i) * d;
+    const float* x = a.query(bb, h, i);
     a.q_step[r] = fixed_row(x, d, 1e-300, a.q_int + r * d);
   }
   std::vector<double> held_steps(static_cast<size_t>(a.s8), 1.0);  // padding past S: a step of 1
@@ -577,7 +600,7 @@ SPECDEC_AVX512 void score_rows(const Attend& a, int64_t r0, int64_t r1) {
     const int64_t i = r % rows % a.t, bb = r / rows / a.kv_heads;
     double* row = a.sc + r * a.s;
     if (a.mask) {
-      const bool* blocked = a.mask + (bb * a.t + i) * (a.s - a.first) - a.first;
+      const bool* blocked = a.blocked(bb, i);
       for (int64_t j = a.first; j < a.s; ++j) {
         if (blocked[j]) row[j] = -INFINITY;
       }
@@ -665,7 +688,7 @@ SPECDEC_AVX512 void weigh_rows(const Attend& a, int64_t r0, int64_t r1) {
     for (int64_t k = 0; k < n_rows; ++k) {
       const int64_t gi = (r + k) % rows, g = gi / a.t, i = gi % a.t;
       const int64_t bb = nn / a.kv_heads, h = (nn % a.kv_heads) * a.group + g;
-      float* o = a.os + ((bb * a.t + i) * a.heads + h) * d;
+      float* o = a.out(bb, i, h);
       const __m512d factor = _mm512_set1_pd(factors[k]), total = _mm512_set1_pd(totals[k]);
       for (int64_t c = 0; c < d; c += 8) {  // the product rounded, then the quotient, as mul_ and div_
         const __mmask8 m = static_cast<__mmask8>(d - c >= 8 ? 0xff : (1u << (d - c)) - 1);
@@ -684,13 +707,115 @@ SPECDEC_AVX512 void weigh_rows(const Attend& a, int64_t r0, int64_t r1) {
 // gets about a million multiply-adds (waking a thread costs more than a one-token pass's attention).
 int64_t attention_grain(int64_t s, int64_t d) { return std::max<int64_t>(1, (1 << 20) / std::max<int64_t>(1, 2 * s * d)); }
 
-// exact.attention's arithmetic in one call, for passes of a few rows: (B, H, T, D) float32 queries
-// over (B, Hkv, S, D + 1) float32 keys and values in fixed point (exact.stored), -> (B, T, H, D)
-// float32. `blocked`: (B, 1, T, S - first) bool, True where a row may not see a key from slot `first`
-// on, or None. Each float operation is exact.py's own, in its order; the sums over the head dimension
-// and over keys are of integers below 2**53; exp is ATen's, on a buffer laid out as exact._attend's.
-torch::Tensor attention_rows(torch::Tensor query, torch::Tensor key, torch::Tensor value, int64_t first,
-                             c10::optional<torch::Tensor> blocked, double scaling, double levels) {
+// MKL's exp over n float64s, the call ATen's exp makes on a contiguous slice (vml.h: VML_HA |
+// VML_FTZDAZ_OFF | VML_ERRMODE_IGNORE), found where the torch build links MKL (weak: null where not).
+extern "C" void vmdExp(int n, const double* a, double* r, long long mode) __attribute__((weak));
+constexpr long long VML_ATEN_MODE = 0x2 | 0x140000 | 0x100;
+
+// exp as exact.exp_ on slices of whole vector widths below ATen's grain, so every element takes the
+// vector path whichever thread runs its slice: MKL's own call where ATen makes it, else ATen's exp_out.
+void exp_slices(double* x, int64_t n, int64_t slice) {
+  const int64_t slices = (n + slice - 1) / slice;
+  static const bool direct = at::hasMKL() && vmdExp != nullptr;
+  if (direct) {
+    at::parallel_for(0, slices, n >= GRAIN / 4 ? 1 : slices, [&](int64_t i0, int64_t i1) {
+      for (int64_t i = i0; i < i1; ++i) {
+        const int64_t len = std::min(slice, n - i * slice);
+        vmdExp(static_cast<int>(len), x + i * slice, x + i * slice, VML_ATEN_MODE);
+      }
+    });
+    return;
+  }
+  const at::ThreadLocalState caller;  // inference mode and the like: ATen's ops on other threads need it
+  auto buffer = torch::from_blob(x, {n}, torch::TensorOptions().dtype(torch::kFloat64));
+  at::parallel_for(0, slices, n >= GRAIN / 4 ? 1 : slices, [&](int64_t i0, int64_t i1) {
+    const at::ThreadLocalStateGuard as_caller(caller);
+    for (int64_t i = i0; i < i1; ++i) {
+      auto part = buffer.narrow(0, i * slice, std::min(slice, n - i * slice));
+      at::exp_out(part, part);
+    }
+  });
+}
+
+// What an attention call keeps between calls: the scores and the queries' integers.
+struct AttendScratch {
+  std::vector<double> sc, q_int, q_step;
+};
+
+// The operands of exact.attention over raw memory: (B, H, T, D) float32 queries, (B, Hkv, S, D + 1)
+// float32 keys and values in fixed point (exact.stored) at their strides over B, Hkv and S, the mask
+// (B, 1, T, S - first) or null; out: (B, T, H, D) float32.
+struct AttendArgs {
+  const float* q;
+  const float* k;
+  const float* v;
+  int64_t k_strides[3], v_strides[3];
+  const bool* mask;
+  float* out;
+  int64_t b, heads, kv_heads, t, s, d, first;
+  double scaling, levels;
+};
+
+// exact.attention's arithmetic for query rows t0..t0+t-1, in one call: each float operation is
+// exact.py's own, in its order; the sums over the head dimension and over keys are of integers below
+// 2**53; exp is ATen's, on a buffer laid out as exact._attend's.
+void attend_rows(const AttendArgs& x, int64_t t0, int64_t t, AttendScratch& scratch) {
+#ifdef SPECDEC_X86
+  const int64_t group = x.heads / x.kv_heads, n = x.b * x.kv_heads, s = x.s, d = x.d;
+  const int64_t rows = group * t, size = n * rows * s, s8 = (s + 7) / 8 * 8;
+  // the scores sit in a buffer padded to whole vector widths, so exp runs every element on one path
+  const int64_t padded = size + (LANES - size % LANES) % LANES;
+  scratch.sc.resize(static_cast<size_t>(padded));
+  std::fill(scratch.sc.begin() + size, scratch.sc.begin() + padded, 0.0);
+  scratch.q_int.resize(static_cast<size_t>(n * rows * d));
+  scratch.q_step.resize(static_cast<size_t>(n * rows));
+  const Attend a{x.q,
+                 x.k,
+                 x.v,
+                 {x.k_strides[0], x.k_strides[1], x.k_strides[2]},
+                 {x.v_strides[0], x.v_strides[1], x.v_strides[2]},
+                 x.mask,
+                 scratch.sc.data(),
+                 scratch.q_int.data(),
+                 scratch.q_step.data(),
+                 x.out,
+                 x.heads,
+                 x.kv_heads,
+                 group,
+                 t,
+                 s,
+                 s8,
+                 d,
+                 x.first,
+                 t0,
+                 x.t,
+                 x.scaling,
+                 x.levels};
+  const int64_t grain = attention_grain(s, d);
+  auto scores = d == 64 ? &score_rows<8> : d == 128 ? &score_rows<16> : &score_rows<0>;
+  auto weigh = d == 64 ? &weigh_rows<8> : d == 128 ? &weigh_rows<16> : &weigh_rows<0>;
+  at::parallel_for(0, n * rows, grain, [&](int64_t r0, int64_t r1) { scores(a, r0, r1); });
+  // a verify pass's rows split over the threads
+  exp_slices(scratch.sc.data(), padded, std::min(GRAIN, std::max<int64_t>(LANES, (padded / 2 + LANES - 1) / LANES * LANES)));
+  at::parallel_for(0, n * rows, grain, [&](int64_t r0, int64_t r1) { weigh(a, r0, r1); });
+#endif
+}
+
+// attend_rows over ROWS query rows a call, as exact.attention: a long prefill's float64 scores stay
+// a few tens of MB.
+void attend(const AttendArgs& x, AttendScratch& scratch) {
+  constexpr int64_t ROWS = 128;  // exact.ROWS
+  for (int64_t t0 = 0; t0 < x.t; t0 += ROWS) attend_rows(x, t0, std::min(ROWS, x.t - t0), scratch);
+}
+
+// A (B, Hkv, S, D + 1) float32 key or value tensor's strides over B, Hkv and S, copied where its rows are not contiguous.
+torch::Tensor rows_contiguous(const torch::Tensor& x) { return x.stride(3) == 1 ? x : x.contiguous(); }
+
+// exact.attention's arithmetic: (B, H, T, D) float32 queries over (B, Hkv, S, D + 1) float32 keys and
+// values in fixed point (exact.stored) -> (B, T, H, D) float32. `blocked`: (B, 1, T, S - first) bool,
+// True where a row may not see a key from slot `first` on, or None.
+torch::Tensor attention(torch::Tensor query, torch::Tensor key, torch::Tensor value, int64_t first,
+                        c10::optional<torch::Tensor> blocked, double scaling, double levels) {
 #ifndef SPECDEC_X86
   TORCH_CHECK(false, "the exact attention kernel needs an x86-64 CPU with AVX-512");
 #else
@@ -698,78 +823,34 @@ torch::Tensor attention_rows(torch::Tensor query, torch::Tensor key, torch::Tens
                   value.scalar_type() == torch::kFloat32,
               "attention takes float32 queries and float32 fixed-point keys and values (exact.stored)");
   const int64_t b = query.size(0), heads = query.size(1), t = query.size(2), d = query.size(3);
-  const int64_t kv_heads = key.size(1), s = key.size(2), group = heads / kv_heads, n = b * kv_heads;
   TORCH_CHECK(key.size(3) == d + 1 && value.size(3) == d + 1, "keys and values carry their step as a last column");
   auto q = query.contiguous();
   // The cache's keys and values are views of buffers with room to spare: read in place, not copied,
   // wherever each position's D + 1 numbers are contiguous.
-  auto k = key.stride(3) == 1 ? key : key.contiguous();
-  auto v = value.stride(3) == 1 ? value : value.contiguous();
-  torch::Tensor blocked_c;
-  if (blocked.has_value()) blocked_c = blocked->to(torch::kBool).contiguous();
-  const int64_t rows = group * t, size = n * rows * s, s8 = (s + 7) / 8 * 8;
-  // the scores sit in a buffer padded to whole vector widths, so exp runs every element on one path
-  auto buffer = torch::empty({size + (LANES - size % LANES) % LANES}, k.options().dtype(torch::kFloat64));
-  buffer.narrow(0, size, buffer.size(0) - size).zero_();
-  std::vector<double> q_int(static_cast<size_t>(n * rows * d)), q_step(static_cast<size_t>(n * rows));
+  auto k = rows_contiguous(key), v = rows_contiguous(value);
+  torch::Tensor mask;
+  if (blocked.has_value()) mask = blocked->to(torch::kBool).contiguous();
   auto out = torch::empty({b, t, heads, d}, q.options());
-  const Attend a{q.data_ptr<float>(),
-                 k.data_ptr<float>(),
-                 v.data_ptr<float>(),
-                 {k.stride(0), k.stride(1), k.stride(2)},
-                 {v.stride(0), v.stride(1), v.stride(2)},
-                 blocked.has_value() ? blocked_c.data_ptr<bool>() : nullptr,
-                 buffer.data_ptr<double>(),
-                 q_int.data(),
-                 q_step.data(),
-                 out.data_ptr<float>(),
-                 heads,
-                 kv_heads,
-                 group,
-                 t,
-                 s,
-                 s8,
-                 d,
-                 first,
-                 scaling,
-                 levels};
-  const int64_t grain = attention_grain(s, d);
-  auto scores = d == 64 ? &score_rows<8> : d == 128 ? &score_rows<16> : &score_rows<0>;
-  auto weigh = d == 64 ? &weigh_rows<8> : d == 128 ? &weigh_rows<16> : &weigh_rows<0>;
-  at::parallel_for(0, n * rows, grain, [&](int64_t r0, int64_t r1) { scores(a, r0, r1); });
-  // exp as exact.exp_: ATen's own, on slices of whole vector widths below its grain, so every element
-  // takes the vector path whichever thread runs its slice; a verify pass's rows split over the threads
-  const int64_t slice = std::min(GRAIN, std::max<int64_t>(LANES, (buffer.size(0) / 2 + LANES - 1) / LANES * LANES));
-  const int64_t slices = (buffer.size(0) + slice - 1) / slice;
-  const at::ThreadLocalState caller;  // inference mode and the like: ATen's ops on other threads need it
-  at::parallel_for(0, slices, size >= GRAIN / 4 ? 1 : slices, [&](int64_t i0, int64_t i1) {
-    const at::ThreadLocalStateGuard as_caller(caller);
-    for (int64_t i = i0; i < i1; ++i) {
-      auto part = buffer.narrow(0, i * slice, std::min(slice, buffer.size(0) - i * slice));
-      at::exp_out(part, part);
-    }
-  });
-  at::parallel_for(0, n * rows, grain, [&](int64_t r0, int64_t r1) { weigh(a, r0, r1); });
+  const AttendArgs x{q.data_ptr<float>(),
+                     k.data_ptr<float>(),
+                     v.data_ptr<float>(),
+                     {k.stride(0), k.stride(1), k.stride(2)},
+                     {v.stride(0), v.stride(1), v.stride(2)},
+                     blocked.has_value() ? mask.data_ptr<bool>() : nullptr,
+                     out.data_ptr<float>(),
+                     b,
+                     heads,
+                     k.size(1),
+                     t,
+                     k.size(2),
+                     d,
+                     first,
+                     scaling,
+                     levels};
+  AttendScratch scratch;
+  attend(x, scratch);
   return out;
 #endif
-}
-
-
-// attention_rows over ROWS query rows a call, as exact.attention: a long prefill's float64 scores stay
-// a few tens of MB. (B, H, T, D) queries -> (B, T, H, D).
-torch::Tensor attention(torch::Tensor query, torch::Tensor key, torch::Tensor value, int64_t first,
-                        c10::optional<torch::Tensor> blocked, double scaling, double levels) {
-  constexpr int64_t ROWS = 128;  // exact.ROWS
-  const int64_t t = query.size(2);
-  if (t <= ROWS) return attention_rows(query, key, value, first, blocked, scaling, levels);
-  std::vector<torch::Tensor> parts;
-  for (int64_t i = 0; i < t; i += ROWS) {
-    const int64_t n = std::min(ROWS, t - i);
-    c10::optional<torch::Tensor> mask;
-    if (blocked.has_value()) mask = blocked->narrow(2, i, n);
-    parts.push_back(attention_rows(query.narrow(2, i, n), key, value, first, mask, scaling, levels));
-  }
-  return torch::cat(parts, 1);
 }
 
 #ifdef SPECDEC_X86
@@ -850,43 +931,43 @@ torch::Tensor added(const torch::Tensor& a, const torch::Tensor& b) {
   return out;
 }
 
-// A Llama RMSNorm with LlamaRMSNorm.forward's bits, each step the same IEEE operation on each number
-// (x·x as pow(2), the mean as ATen's sum then / H, + eps in float32, 1/sqrt as ATen's rsqrt, then the
-// two products), written here because ATen's six small calls cost more than the row's arithmetic. The
-// sums are row_sum_of_squares's where ATen sums each row on one thread (fewer than its grain of
-// numbers), ATen's own mean elsewhere.
-torch::Tensor rms_norm(const torch::Tensor& h, const torch::Tensor& weight, double eps) {
-  auto x = h.to(torch::kFloat32).contiguous();
-  auto w = weight.to(torch::kFloat32).contiguous();
-  const int64_t hidden = x.size(-1), rows = x.numel() / std::max<int64_t>(1, hidden);
-  TORCH_CHECK(w.numel() == hidden, "a norm weight per hidden number");
-  const float* xs = x.data_ptr<float>();
-  std::vector<float> var(static_cast<size_t>(rows));
-#ifdef SPECDEC_X86
-  if (x.numel() < GRAIN && hidden >= 8) {  // ATen sums rows shorter than a vector by another loop
-    for (int64_t r = 0; r < rows; ++r) var[r] = row_sum_of_squares(xs + r * hidden, hidden) / static_cast<float>(hidden);
-  } else
-#endif
-  {
-    auto squares = torch::empty_like(x);
-    float* sq = squares.data_ptr<float>();
-    for (int64_t i = 0; i < x.numel(); ++i) sq[i] = xs[i] * xs[i];
-    auto mean = squares.mean(-1, true).contiguous();
-    std::copy(mean.data_ptr<float>(), mean.data_ptr<float>() + rows, var.begin());
-  }
-  const float* ws = w.data_ptr<float>();
-  auto out = torch::empty_like(x);
-  float* os = out.data_ptr<float>();
+// A Llama RMSNorm of `rows` float32 rows of `hidden` numbers into out, with LlamaRMSNorm.forward's
+// bits, each step the same IEEE operation on each number (x·x as pow(2), the mean as ATen's sum then
+// / H, + eps in float32, 1/sqrt as ATen's rsqrt, then the two products), written here because ATen's
+// six small calls cost more than the row's arithmetic. The sums are row_sum_of_squares's where ATen
+// sums each row on one thread (fewer than its grain of numbers), ATen's own mean elsewhere.
+void rms_rows(const float* xs, int64_t rows, int64_t hidden, const float* ws, double eps, float* os) {
   const float e = static_cast<float>(eps);
-  for (int64_t r = 0; r < rows; ++r) {
-    const float inv = 1.0f / std::sqrt(var[r] + e);
+  auto normed = [&](int64_t r, float var) {
+    const float inv = 1.0f / std::sqrt(var + e);
     const float* xr = xs + r * hidden;
     float* o = os + r * hidden;
     for (int64_t i = 0; i < hidden; ++i) {
       const float scaled = xr[i] * inv;
       o[i] = ws[i] * scaled;
     }
+  };
+#ifdef SPECDEC_X86
+  if (rows * hidden < GRAIN && hidden >= 8) {  // ATen sums rows shorter than a vector by another loop
+    for (int64_t r = 0; r < rows; ++r) normed(r, row_sum_of_squares(xs + r * hidden, hidden) / static_cast<float>(hidden));
+    return;
   }
+#endif
+  auto squares = torch::empty({rows, hidden}, torch::kFloat32);
+  float* sq = squares.data_ptr<float>();
+  for (int64_t i = 0; i < rows * hidden; ++i) sq[i] = xs[i] * xs[i];
+  auto mean = squares.mean(-1, true).contiguous();
+  const float* var = mean.data_ptr<float>();
+  for (int64_t r = 0; r < rows; ++r) normed(r, var[r]);
+}
+
+torch::Tensor rms_norm(const torch::Tensor& h, const torch::Tensor& weight, double eps) {
+  auto x = h.to(torch::kFloat32).contiguous();
+  auto w = weight.to(torch::kFloat32).contiguous();
+  const int64_t hidden = x.size(-1), rows = x.numel() / std::max<int64_t>(1, hidden);
+  TORCH_CHECK(w.numel() == hidden, "a norm weight per hidden number");
+  auto out = torch::empty_like(x);
+  rms_rows(x.data_ptr<float>(), rows, hidden, w.data_ptr<float>(), eps, out.data_ptr<float>());
   return out;
 }
 
@@ -915,35 +996,39 @@ SPECDEC_AVX512 void rotated(const float* x, const float* cs, const float* sn, in
 }  // namespace
 #endif
 
+// What a decoder layer's two halves write between their steps, kept by a caller that runs many layers
+// (a pass's Stack::run), so that a layer allocates nothing.
+struct LayerScratch {
+  LinearScratch linear;
+  AttendScratch attend;
+  std::vector<float> x, qkv, turned, q, k, v, attended, o, h1, gate_up, act, down;
+};
+
+template <typename T>
+T* sized(std::vector<T>& v, int64_t n) {
+  v.resize(static_cast<size_t>(n));
+  return v.data();
+}
+
 // The first half of an exact decoder layer: RMSNorm, the q, k, v layer (one int8 layer), the model's
 // rotary embedding on queries and keys (x·cos + rotate_half(x)·sin, each product rounded, as
-// ExactAttention.forward), and keys and values in fixed point. No norm weight: no norm. (B, T, H) hidden states ->
-// [(B, heads, T, D) float32 queries, (B, kv_heads, T, D + 1) float32 keys, values (exact.stored)].
-std::vector<torch::Tensor> attention_in(torch::Tensor h, c10::optional<torch::Tensor> norm_weight, double eps,
-                                        torch::Tensor packed,
-                                        torch::Tensor scale, c10::optional<torch::Tensor> bias, int64_t half,
-                                        bool wide, int64_t heads, int64_t kv_heads, torch::Tensor cos,
-                                        torch::Tensor sin) {
-#ifndef SPECDEC_X86
-  TORCH_CHECK(false, "the int8 kernel needs an x86-64 CPU with AVX-512 VNNI");
-#else
-  const int64_t b = h.size(0), t = h.size(1), d = cos.size(-1), width = heads + 2 * kv_heads;
-  // no norm weight: the layer's input norm is an identity (an EAGLE head's first layer)
-  auto x = norm_weight.has_value() ? rms_norm(h, *norm_weight, eps) : h.to(torch::kFloat32);
-  auto qkv = linear(x.reshape({b * t, h.size(2)}), packed, scale, bias, width * d, half, wide);  // (B·T, width·D)
-  auto c = cos.to(torch::kFloat32).expand({b, t, d}).contiguous();
-  auto sn = sin.to(torch::kFloat32).expand({b, t, d}).contiguous();
-  auto q = torch::empty({b, heads, t, d}, h.options().dtype(torch::kFloat32));
-  auto k = torch::empty({b, kv_heads, t, d + 1}, h.options().dtype(torch::kFloat32));
-  auto v = torch::empty({b, kv_heads, t, d + 1}, h.options().dtype(torch::kFloat32));
-  const float* src = qkv.data_ptr<float>();
-  const float* cs = c.data_ptr<float>();
-  const float* ss = sn.data_ptr<float>();
-  float* qs = q.data_ptr<float>();
-  float* ks = k.data_ptr<float>();
-  float* vs = v.data_ptr<float>();
+// ExactAttention.forward), and keys and values in fixed point. No norm weight: no norm. (B, T, H)
+// float32 hidden states and (B, T, D) cos and sin -> (B, heads, T, D) queries into qs, (B, kv_heads,
+// T, D + 1) keys and values into ks and vs (exact.stored).
+void layer_in(const float* h, int64_t b, int64_t t, int64_t hidden, const float* norm_weight, double eps,
+              const Weights& qkv_w, int64_t heads, int64_t kv_heads, const float* cs, const float* ss, int64_t d,
+              float* qs, float* ks, float* vs, LayerScratch& s) {
+#ifdef SPECDEC_X86
+  const int64_t width = heads + 2 * kv_heads;
+  const float* x = h;
+  if (norm_weight != nullptr) {  // none: the layer's input norm is an identity (an EAGLE head's first layer)
+    rms_rows(h, b * t, hidden, norm_weight, eps, sized(s.x, b * t * hidden));
+    x = s.x.data();
+  }
+  const float* src = sized(s.qkv, b * t * width * d);
+  linear_rows(x, b * t, hidden, qkv_w, s.qkv.data(), s.linear);  // (B·T, width·D)
   const int64_t half_d = d / 2;
-  std::vector<float> turned(static_cast<size_t>(d));
+  float* turned = sized(s.turned, d);
   for (int64_t bb = 0; bb < b; ++bb) {
     for (int64_t i = 0; i < t; ++i) {
       const float* row = src + (bb * t + i) * width * d;
@@ -956,7 +1041,7 @@ std::vector<torch::Tensor> attention_in(torch::Tensor h, c10::optional<torch::Te
           continue;
         }
         if (half_d % 16 == 0) {
-          rotated(x_h, ci, si, d, turned.data());
+          rotated(x_h, ci, si, d, turned);
         } else {
           for (int64_t e = 0; e < d; ++e) {
             volatile float a = x_h[e] * ci[e];
@@ -965,13 +1050,41 @@ std::vector<torch::Tensor> attention_in(torch::Tensor h, c10::optional<torch::Te
           }
         }
         if (head < heads) {
-          std::copy(turned.begin(), turned.end(), qs + ((bb * heads + head) * t + i) * d);
+          std::copy(turned, turned + d, qs + ((bb * heads + head) * t + i) * d);
         } else {
-          stored_row(turned.data(), d, ks + ((bb * kv_heads + head - heads) * t + i) * (d + 1));
+          stored_row(turned, d, ks + ((bb * kv_heads + head - heads) * t + i) * (d + 1));
         }
       }
     }
   }
+#endif
+}
+
+// (B, T, D) float32 cos or sin for every row of a pass, as the layers read them.
+torch::Tensor per_row(const torch::Tensor& x, int64_t b, int64_t t, int64_t d) {
+  return x.to(torch::kFloat32).expand({b, t, d}).contiguous();
+}
+
+std::vector<torch::Tensor> attention_in(torch::Tensor h, c10::optional<torch::Tensor> norm_weight, double eps,
+                                        torch::Tensor packed,
+                                        torch::Tensor scale, c10::optional<torch::Tensor> bias, int64_t half,
+                                        bool wide, int64_t heads, int64_t kv_heads, torch::Tensor cos,
+                                        torch::Tensor sin) {
+#ifndef SPECDEC_X86
+  TORCH_CHECK(false, "the int8 kernel needs an x86-64 CPU with AVX-512 VNNI");
+#else
+  const int64_t b = h.size(0), t = h.size(1), d = cos.size(-1), width = heads + 2 * kv_heads;
+  auto x = h.to(torch::kFloat32).contiguous();
+  torch::Tensor w;
+  if (norm_weight.has_value()) w = norm_weight->to(torch::kFloat32).contiguous();
+  auto c = per_row(cos, b, t, d), sn = per_row(sin, b, t, d);
+  auto q = torch::empty({b, heads, t, d}, x.options());
+  auto k = torch::empty({b, kv_heads, t, d + 1}, x.options());
+  auto v = torch::empty({b, kv_heads, t, d + 1}, x.options());
+  LayerScratch s;
+  layer_in(x.data_ptr<float>(), b, t, h.size(2), norm_weight.has_value() ? w.data_ptr<float>() : nullptr, eps,
+           weights_of(packed, scale, bias, width * d, half, wide), heads, kv_heads, c.data_ptr<float>(),
+           sn.data_ptr<float>(), d, q.data_ptr<float>(), k.data_ptr<float>(), v.data_ptr<float>(), s);
   return {q, k, v};
 #endif
 }
@@ -1003,49 +1116,46 @@ SPECDEC_AVX512 void warm(const std::vector<std::pair<const uint8_t*, int64_t>>& 
 }  // namespace
 #endif
 
+// The second half's weights: the output layer, the norm, gate and up (one layer on int8 rows), down.
+struct OutWeights {
+  Weights o;
+  const float* norm;
+  double eps;
+  Weights up, down;
+};
+
 // The second half: attention over the cached keys and values, the output layer, the residual, RMSNorm,
 // the MLP (gate and up as one int8 layer on int8 rows, SiLU on whole-row slices below ATen's grain, as
-// exact.silu, times up, down) and its residual. -> (B, T, H) hidden states.
-torch::Tensor attention_out(torch::Tensor h, torch::Tensor q, torch::Tensor k, torch::Tensor v, int64_t first,
-                            c10::optional<torch::Tensor> blocked, double scaling, double levels, torch::Tensor o_packed,
-                            torch::Tensor o_scale, c10::optional<torch::Tensor> o_bias, int64_t o_half, bool o_wide,
-                            torch::Tensor norm_weight, double eps, torch::Tensor up_packed, torch::Tensor up_scale,
-                            c10::optional<torch::Tensor> up_bias, int64_t up_n, torch::Tensor down_packed,
-                            torch::Tensor down_scale, c10::optional<torch::Tensor> down_bias, int64_t down_half,
-                            bool down_wide) {
-  const int64_t b = h.size(0), t = h.size(1), hidden = h.size(2);
-  auto rows_of = [&](const torch::Tensor& x) { return x.reshape({b * t, x.size(-1)}); };
-  torch::Tensor attended;
+// exact.silu, times up, down) and its residual. (B, T, H) hidden states h and the attention's operands
+// (its `out` unused) -> (B, T, H) hidden states into out.
+void layer_out(const float* h, int64_t hidden, AttendArgs x, const OutWeights& w, float* out, LayerScratch& s) {
+  const int64_t rows = x.b * x.t;
+  x.out = sized(s.attended, rows * x.heads * x.d);  // (B, T, H, D)
 #ifdef SPECDEC_X86
-  // A few rows' attention runs on one thread (attention_rows's grain): the other then warms what it
+  // A few rows' attention runs on one thread (attend_rows's grain): the other then warms what it
   // reads after its first kv head's keys (the other heads' keys, then every head's values: a pass's
   // weights have pushed them out of the caches since the last pass), then this layer's output,
   // gate-and-up and down weights, read next at the memory's speed.
-  const int64_t rows = q.size(0) * q.size(1) * q.size(2);
-  const bool alone = q.size(2) <= 128 && rows <= attention_grain(k.size(2), q.size(3));
+  const bool alone = x.t <= 128 && x.b * x.heads * x.t <= attention_grain(x.s, x.d);
   if (alone && at::get_num_threads() > 1 && !at::in_parallel_region()) {
     std::vector<std::pair<const uint8_t*, int64_t>> spans;
-    for (const auto& [cached, skip] : {std::pair{&k, int64_t(1)}, std::pair{&v, int64_t(0)}}) {
-      if (cached->scalar_type() != torch::kFloat32 || cached->stride(3) != 1) continue;  // attention copies these
-      // a head's positions, up to its last one's last number
-      const int64_t head_bytes =
-          ((cached->size(2) - 1) * cached->stride(2) + cached->size(3)) * cached->element_size();
-      for (int64_t nn = skip; nn < cached->size(0) * cached->size(1); ++nn) {
-        const auto* head = cached->data_ptr<float>() + nn / cached->size(1) * cached->stride(0) +
-                           nn % cached->size(1) * cached->stride(1);
-        spans.emplace_back(reinterpret_cast<const uint8_t*>(head), head_bytes);
+    const int64_t head_bytes[2] = {((x.s - 1) * x.k_strides[2] + x.d + 1) * 4, ((x.s - 1) * x.v_strides[2] + x.d + 1) * 4};
+    for (int kind = 0; kind < 2; ++kind) {
+      const float* base = kind == 0 ? x.k : x.v;
+      const int64_t* strides = kind == 0 ? x.k_strides : x.v_strides;
+      for (int64_t nn = kind == 0 ? 1 : 0; nn < x.b * x.kv_heads; ++nn) {  // a head's positions, up to its last one's last number
+        const float* head = base + nn / x.kv_heads * strides[0] + nn % x.kv_heads * strides[1];
+        spans.emplace_back(reinterpret_cast<const uint8_t*>(head), head_bytes[kind]);
       }
     }
-    for (const auto* packed : {&o_packed, &up_packed, &down_packed}) {
-      spans.emplace_back(packed->data_ptr<uint8_t>(), packed->numel());
-    }
+    for (const Weights* layer : {&w.o, &w.up, &w.down}) spans.emplace_back(layer->packed, layer->bytes);
     std::atomic<bool> done{false};
     const at::ThreadLocalState caller;
     at::parallel_for(0, 2, 1, [&](int64_t i0, int64_t i1) {
       for (int64_t i = i0; i < i1; ++i) {
         if (i == 0) {
           const at::ThreadLocalStateGuard as_caller(caller);
-          attended = attention(q, k, v, first, blocked, scaling, levels);
+          attend(x, s.attend);
           done.store(true, std::memory_order_relaxed);
         } else {
           warm(spans, done);
@@ -1053,37 +1163,83 @@ torch::Tensor attention_out(torch::Tensor h, torch::Tensor q, torch::Tensor k, t
       }
     });
   } else {
-    attended = attention(q, k, v, first, blocked, scaling, levels);  // (B, T, H, D)
+    attend(x, s.attend);
   }
 #else
-  attended = attention(q, k, v, first, blocked, scaling, levels);  // (B, T, H, D)
+  attend(x, s.attend);
 #endif
-  auto o = linear(rows_of(attended.reshape({b, t, -1})), o_packed, o_scale, o_bias, hidden, o_half, o_wide);
-  auto h1 = added(h, o.view({b, t, hidden}));
-  auto x = rms_norm(h1, norm_weight, eps);
-  auto gate_up = linear(rows_of(x), up_packed, up_scale, up_bias, up_n, 0, false).view({b, t, up_n});
-  auto chunks = gate_up.chunk(2, -1);
-  auto gate = chunks[0].contiguous();
-  const int64_t inner = gate.size(-1), per = std::max<int64_t>(1, GRAIN / inner);
-  auto flat = gate.reshape({-1, inner});
-  torch::Tensor act;
-  if (flat.size(0) <= per) {
-    act = at::silu(gate);
-  } else {
-    std::vector<torch::Tensor> slices;
-    for (auto& part : flat.split(per)) slices.push_back(at::silu(part));
-    act = torch::cat(slices).reshape(gate.sizes());
+  const int64_t n = rows * hidden;
+  linear_rows(x.out, rows, x.heads * x.d, w.o, sized(s.o, n), s.linear);
+  float* h1 = sized(s.h1, n);
+  for (int64_t i = 0; i < n; ++i) h1[i] = h[i] + s.o[i];
+  rms_rows(h1, rows, hidden, w.norm, w.eps, sized(s.x, n));
+  const int64_t up_n = w.up.n, inner = up_n / 2;
+  const float* gate_up = sized(s.gate_up, rows * up_n);
+  linear_rows(s.x.data(), rows, hidden, w.up, s.gate_up.data(), s.linear);
+  float* act = sized(s.act, rows * inner);
+  for (int64_t r = 0; r < rows; ++r) std::copy(gate_up + r * up_n, gate_up + r * up_n + inner, act + r * inner);
+  // ATen's SiLU in place on slices of whole rows below its grain (the row length is a multiple of LANES)
+  const int64_t per = std::max<int64_t>(1, GRAIN / inner);
+  for (int64_t r0 = 0; r0 < rows; r0 += per) {
+    auto part = torch::from_blob(act + r0 * inner, {std::min(per, rows - r0), inner}, torch::kFloat32);
+    at::silu_out(part, part);
   }
-  act.mul_(chunks[1]);
-  auto down = linear(rows_of(act), down_packed, down_scale, down_bias, hidden, down_half, down_wide);
-  return added(h1, down.view({b, t, hidden}));
+  for (int64_t r = 0; r < rows; ++r) {  // times up, each product rounded as mul_'s
+    const float* up = gate_up + r * up_n + inner;
+    float* a = act + r * inner;
+    for (int64_t i = 0; i < inner; ++i) a[i] = a[i] * up[i];
+  }
+  linear_rows(act, rows, inner, w.down, sized(s.down, n), s.linear);
+  for (int64_t i = 0; i < n; ++i) out[i] = h1[i] + s.down[i];
+}
+
+torch::Tensor attention_out(torch::Tensor h, torch::Tensor q, torch::Tensor k, torch::Tensor v, int64_t first,
+                            c10::optional<torch::Tensor> blocked, double scaling, double levels, torch::Tensor o_packed,
+                            torch::Tensor o_scale, c10::optional<torch::Tensor> o_bias, int64_t o_half, bool o_wide,
+                            torch::Tensor norm_weight, double eps, torch::Tensor up_packed, torch::Tensor up_scale,
+                            c10::optional<torch::Tensor> up_bias, int64_t up_n, torch::Tensor down_packed,
+                            torch::Tensor down_scale, c10::optional<torch::Tensor> down_bias, int64_t down_half,
+                            bool down_wide) {
+  TORCH_CHECK(h.scalar_type() == torch::kFloat32 && q.scalar_type() == torch::kFloat32 &&
+                  k.scalar_type() == torch::kFloat32 && v.scalar_type() == torch::kFloat32,
+              "a layer's second half takes float32 hidden states, queries and fixed-point keys and values");
+  const int64_t b = h.size(0), t = h.size(1), hidden = h.size(2), d = q.size(3);
+  TORCH_CHECK(k.size(3) == d + 1 && v.size(3) == d + 1, "keys and values carry their step as a last column");
+  auto x = h.contiguous(), queries = q.contiguous(), keys = rows_contiguous(k), values = rows_contiguous(v);
+  auto w = norm_weight.to(torch::kFloat32).contiguous();
+  torch::Tensor mask;
+  if (blocked.has_value()) mask = blocked->to(torch::kBool).contiguous();
+  const AttendArgs args{queries.data_ptr<float>(),
+                        keys.data_ptr<float>(),
+                        values.data_ptr<float>(),
+                        {keys.stride(0), keys.stride(1), keys.stride(2)},
+                        {values.stride(0), values.stride(1), values.stride(2)},
+                        blocked.has_value() ? mask.data_ptr<bool>() : nullptr,
+                        nullptr,
+                        b,
+                        q.size(1),
+                        keys.size(1),
+                        t,
+                        keys.size(2),
+                        d,
+                        first,
+                        scaling,
+                        levels};
+  const OutWeights weights{weights_of(o_packed, o_scale, o_bias, hidden, o_half, o_wide), w.data_ptr<float>(), eps,
+                           weights_of(up_packed, up_scale, up_bias, up_n, 0, false),
+                           weights_of(down_packed, down_scale, down_bias, hidden, down_half, down_wide)};
+  auto out = torch::empty({b, t, hidden}, x.options());
+  LayerScratch s;
+  layer_out(x.data_ptr<float>(), hidden, args, weights, out.data_ptr<float>(), s);
+  return out;
 }
 
 // A decoder stack's layers as one call: each layer's arguments (the tuples exact_model gathers) are
-// converted once, and each pass runs attention_in, writes the new keys and values into the cache's
-// buffers in place (a growing cache's, with room for them), and runs attention_out, layer after layer:
-// the same calls in the same order as one layer at a time, so the same bits, without a return to
-// Python and a cache update through transformers between the two halves of every layer.
+// converted once, and each pass runs layer_in, writes the new keys and values into the cache's
+// buffers in place (a growing cache's, with room for them), and runs layer_out, layer after layer:
+// the same arithmetic in the same order as one layer at a time, so the same bits, without a return to
+// Python and a cache update through transformers between the two halves of every layer, and with one
+// scratch for every layer's steps.
 class Stack {
  public:
   explicit Stack(const py::list& layers) {
@@ -1093,50 +1249,89 @@ class Stack {
       TORCH_CHECK(in.size() == 9 && out.size() == 18, "a layer's kernel arguments: 9 into, 18 out of");
       Layer l;
       l.in_norm = in[0].cast<c10::optional<torch::Tensor>>();
+      if (l.in_norm.has_value()) l.in_norm = l.in_norm->to(torch::kFloat32).contiguous();
       l.in_eps = in[1].cast<double>();
-      l.qkv = {in[2].cast<torch::Tensor>(), in[3].cast<torch::Tensor>(), in[4].cast<c10::optional<torch::Tensor>>(),
-               in[5].cast<int64_t>(), in[6].cast<bool>()};
       l.heads = in[7].cast<int64_t>();
       l.kv_heads = in[8].cast<int64_t>();
+      l.qkv = {in[2].cast<torch::Tensor>(), in[3].cast<torch::Tensor>(), in[4].cast<c10::optional<torch::Tensor>>(),
+               in[5].cast<int64_t>(), in[6].cast<bool>()};
       l.scaling = out[0].cast<double>();
       l.levels = out[1].cast<double>();
       l.o = {out[2].cast<torch::Tensor>(), out[3].cast<torch::Tensor>(), out[4].cast<c10::optional<torch::Tensor>>(),
              out[5].cast<int64_t>(), out[6].cast<bool>()};
-      l.norm = out[7].cast<torch::Tensor>();
+      l.norm = out[7].cast<torch::Tensor>().to(torch::kFloat32).contiguous();
       l.eps = out[8].cast<double>();
       l.up = {out[9].cast<torch::Tensor>(), out[10].cast<torch::Tensor>(), out[11].cast<c10::optional<torch::Tensor>>(),
-              out[12].cast<int64_t>(), false};
+              0, false};
+      l.up_n = out[12].cast<int64_t>();
       l.down = {out[13].cast<torch::Tensor>(), out[14].cast<torch::Tensor>(),
                 out[15].cast<c10::optional<torch::Tensor>>(), out[16].cast<int64_t>(), out[17].cast<bool>()};
       layers_.push_back(std::move(l));
     }
   }
 
-  // (B, T, H) hidden states through the layers; keys[i] and values[i] are layer i's cache buffers,
-  // (B, Hkv, room, D + 1) contiguous float32 with the new positions from `start` fitting inside; `first`
-  // and `blocked` as attention's. -> [the last layer's hidden states, then the states entering each
-  // layer in `taps`, in the order of taps].
+  // (B, T, H) float32 hidden states through the layers; keys[i] and values[i] are layer i's cache
+  // buffers, (B, Hkv, room, D + 1) contiguous float32 with the new positions from `start` fitting inside;
+  // `first` and `blocked` as attention's. -> [the last layer's hidden states, then the states entering
+  // each layer in `taps`, in the order of taps].
   std::vector<torch::Tensor> run(torch::Tensor h, const torch::Tensor& cos, const torch::Tensor& sin,
                                  const std::vector<torch::Tensor>& keys, const std::vector<torch::Tensor>& values,
                                  int64_t start, int64_t first, const c10::optional<torch::Tensor>& blocked,
                                  const std::vector<int64_t>& taps) const {
     TORCH_CHECK(keys.size() == layers_.size() && values.size() == layers_.size(), "a key and a value buffer a layer");
-    const int64_t t = h.size(1);
-    std::vector<torch::Tensor> out{torch::Tensor()};
+    TORCH_CHECK(h.scalar_type() == torch::kFloat32, "a stack takes float32 hidden states");
+    const int64_t b = h.size(0), t = h.size(1), hidden = h.size(2), d = cos.size(-1), n = b * t * hidden;
+    auto x = h.contiguous();
+    auto c = per_row(cos, b, t, d), sn = per_row(sin, b, t, d);
+    torch::Tensor mask;
+    if (blocked.has_value()) mask = blocked->to(torch::kBool).contiguous();
+    std::vector<bool> tapped(layers_.size(), false);
+    for (const int64_t i : taps) tapped.at(static_cast<size_t>(i)) = true;
     std::vector<torch::Tensor> entering(layers_.size());
+    auto result = torch::empty({b, t, hidden}, x.options());
+    std::vector<float> ping(static_cast<size_t>(n)), pong(static_cast<size_t>(n));
+    LayerScratch s;
+    const float* now = x.data_ptr<float>();
     for (size_t i = 0; i < layers_.size(); ++i) {
       const Layer& l = layers_[i];
-      entering[i] = h;
-      auto qkv = attention_in(h, l.in_norm, l.in_eps, l.qkv.packed, l.qkv.scale, l.qkv.bias, l.qkv.half,
-                              l.qkv.wide, l.heads, l.kv_heads, cos, sin);
-      place(qkv[1], keys[i], start);
-      place(qkv[2], values[i], start);
-      h = attention_out(h, qkv[0], keys[i].narrow(2, 0, start + t), values[i].narrow(2, 0, start + t), first,
-                        blocked, l.scaling, l.levels, l.o.packed, l.o.scale, l.o.bias, l.o.half, l.o.wide, l.norm,
-                        l.eps, l.up.packed, l.up.scale, l.up.bias, l.up.half, l.down.packed, l.down.scale,
-                        l.down.bias, l.down.half, l.down.wide);
+      if (tapped[i]) {
+        entering[i] = i == 0 ? x : torch::empty({b, t, hidden}, x.options());
+        if (i > 0) std::copy(now, now + n, entering[i].data_ptr<float>());
+      }
+      const Weights qkv = weights_of(l.qkv.packed, l.qkv.scale, l.qkv.bias, (l.heads + 2 * l.kv_heads) * d,
+                                     l.qkv.half, l.qkv.wide);
+      float* q = sized(s.q, b * l.heads * t * d);
+      float* k = sized(s.k, b * l.kv_heads * t * (d + 1));
+      float* v = sized(s.v, b * l.kv_heads * t * (d + 1));
+      layer_in(now, b, t, hidden, l.in_norm.has_value() ? l.in_norm->data_ptr<float>() : nullptr, l.in_eps, qkv,
+               l.heads, l.kv_heads, c.data_ptr<float>(), sn.data_ptr<float>(), d, q, k, v, s);
+      place(k, b * l.kv_heads, t, d + 1, keys[i], start);
+      place(v, b * l.kv_heads, t, d + 1, values[i], start);
+      const AttendArgs args{q,
+                            keys[i].data_ptr<float>(),
+                            values[i].data_ptr<float>(),
+                            {keys[i].stride(0), keys[i].stride(1), keys[i].stride(2)},
+                            {values[i].stride(0), values[i].stride(1), values[i].stride(2)},
+                            blocked.has_value() ? mask.data_ptr<bool>() : nullptr,
+                            nullptr,
+                            b,
+                            l.heads,
+                            l.kv_heads,
+                            t,
+                            start + t,
+                            d,
+                            first,
+                            l.scaling,
+                            l.levels};
+      const OutWeights weights{weights_of(l.o.packed, l.o.scale, l.o.bias, hidden, l.o.half, l.o.wide),
+                               l.norm.data_ptr<float>(), l.eps,
+                               weights_of(l.up.packed, l.up.scale, l.up.bias, l.up_n, 0, false),
+                               weights_of(l.down.packed, l.down.scale, l.down.bias, hidden, l.down.half, l.down.wide)};
+      float* next = i + 1 == layers_.size() ? result.data_ptr<float>() : now == ping.data() ? pong.data() : ping.data();
+      layer_out(now, hidden, args, weights, next, s);
+      now = next;
     }
-    out[0] = h;
+    std::vector<torch::Tensor> out{result};
     for (const int64_t i : taps) out.push_back(entering.at(static_cast<size_t>(i)));
     return out;
   }
@@ -1145,29 +1340,28 @@ class Stack {
   struct Linear {
     torch::Tensor packed, scale;
     c10::optional<torch::Tensor> bias;
-    int64_t half;  // gate and up: their output count (attention_out's up_n)
+    int64_t half;
     bool wide;
   };
   struct Layer {
     c10::optional<torch::Tensor> in_norm;
     double in_eps, scaling, levels, eps;
     Linear qkv, o, up, down;
-    int64_t heads, kv_heads;
+    int64_t heads, kv_heads, up_n;  // up_n: gate's and up's outputs together
     torch::Tensor norm;
   };
   std::vector<Layer> layers_;
 
-  // new (B, Hkv, T, D + 1) rows into a buffer's positions start..start+T-1, in place
-  static void place(const torch::Tensor& rows, const torch::Tensor& buffer, int64_t start) {
-    TORCH_CHECK(buffer.is_contiguous() && buffer.scalar_type() == torch::kFloat32 && rows.is_contiguous() &&
-                    buffer.size(0) == rows.size(0) && buffer.size(1) == rows.size(1) &&
-                    buffer.size(3) == rows.size(3) && start + rows.size(2) <= buffer.size(2),
+  // new (B·Hkv, T, width) rows into a (B, Hkv, room, width) buffer's positions start..start+T-1, in place
+  static void place(const float* rows, int64_t heads, int64_t t, int64_t width, const torch::Tensor& buffer,
+                    int64_t start) {
+    TORCH_CHECK(buffer.is_contiguous() && buffer.scalar_type() == torch::kFloat32 &&
+                    buffer.size(0) * buffer.size(1) == heads && buffer.size(3) == width && start + t <= buffer.size(2),
                 "a cache buffer with room for the new keys and values");
-    const int64_t heads = rows.size(0) * rows.size(1), t = rows.size(2), width = rows.size(3), room = buffer.size(2);
-    const float* src = rows.data_ptr<float>();
+    const int64_t room = buffer.size(2);
     float* dst = buffer.data_ptr<float>();
     for (int64_t hh = 0; hh < heads; ++hh) {
-      std::copy(src + hh * t * width, src + (hh + 1) * t * width, dst + (hh * room + start) * width);
+      std::copy(rows + hh * t * width, rows + (hh + 1) * t * width, dst + (hh * room + start) * width);
     }
   }
 };
