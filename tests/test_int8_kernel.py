@@ -70,7 +70,7 @@ def test_the_attention_gives_the_torch_paths_bits_under_every_mask(kernel, torch
     fused, plain = [], []
     for width in WIDTHS:
         s = 200 + width
-        keys = exact.stored(torch.randn(batch, kv_heads, s, dim, generator=g))
+        keys = exact.stored(torch.randn(batch, kv_heads, s, dim, generator=g), exact.KEY_LEVELS)
         values = exact.stored(torch.randn(batch, kv_heads, s, dim, generator=g))
         queries = torch.randn(batch, heads, width, dim, generator=g) * 3
         tree = torch.ones(batch, 1, width, s, dtype=torch.bool)
@@ -85,6 +85,24 @@ def test_the_attention_gives_the_torch_paths_bits_under_every_mask(kernel, torch
     for got, (queries, keys, values, mask) in zip(fused, plain, strict=True):
         want = exact.attention(layer, queries, keys, values, mask)[0]
         assert torch.equal(got, want), f"width {queries.shape[2]}, mask {mask is not None}"
+
+
+@pytest.mark.parametrize("dim", [64, 128])
+def test_the_largest_scores_the_levels_allow_are_summed_exactly(kernel, torch_path, dim):
+    """Every query and key number at its row's peak: each integer at its levels, so a score's sum of
+    products is the most the levels allow (2**30), which the kernel's int32 lanes must hold exactly,
+    with either sign."""
+    assert exact.query_levels(dim) * exact.KEY_LEVELS * dim == 2**30
+    layer = nn.Module()
+    sign = torch.where(torch.arange(dim) % 3 == 0, -1.0, 1.0)
+    keys = exact.stored(torch.ones(1, 2, 40, dim) * sign, exact.KEY_LEVELS)
+    keys[:, 1] = exact.stored(-torch.ones(1, 40, dim) * sign, exact.KEY_LEVELS)
+    values = exact.stored(torch.randn(1, 2, 40, dim, generator=torch.Generator().manual_seed(dim)))
+    queries = torch.ones(1, 4, 3, dim) * sign * 0.05
+    with torch.inference_mode():
+        got = exact.attention(layer, queries, keys, values, None)[0]
+    torch_path()
+    assert torch.equal(got, exact.attention(layer, queries, keys, values, None)[0])
 
 
 def test_a_converted_models_final_norm_runs_in_the_kernel_with_the_modules_bits(kernel, monkeypatch):

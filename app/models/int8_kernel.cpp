@@ -41,7 +41,8 @@ constexpr int MAX_ROWS = 24;
 // the weights 4 KB ahead are asked for while these are summed (a few rows, bound by memory, gain nothing).
 constexpr int64_t PREFETCH = 4096;
 constexpr int PREFETCH_ROWS = 6;
-constexpr double FIXED = 1048576.0;  // exact.FIXED: queries', keys' and values' fixed-point levels
+constexpr double FIXED = 1048576.0;  // exact.FIXED: values' fixed-point levels
+constexpr double KEY_LEVELS = 8192.0;  // exact.KEY_LEVELS: keys' fixed-point levels
 constexpr double STORED_LEAST = 0x1p-100;  // exact.STORED_LEAST: a stored row's least peak
 constexpr int64_t GRAIN = 32768;  // exact.GRAIN
 constexpr int64_t LANES = 32;  // exact.LANES
@@ -367,68 +368,9 @@ namespace {
 
 #define SPECDEC_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")))
 
-// out[k] = the sum of a[k]'s eight lanes, for k < 8, in one vector. The lanes hold integers whose sums
-// stay below 2**53, so this order of additions gives the same number as any other.
-SPECDEC_AVX512 inline __m512d lane_sums(const __m512d* a) {
-  __m512d pairs[4];
-  for (int k = 0; k < 4; ++k) {  // per 128-bit chunk: [a[2k]'s pair, a[2k+1]'s pair]
-    pairs[k] = _mm512_add_pd(_mm512_unpacklo_pd(a[2 * k], a[2 * k + 1]), _mm512_unpackhi_pd(a[2 * k], a[2 * k + 1]));
-  }
-  __m512d quads[2];
-  for (int k = 0; k < 2; ++k) {  // chunks 0+1 and 2+3 of each pair: [a0a1 low, a0a1 high, a2a3 low, a2a3 high]
-    quads[k] = _mm512_add_pd(_mm512_shuffle_f64x2(pairs[2 * k], pairs[2 * k + 1], 0x88),
-                             _mm512_shuffle_f64x2(pairs[2 * k], pairs[2 * k + 1], 0xDD));
-  }
-  return _mm512_add_pd(_mm512_shuffle_f64x2(quads[0], quads[1], 0x88), _mm512_shuffle_f64x2(quads[0], quads[1], 0xDD));
-}
-
-// Eight of the cache's float32 numbers as float64: integers of at most 2**20 and steps that are a
+// Eight of the cache's float32 numbers as float64: integers of at most 2**20 (a value's) and steps that are a
 // float32 peak times 2**-20, the same numbers in either type, so the cache keeps them in half the bytes.
 SPECDEC_AVX512 inline __m512d widened(const float* x) { return _mm512_cvtps_pd(_mm256_loadu_ps(x)); }
-
-// Integer dot products of one query row (V vectors, in registers) with up to 8 keys that sit `stride`
-// apart in the cache as it is: no transposed copy of the keys, so a pass reads each key once.
-template <int V>
-SPECDEC_AVX512 inline __m512d dots8(const __m512d* q, const float* k0, int64_t stride, int64_t live) {
-  __m512d acc[8];
-#pragma GCC unroll 8
-  for (int kk = 0; kk < 8; ++kk) acc[kk] = _mm512_setzero_pd();
-  for (int64_t kk = 0; kk < live; ++kk) {
-#pragma GCC unroll 16
-    for (int i = 0; i < V; ++i) acc[kk] = _mm512_fmadd_pd(q[i], widened(k0 + kk * stride + 8 * i), acc[kk]);
-  }
-  return lane_sums(acc);
-}
-
-// Two query rows against 4 keys: each key's vectors are loaded once for both rows. Lanes 0..3 hold the
-// first row's dot products, 4..7 the second's.
-template <int V>
-SPECDEC_AVX512 inline __m512d dots2x4(const __m512d* q0, const __m512d* q1, const float* k0, int64_t stride,
-                                      int64_t live) {
-  __m512d acc[8];
-#pragma GCC unroll 8
-  for (int kk = 0; kk < 8; ++kk) acc[kk] = _mm512_setzero_pd();
-  if (live == 4) {
-#pragma GCC unroll 16
-    for (int i = 0; i < V; ++i) {
-#pragma GCC unroll 4
-      for (int kk = 0; kk < 4; ++kk) {
-        const __m512d key = widened(k0 + kk * stride + 8 * i);
-        acc[kk] = _mm512_fmadd_pd(q0[i], key, acc[kk]);
-        acc[4 + kk] = _mm512_fmadd_pd(q1[i], key, acc[4 + kk]);
-      }
-    }
-  } else {
-    for (int64_t kk = 0; kk < live; ++kk) {
-      for (int i = 0; i < V; ++i) {
-        const __m512d key = widened(k0 + kk * stride + 8 * i);
-        acc[kk] = _mm512_fmadd_pd(q0[i], key, acc[kk]);
-        acc[4 + kk] = _mm512_fmadd_pd(q1[i], key, acc[4 + kk]);
-      }
-    }
-  }
-  return lane_sums(acc);
-}
 
 // acc[r][0..8·V) = Σ_j w[r][j] · v[j][0..8·V) for R rows at once, so each value row is loaded once for
 // all R; v's rows are `stride` apart (the cache in place). Integers in float64: exact in any order.
@@ -467,10 +409,11 @@ void weighted_any(const double* w, const float* v, int64_t stride, int64_t s, in
 }
 
 // exact.fixed of one float32 row of d numbers, 8 at a time: the peak (at least `least`), its
-// reciprocal times FIXED, and each number times that, rounded to nearest even, written as Out
-// (double for a query's integers, float for a stored key's or value's); returns the row's step.
+// reciprocal times `levels` (a power of two), and each number times that, rounded to nearest even,
+// written as Out (double for a query's integers, float for a stored key's or value's); returns the
+// row's step.
 template <typename Out>
-SPECDEC_AVX512 double fixed_row(const float* x, int64_t d, double least, Out* out) {
+SPECDEC_AVX512 double fixed_row(const float* x, int64_t d, double least, double levels, Out* out) {
   constexpr int NEAREST = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
   __m512d peaks = _mm512_set1_pd(least);
   for (int64_t c = 0; c < d; c += 8) {
@@ -479,7 +422,7 @@ SPECDEC_AVX512 double fixed_row(const float* x, int64_t d, double least, Out* ou
   }
   const double peak = _mm512_reduce_max_pd(peaks);
   volatile double inv = 1.0 / peak;  // levels / peak is torch's reciprocal, then the product
-  const __m512d per = _mm512_set1_pd(inv * FIXED);
+  const __m512d per = _mm512_set1_pd(inv * levels);
   for (int64_t c = 0; c < d; c += 8) {
     const __mmask8 m = static_cast<__mmask8>(d - c >= 8 ? 0xff : (1u << (d - c)) - 1);
     const __m512d scaled = _mm512_mul_pd(_mm512_cvtps_pd(_mm256_maskz_loadu_ps(m, x + c)), per);
@@ -490,7 +433,7 @@ SPECDEC_AVX512 double fixed_row(const float* x, int64_t d, double least, Out* ou
       _mm256_mask_storeu_ps(out + c, m, _mm512_cvtpd_ps(rounded));
     }
   }
-  return peak * (1.0 / FIXED);
+  return peak * (1.0 / levels);
 }
 
 }  // namespace
@@ -512,6 +455,7 @@ struct Attend {
   int64_t heads, kv_heads, group, t, s, s8, d, first;
   int64_t t0, t_all;  // this call's t query rows start at row t0 of the pass's t_all
   double scaling, levels;
+  double q_levels;  // exact.query_levels(d)
 
   const float* query(int64_t bb, int64_t h, int64_t i) const { return qs + ((bb * heads + h) * t_all + t0 + i) * d; }
   float* out(int64_t bb, int64_t i, int64_t h) const { return os + ((bb * t_all + t0 + i) * heads + h) * d; }
@@ -531,62 +475,153 @@ void steps_of(const Attend& a, int64_t nn, bool values, double* steps) {
   for (int64_t j = 0; j < a.s; ++j) steps[j] = (values ? a.value(nn, j) : a.key(nn, j))[a.d];
 }
 
+// A 16 × 16 block of int32 lanes transposed in registers: r[i]'s lane j goes to r[j]'s lane i.
+SPECDEC_AVX512 inline void transposed16(__m512i* r) {
+  __m512i t[16];
+  for (int i = 0; i < 8; ++i) {
+    t[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
+  }
+  for (int i = 0; i < 4; ++i) {
+    r[4 * i] = _mm512_unpacklo_epi64(t[4 * i], t[4 * i + 2]);
+    r[4 * i + 1] = _mm512_unpackhi_epi64(t[4 * i], t[4 * i + 2]);
+    r[4 * i + 2] = _mm512_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
+    r[4 * i + 3] = _mm512_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
+  }
+  for (int i = 0; i < 4; ++i) {
+    t[i] = _mm512_shuffle_i32x4(r[i], r[i + 4], 0x88);
+    t[i + 4] = _mm512_shuffle_i32x4(r[i], r[i + 4], 0xdd);
+    t[i + 8] = _mm512_shuffle_i32x4(r[i + 8], r[i + 12], 0x88);
+    t[i + 12] = _mm512_shuffle_i32x4(r[i + 8], r[i + 12], 0xdd);
+  }
+  for (int i = 0; i < 8; ++i) {
+    r[i] = _mm512_shuffle_i32x4(t[i], t[i + 8], 0x88);
+    r[i + 8] = _mm512_shuffle_i32x4(t[i], t[i + 8], 0xdd);
+  }
+}
+
+// One kv head's keys as int16 pairs, pair-major (vpdpwssd's operand, 16 keys a vector): kt[p·s32 + j]
+// holds key j's numbers 2p and 2p + 1, keys from S on zero. The cache's float32 integers (at most
+// KEY_LEVELS) as int16, sixteen keys at a time, then each 16 × 16 block of pairs transposed.
+template <int V>
+SPECDEC_AVX512 void key_pairs(const Attend& a, int64_t nn, int64_t s32, int32_t* kt) {
+  constexpr int BLOCKS = V / 4;  // 16 pairs (32 numbers) a block of a key's 8·V numbers
+  const int64_t stride = a.k_strides[2];
+  const float* k0 = a.key(nn, 0);
+  __m512i r[BLOCKS][16];
+  for (int64_t j0 = 0; j0 < s32; j0 += 16) {
+    for (int kk = 0; kk < 16; ++kk) {
+      const int64_t j = j0 + kk;
+#pragma GCC unroll 4
+      for (int blk = 0; blk < BLOCKS; ++blk) {
+        if (j >= a.s) {
+          r[blk][kk] = _mm512_setzero_si512();
+          continue;
+        }
+        const float* x = k0 + j * stride + 32 * blk;
+        const __m256i lo = _mm512_cvtepi32_epi16(_mm512_cvtps_epi32(_mm512_loadu_ps(x)));
+        const __m256i hi = _mm512_cvtepi32_epi16(_mm512_cvtps_epi32(_mm512_loadu_ps(x + 16)));
+        r[blk][kk] = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+      }
+    }
+    for (int blk = 0; blk < BLOCKS; ++blk) {
+      transposed16(r[blk]);
+      for (int p = 0; p < 16; ++p) _mm512_storeu_si512(kt + (16 * blk + p) * s32 + j0, r[blk][p]);
+    }
+  }
+}
+
+// A query row's integers (at most query_levels) as int16 pairs, as key_pairs's.
+void query_pairs(const double* q, int64_t d, int32_t* out) {
+  for (int64_t p = 0; p < d / 2; ++p) {
+    const auto lo = static_cast<uint16_t>(static_cast<int16_t>(q[2 * p]));
+    const auto hi = static_cast<uint16_t>(static_cast<int16_t>(q[2 * p + 1]));
+    out[p] = static_cast<int32_t>(static_cast<uint32_t>(lo) | (static_cast<uint32_t>(hi) << 16));
+  }
+}
+
+// Rows r..r+R-1 of one kv head against its keys, 32 a step: the integer sums by vpdpwssd (two int16
+// products into an int32 lane, every sum within 2**30: exact), then as float64 · (q_step · scaling) ·
+// key step, each product rounded, as torch's mul_.
+template <int V, int R>
+SPECDEC_AVX512 void score_block(const Attend& a, int64_t r, const int32_t* qp, const int32_t* kt, int64_t s32,
+                                const double* k_steps) {
+  constexpr int P = 4 * V;  // pairs a key
+  __m512d factor[R];
+#pragma GCC unroll 4
+  for (int k = 0; k < R; ++k) factor[k] = _mm512_set1_pd(a.q_step[r + k] * a.scaling);
+  for (int64_t j0 = 0; j0 < a.s; j0 += 32) {
+    __m512i acc[R][2];
+#pragma GCC unroll 4
+    for (int k = 0; k < R; ++k) acc[k][0] = acc[k][1] = _mm512_setzero_si512();
+#pragma GCC unroll 8
+    for (int p = 0; p < P; ++p) {
+      const __m512i k0 = _mm512_loadu_si512(kt + p * s32 + j0), k1 = _mm512_loadu_si512(kt + p * s32 + j0 + 16);
+#pragma GCC unroll 4
+      for (int k = 0; k < R; ++k) {
+        const __m512i q = _mm512_set1_epi32(qp[k * P + p]);
+        acc[k][0] = _mm512_dpwssd_epi32(acc[k][0], k0, q);
+        acc[k][1] = _mm512_dpwssd_epi32(acc[k][1], k1, q);
+      }
+    }
+#pragma GCC unroll 4
+    for (int k = 0; k < R; ++k) {
+      double* row = a.sc + (r + k) * a.s;
+      for (int h = 0; h < 4; ++h) {
+        const int64_t j = j0 + 8 * h;
+        if (j >= a.s) break;
+        const __mmask8 live = j + 8 <= a.s ? 0xff : static_cast<__mmask8>((1u << (a.s - j)) - 1);
+        const __m256i ints = _mm512_extracti64x4_epi64(acc[k][h / 2], h % 2);
+        const __m512d dots = _mm512_mul_pd(_mm512_cvtepi32_pd(ints), factor[k]);
+        _mm512_mask_storeu_pd(row + j, live, _mm512_mul_pd(dots, _mm512_loadu_pd(k_steps + j)));
+      }
+    }
+  }
+}
+
 // Rows r0..r1-1 (row r: kv head r / (group·T), query head g = (r mod group·T) / T, position i):
-// the query in fixed point (exact.fixed), its scores (integer sums, then · (q_step · scaling) · key
-// step, each rounded as torch's mul_), the mask, and minus the row's max. Two rows of one kv head
-// share each pass over its keys where d is a whole number of vectors.
+// the query in fixed point (exact.fixed at query_levels), its scores (integer sums, then · (q_step ·
+// scaling) · key step, each rounded as torch's mul_), the mask, and minus the row's max. Where d is 64
+// or 128, up to four rows of one kv head share each pass over its keys, as int16 pairs.
 template <int V>
 SPECDEC_AVX512 void score_rows(const Attend& a, int64_t r0, int64_t r1) {
   const int64_t rows = a.group * a.t, d = a.d;
-  const int64_t stride = a.k_strides[2];
   for (int64_t r = r0; r < r1; ++r) {
     const int64_t nn = r / rows, gi = r % rows, g = gi / a.t, i = gi % a.t;
     const int64_t bb = nn / a.kv_heads, h = (nn % a.kv_heads) * a.group + g;
-    const float* x = a.query(bb, h, i);
-    a.q_step[r] = fixed_row(x, d, 1e-300, a.q_int + r * d);
+    a.q_step[r] = fixed_row(a.query(bb, h, i), d, 1e-300, a.q_levels, a.q_int + r * d);
   }
-  std::vector<double> held_steps(static_cast<size_t>(a.s8), 1.0);  // padding past S: a step of 1
-  const double* k_steps = held_steps.data();
+  const int64_t s32 = (a.s + 31) / 32 * 32;
+  std::vector<double> k_steps(static_cast<size_t>(s32), 1.0);  // padding past S: a step of 1
   int64_t held = -1;
-  for (int64_t r = r0; r < r1;) {
-    const int64_t nn = r / rows;
-    const float* k0 = a.key(nn, 0);
-    if (nn != held) steps_of(a, held = nn, false, held_steps.data());
-    double* row = a.sc + r * a.s;
-    if constexpr (V > 0) {
-      __m512d q0[V];
-#pragma GCC unroll 16
-      for (int c = 0; c < V; ++c) q0[c] = _mm512_loadu_pd(a.q_int + r * d + 8 * c);
-      const double f0 = a.q_step[r] * a.scaling;
-      if (V <= 8 && r + 1 < r1 && (r + 1) / rows == nn) {
-        __m512d q1[V];
-#pragma GCC unroll 16
-        for (int c = 0; c < V; ++c) q1[c] = _mm512_loadu_pd(a.q_int + (r + 1) * d + 8 * c);
-        const double f1 = a.q_step[r + 1] * a.scaling;
-        const __m512d factor = _mm512_setr_pd(f0, f0, f0, f0, f1, f1, f1, f1);
-        double* next = row + a.s;
-        for (int64_t j0 = 0; j0 < a.s; j0 += 4) {
-          const int64_t live = std::min<int64_t>(4, a.s - j0);
-          const __mmask8 lanes = static_cast<__mmask8>((1u << live) - 1);
-          const __m256d steps = _mm256_loadu_pd(k_steps + j0);
-          const __m512d both = _mm512_insertf64x4(_mm512_castpd256_pd512(steps), steps, 1);
-          const __m512d dots = _mm512_mul_pd(dots2x4<V>(q0, q1, k0 + j0 * stride, stride, live), factor);
-          const __m512d scaled = _mm512_mul_pd(dots, both);
-          _mm512_mask_storeu_pd(row + j0, lanes, scaled);
-          _mm512_mask_storeu_pd(next + j0 - 4, static_cast<__mmask8>(lanes << 4), scaled);
-        }
-        r += 2;
-        continue;
+  if constexpr (V > 0) {
+    constexpr int P = 4 * V, MOST = 4;
+    std::vector<int32_t> kt(static_cast<size_t>(P * s32)), qp(static_cast<size_t>(MOST * P));
+    for (int64_t r = r0; r < r1;) {
+      const int64_t nn = r / rows;
+      if (nn != held) {
+        steps_of(a, held = nn, false, k_steps.data());
+        key_pairs<V>(a, nn, s32, kt.data());
       }
-      const __m512d factor = _mm512_set1_pd(f0);
-      for (int64_t j0 = 0; j0 < a.s; j0 += 8) {
-        const int64_t live = std::min<int64_t>(8, a.s - j0);
-        const __mmask8 lanes = static_cast<__mmask8>((1u << live) - 1);
-        const __m512d dots = _mm512_mul_pd(dots8<V>(q0, k0 + j0 * stride, stride, live), factor);
-        _mm512_mask_storeu_pd(row + j0, lanes, _mm512_mul_pd(dots, _mm512_loadu_pd(k_steps + j0)));
+      int n_rows = 1;
+      while (n_rows < MOST && r + n_rows < r1 && (r + n_rows) / rows == nn) ++n_rows;
+      for (int k = 0; k < n_rows; ++k) query_pairs(a.q_int + (r + k) * d, d, qp.data() + k * P);
+      switch (n_rows) {
+        case 4: score_block<V, 4>(a, r, qp.data(), kt.data(), s32, k_steps.data()); break;
+        case 3: score_block<V, 3>(a, r, qp.data(), kt.data(), s32, k_steps.data()); break;
+        case 2: score_block<V, 2>(a, r, qp.data(), kt.data(), s32, k_steps.data()); break;
+        default: score_block<V, 1>(a, r, qp.data(), kt.data(), s32, k_steps.data()); break;
       }
-    } else {
+      r += n_rows;
+    }
+  } else {
+    const int64_t stride = a.k_strides[2];
+    for (int64_t r = r0; r < r1; ++r) {
+      const int64_t nn = r / rows;
+      if (nn != held) steps_of(a, held = nn, false, k_steps.data());
+      const float* k0 = a.key(nn, 0);
       const double* q = a.q_int + r * d;
+      double* row = a.sc + r * a.s;
       for (int64_t j = 0; j < a.s; ++j) {
         double dot = 0.0;
         for (int64_t c = 0; c < d; ++c) dot += q[c] * k0[j * stride + c];
@@ -594,7 +629,6 @@ SPECDEC_AVX512 void score_rows(const Attend& a, int64_t r0, int64_t r1) {
         row[j] = scaled * k_steps[j];
       }
     }
-    r += 1;
   }
   for (int64_t r = r0; r < r1; ++r) {
     const int64_t i = r % rows % a.t, bb = r / rows / a.kv_heads;
@@ -703,6 +737,14 @@ SPECDEC_AVX512 void weigh_rows(const Attend& a, int64_t r0, int64_t r1) {
 }  // namespace
 #endif
 
+// exact.query_levels: a query's fixed-point levels, the most up to KEY_LEVELS whose score (a sum of d
+// products with keys of KEY_LEVELS) stays within 2**30, so int32 lanes sum it exactly.
+double query_levels(int64_t d) {
+  double levels = KEY_LEVELS;
+  while (levels > 1 && levels * KEY_LEVELS * static_cast<double>(d) > 1073741824.0) levels /= 2;
+  return levels;
+}
+
 // Query rows a thread of the attention takes at least: rows go to torch's threads only where each
 // gets about a million multiply-adds (waking a thread costs more than a one-token pass's attention).
 int64_t attention_grain(int64_t s, int64_t d) { return std::max<int64_t>(1, (1 << 20) / std::max<int64_t>(1, 2 * s * d)); }
@@ -743,7 +785,7 @@ struct AttendScratch {
 };
 
 // The operands of exact.attention over raw memory: (B, H, T, D) float32 queries, (B, Hkv, S, D + 1)
-// float32 keys and values in fixed point (exact.stored) at their strides over B, Hkv and S, the mask
+// float32 keys and values in fixed point (exact.stored: keys at KEY_LEVELS) at their strides over B, Hkv and S, the mask
 // (B, 1, T, S - first) or null; out: (B, T, H, D) float32.
 struct AttendArgs {
   const float* q;
@@ -790,7 +832,8 @@ void attend_rows(const AttendArgs& x, int64_t t0, int64_t t, AttendScratch& scra
                  t0,
                  x.t,
                  x.scaling,
-                 x.levels};
+                 x.levels,
+                 query_levels(d)};
   const int64_t grain = attention_grain(s, d);
   auto scores = d == 64 ? &score_rows<8> : d == 128 ? &score_rows<16> : &score_rows<0>;
   auto weigh = d == 64 ? &weigh_rows<8> : d == 128 ? &weigh_rows<16> : &weigh_rows<0>;
@@ -812,7 +855,7 @@ void attend(const AttendArgs& x, AttendScratch& scratch) {
 torch::Tensor rows_contiguous(const torch::Tensor& x) { return x.stride(3) == 1 ? x : x.contiguous(); }
 
 // exact.attention's arithmetic: (B, H, T, D) float32 queries over (B, Hkv, S, D + 1) float32 keys and
-// values in fixed point (exact.stored) -> (B, T, H, D) float32. `blocked`: (B, 1, T, S - first) bool,
+// values in fixed point (exact.stored: keys at KEY_LEVELS, values at FIXED) -> (B, T, H, D) float32. `blocked`: (B, 1, T, S - first) bool,
 // True where a row may not see a key from slot `first` on, or None.
 torch::Tensor attention(torch::Tensor query, torch::Tensor key, torch::Tensor value, int64_t first,
                         c10::optional<torch::Tensor> blocked, double scaling, double levels) {
@@ -976,8 +1019,8 @@ namespace {
 
 // exact.fixed's rows with their step as a last column (exact.stored): fixed_row's integers as float32,
 // then the step.
-SPECDEC_AVX512 void stored_row(const float* x, int64_t d, float* out) {
-  out[d] = static_cast<float>(fixed_row(x, d, STORED_LEAST, out));
+SPECDEC_AVX512 void stored_row(const float* x, int64_t d, double levels, float* out) {
+  out[d] = static_cast<float>(fixed_row(x, d, STORED_LEAST, levels, out));
 }
 
 // x·cos + rotate_half(x)·sin for one head of d numbers (d/2 a whole number of vectors): each product
@@ -1037,7 +1080,7 @@ void layer_in(const float* h, int64_t b, int64_t t, int64_t hidden, const float*
       for (int64_t head = 0; head < width; ++head) {
         const float* x_h = row + head * d;
         if (head >= heads + kv_heads) {  // a value: fixed point as it is
-          stored_row(x_h, d, vs + ((bb * kv_heads + head - heads - kv_heads) * t + i) * (d + 1));
+          stored_row(x_h, d, FIXED, vs + ((bb * kv_heads + head - heads - kv_heads) * t + i) * (d + 1));
           continue;
         }
         if (half_d % 16 == 0) {
@@ -1052,7 +1095,7 @@ void layer_in(const float* h, int64_t b, int64_t t, int64_t hidden, const float*
         if (head < heads) {
           std::copy(turned, turned + d, qs + ((bb * heads + head) * t + i) * d);
         } else {
-          stored_row(turned, d, ks + ((bb * kv_heads + head - heads) * t + i) * (d + 1));
+          stored_row(turned, d, KEY_LEVELS, ks + ((bb * kv_heads + head - heads) * t + i) * (d + 1));
         }
       }
     }
