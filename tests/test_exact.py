@@ -108,7 +108,7 @@ def test_each_operation_of_the_pass_keeps_a_rows_bits_at_every_width():
         part = rotary(x[None, :1], positions[:, 100 : 100 + width])
         assert torch.equal(part[0], cos[:, 100 : 100 + width]) and torch.equal(part[1], sin[:, 100 : 100 + width])
     keys = exact.stored(torch.randn(1, 3, 300, 64, generator=g), exact.KEY_LEVELS)
-    values = exact.stored(torch.randn(1, 3, 300, 64, generator=g))
+    values = exact.stored(torch.randn(1, 3, 300, 64, generator=g), exact.FIXED)
     queries = torch.randn(1, 9, 33, 64, generator=g)
     layer = nn.Module()
 
@@ -237,10 +237,12 @@ def test_the_cache_keeps_fixed_point_rows_in_float32_with_float64s_numbers():
     g = torch.Generator().manual_seed(5)
     rows = torch.randn(64, 64, generator=g) * torch.logspace(-30, 30, 64)[:, None]
     rows[0] = 0.0
-    kept = exact.stored(rows)
-    ints, step = exact.fixed(rows, least=exact.STORED_LEAST)
-    assert kept.dtype == torch.float32 and kept.shape == (64, 65)
-    assert torch.equal(kept.double(), torch.cat([ints, step], dim=-1))
+    for levels in (exact.FIXED, exact.KEY_LEVELS):  # values', keys'
+        kept = exact.stored(rows, levels)
+        ints, step = exact.fixed(rows, levels, least=exact.STORED_LEAST)
+        assert kept.dtype == torch.float32 and kept.shape == (64, 65)
+        assert torch.equal(kept.double(), torch.cat([ints, step], dim=-1))
+        assert ints.abs().max() == levels
 
 
 def test_elementwise_functions_run_on_whole_vector_rows_below_the_grain():

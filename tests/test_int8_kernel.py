@@ -71,7 +71,7 @@ def test_the_attention_gives_the_torch_paths_bits_under_every_mask(kernel, torch
     for width in WIDTHS:
         s = 200 + width
         keys = exact.stored(torch.randn(batch, kv_heads, s, dim, generator=g), exact.KEY_LEVELS)
-        values = exact.stored(torch.randn(batch, kv_heads, s, dim, generator=g))
+        values = exact.stored(torch.randn(batch, kv_heads, s, dim, generator=g), exact.FIXED)
         queries = torch.randn(batch, heads, width, dim, generator=g) * 3
         tree = torch.ones(batch, 1, width, s, dtype=torch.bool)
         tree[..., s - width :] = torch.rand(batch, 1, width, width, generator=g) > 0.5
@@ -97,12 +97,26 @@ def test_the_largest_scores_the_levels_allow_are_summed_exactly(kernel, torch_pa
     sign = torch.where(torch.arange(dim) % 3 == 0, -1.0, 1.0)
     keys = exact.stored(torch.ones(1, 2, 40, dim) * sign, exact.KEY_LEVELS)
     keys[:, 1] = exact.stored(-torch.ones(1, 40, dim) * sign, exact.KEY_LEVELS)
-    values = exact.stored(torch.randn(1, 2, 40, dim, generator=torch.Generator().manual_seed(dim)))
+    values = exact.stored(torch.randn(1, 2, 40, dim, generator=torch.Generator().manual_seed(dim)), exact.FIXED)
     queries = torch.ones(1, 4, 3, dim) * sign * 0.05
     with torch.inference_mode():
         got = exact.attention(layer, queries, keys, values, None)[0]
     torch_path()
     assert torch.equal(got, exact.attention(layer, queries, keys, values, None)[0])
+
+
+def test_keys_at_other_levels_or_not_finite_are_refused_not_cut_short(kernel):
+    """The kernel's int16 keys hold KEY_LEVELS; keys stored at the values' levels, or NaN, would be cut
+    to other integers and summed without a word."""
+    g = torch.Generator().manual_seed(8)
+    values = exact.stored(torch.randn(1, 2, 40, 64, generator=g), exact.FIXED)
+    queries = torch.randn(1, 4, 3, 64, generator=g)
+    wide = exact.stored(torch.randn(1, 2, 40, 64, generator=g), exact.FIXED)
+    broken = exact.stored(torch.randn(1, 2, 40, 64, generator=g), exact.KEY_LEVELS)
+    broken[0, 1, 7, 3] = float("nan")
+    for keys in (wide, broken):
+        with pytest.raises(RuntimeError, match="KEY_LEVELS"):
+            kernel.attention(queries, keys, values, 40, None, 0.125, 2.0**18)
 
 
 def test_a_converted_models_final_norm_runs_in_the_kernel_with_the_modules_bits(kernel, monkeypatch):

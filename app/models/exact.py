@@ -11,8 +11,9 @@ Integer sums are exact in any order. So every reduction here is made exact:
   compiled kernel runs (int8_kernel.py: AVX-512 VNNI), the whole layer is one call instead, with
   the same bits, and so is the attention below.
 - **Attention:** queries, keys and values are fixed point per row (a scale and integers), so the
-  scores and the weighted sum of values are sums of integers, exact in any order: a score's below
-  2**30 (the kernel sums them as int16 pairs in int32 lanes), the values' below 2**53 in float64.
+  scores and the weighted sum of values are sums of integers, exact in any order: a score's within
+  2**30 (at a head dimension of 64 or 128 the kernel sums them as int16 pairs in int32 lanes, float64
+  elsewhere), the values' below 2**53 in float64.
   The cache keeps keys and values as float32, which holds those integers and their steps exactly.
   The softmax's denominator is summed the same way.
 - **Elementwise functions with a vector and a scalar path** (exp, SiLU): ATen runs the scalar path
@@ -42,7 +43,8 @@ HALF = 128  # a 15-bit activation is hi·HALF + lo, hi and lo int8
 FIXED = float(2**20)  # values' fixed-point levels
 # keys' levels; a query's are query_levels(D) (2**11 at D = 64): a score's sum of D products stays within
 # 2**30. Within the int8 precision's own rounding: SmolLM2's held-out loss 1.5609 against 1.5603 with
-# keys and queries at 2**20 (fp32: 1.5524), and 12 or 14 bits of keys gave 1.5621 and 1.5626
+# keys and queries at 2**20 (fp32: 1.5524); keys at 2**12 and 2**14 (queries at 2**12 and 2**10) gave
+# 1.5621 and 1.5626
 KEY_LEVELS = float(2**13)
 # the softmax weights' levels where a layer names none: with values' 2**20, a sum over 2**14 keys stays below 2**53
 WEIGHT_LEVELS = float(2**18)
@@ -187,7 +189,7 @@ def attention(
     s = key.shape[2]
     scaling = d**-0.5 if scaling is None else scaling
     if key.shape[-1] == d:  # a layer of the model's own class (a feature head's) caches plain keys
-        key, value = stored(key, KEY_LEVELS), stored(value)
+        key, value = stored(key, KEY_LEVELS), stored(value, FIXED)
     levels = getattr(module, "weight_levels", WEIGHT_LEVELS)
     first, blocked = blocked_keys(attention_mask, b, t, s, query.device)
     kernel = int8_kernel.module() if query.device.type == "cpu" else None
@@ -242,7 +244,7 @@ def query_levels(d: int) -> float:
     return levels
 
 
-def stored(x: torch.Tensor, levels: float = FIXED) -> torch.Tensor:
+def stored(x: torch.Tensor, levels: float) -> torch.Tensor:
     """(..., D + 1) float32: x's float32 rows in fixed point (fixed()) with their step as a last column.
     The integers are at most `levels` (KEY_LEVELS for keys, FIXED for values) and the step is a float32
     peak times 1/levels, numbers float32 holds exactly, so the cache keeps in half of float64's bytes
@@ -315,7 +317,7 @@ class ExactAttention(nn.Module):
         qk = qkv[:, : heads + kv_heads]
         qk = qk * cos + rotate_half(qk) * sin  # the model's own rotary, on queries and keys at once
         q = qk[:, :heads]
-        k, v = stored(qk[:, heads:], KEY_LEVELS), stored(qkv[:, heads + kv_heads :])
+        k, v = stored(qk[:, heads:], KEY_LEVELS), stored(qkv[:, heads + kv_heads :], FIXED)
         if cache is not None:
             k, v = cache.update(k, v, self.layer_idx)
         out, _ = attention(self, q, k, v, attention_mask, scaling=self.scaling)

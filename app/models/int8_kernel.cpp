@@ -313,14 +313,25 @@ struct Weights {
   bool wide;
 };
 
+// An int8 layer of n outputs over rows of k inputs; its packed weights, scales and bias checked against
+// those, since the kernel reads them by n and k alone.
 Weights weights_of(const torch::Tensor& packed, const torch::Tensor& scale, const c10::optional<torch::Tensor>& bias,
-                   int64_t n, int64_t half, bool wide) {
+                   int64_t n, int64_t k, int64_t half, bool wide) {
+  TORCH_CHECK(packed.scalar_type() == torch::kUInt8 && packed.is_contiguous() && packed.dim() == 2 &&
+                  packed.size(0) == blocks(n) && packed.size(1) == depth(k) * COLS * DEPTH,
+              "packed weights of another shape");
+  TORCH_CHECK(scale.scalar_type() == torch::kFloat32 && scale.is_contiguous() && scale.numel() == n,
+              "a float32 scale per output");
+  TORCH_CHECK(!bias.has_value() || (bias->scalar_type() == torch::kFloat32 && bias->is_contiguous() &&
+                                    bias->numel() == n),
+              "a float32 bias per output");
   return {packed.data_ptr<uint8_t>(), packed.numel(), scale.data_ptr<float>(),
           bias.has_value() ? bias->data_ptr<float>() : nullptr, n, half, wide};
 }
 
 // The rows' integers a linear layer makes, kept by a caller that runs many layers (a pass's Stack::run),
-// so that a layer allocates nothing: a pass of a few tokens is short enough for allocations to show.
+// so that they are allocated once a pass, not once a layer: a pass of a few tokens is short enough
+// for allocations to show.
 struct LinearScratch {
   std::vector<int8_t> xq, interleaved;
   std::vector<int32_t> shifts;
@@ -353,10 +364,10 @@ torch::Tensor linear(torch::Tensor x, torch::Tensor packed, torch::Tensor scale,
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat32, "linear takes (T, K) float32 rows");
   x = x.contiguous();
   const int64_t t = x.size(0), k = x.size(1);
-  TORCH_CHECK(packed.size(0) == blocks(n) && packed.size(1) == depth(k) * COLS * DEPTH, "packed weights of another shape");
+  const Weights w = weights_of(packed, scale, bias, n, k, half, wide);
   auto y = torch::empty({t, n}, x.options());
   LinearScratch s;
-  linear_rows(x.data_ptr<float>(), t, k, weights_of(packed, scale, bias, n, half, wide), y.data_ptr<float>(), s);
+  linear_rows(x.data_ptr<float>(), t, k, w, y.data_ptr<float>(), s);
   return y;
 #endif
 }
@@ -448,7 +459,7 @@ struct Attend {
   const float* vs;  // values, as keys
   int64_t k_strides[3], v_strides[3];  // the views' strides over B, Hkv and S (D + 1 is contiguous)
   const bool* mask;  // (B, 1, T, S - first), or null
-  double* sc;  // (B·Hkv, group·t, S) scores, then their exp
+  double* sc;  // (B·Hkv, group·t, S) scores, then their exp (t: this call's rows)
   double* q_int;  // (B·Hkv, group·t, D)
   double* q_step;  // (B·Hkv, group·t)
   float* os;  // (B, T, H, D) out
@@ -502,13 +513,16 @@ SPECDEC_AVX512 inline void transposed16(__m512i* r) {
 
 // One kv head's keys as int16 pairs, pair-major (vpdpwssd's operand, 16 keys a vector): kt[p·s32 + j]
 // holds key j's numbers 2p and 2p + 1, keys from S on zero. The cache's float32 integers (at most
-// KEY_LEVELS) as int16, sixteen keys at a time, then each 16 × 16 block of pairs transposed.
+// KEY_LEVELS) as int16, sixteen keys at a time, then each 16 × 16 block of pairs transposed. Returns
+// the largest magnitude among them: keys stored at other levels would be cut short, not summed (NaN
+// and infinities convert to INT_MIN, whose magnitude, unsigned, is 2**31).
 template <int V>
-SPECDEC_AVX512 void key_pairs(const Attend& a, int64_t nn, int64_t s32, int32_t* kt) {
+SPECDEC_AVX512 uint32_t key_pairs(const Attend& a, int64_t nn, int64_t s32, int32_t* kt) {
   constexpr int BLOCKS = V / 4;  // 16 pairs (32 numbers) a block of a key's 8·V numbers
   const int64_t stride = a.k_strides[2];
   const float* k0 = a.key(nn, 0);
   __m512i r[BLOCKS][16];
+  __m512i most = _mm512_setzero_si512();
   for (int64_t j0 = 0; j0 < s32; j0 += 16) {
     for (int kk = 0; kk < 16; ++kk) {
       const int64_t j = j0 + kk;
@@ -519,9 +533,10 @@ SPECDEC_AVX512 void key_pairs(const Attend& a, int64_t nn, int64_t s32, int32_t*
           continue;
         }
         const float* x = k0 + j * stride + 32 * blk;
-        const __m256i lo = _mm512_cvtepi32_epi16(_mm512_cvtps_epi32(_mm512_loadu_ps(x)));
-        const __m256i hi = _mm512_cvtepi32_epi16(_mm512_cvtps_epi32(_mm512_loadu_ps(x + 16)));
-        r[blk][kk] = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+        const __m512i lo = _mm512_cvtps_epi32(_mm512_loadu_ps(x)), hi = _mm512_cvtps_epi32(_mm512_loadu_ps(x + 16));
+        most = _mm512_max_epu32(most, _mm512_max_epu32(_mm512_abs_epi32(lo), _mm512_abs_epi32(hi)));
+        const __m256i lo16 = _mm512_cvtepi32_epi16(lo), hi16 = _mm512_cvtepi32_epi16(hi);
+        r[blk][kk] = _mm512_inserti64x4(_mm512_castsi256_si512(lo16), hi16, 1);
       }
     }
     for (int blk = 0; blk < BLOCKS; ++blk) {
@@ -529,6 +544,7 @@ SPECDEC_AVX512 void key_pairs(const Attend& a, int64_t nn, int64_t s32, int32_t*
       for (int p = 0; p < 16; ++p) _mm512_storeu_si512(kt + (16 * blk + p) * s32 + j0, r[blk][p]);
     }
   }
+  return _mm512_reduce_max_epu32(most);
 }
 
 // A query row's integers (at most query_levels) as int16 pairs, as key_pairs's.
@@ -601,7 +617,9 @@ SPECDEC_AVX512 void score_rows(const Attend& a, int64_t r0, int64_t r1) {
       const int64_t nn = r / rows;
       if (nn != held) {
         steps_of(a, held = nn, false, k_steps.data());
-        key_pairs<V>(a, nn, s32, kt.data());
+        const uint32_t most = key_pairs<V>(a, nn, s32, kt.data());
+        TORCH_CHECK(most <= static_cast<uint32_t>(KEY_LEVELS),
+                    "finite keys in fixed point at exact.KEY_LEVELS (exact.stored(keys, KEY_LEVELS))");
       }
       int n_rows = 1;
       while (n_rows < MOST && r + n_rows < r1 && (r + n_rows) / rows == nn) ++n_rows;
@@ -654,7 +672,7 @@ SPECDEC_AVX512 void score_rows(const Attend& a, int64_t r0, int64_t r1) {
 
 // One row after exp: the weights in fixed point with the values' steps carried in (into w), and their
 // integer total; returns the weights' step factor for the rescale, as exact._attend.
-SPECDEC_AVX512 double weights_of(const Attend& a, int64_t r, const double* v_steps, double* w, double* total_out) {
+SPECDEC_AVX512 double softmax_weights(const Attend& a, int64_t r, const double* v_steps, double* w, double* total_out) {
   const int64_t s = a.s;
   const double scale_up = FIXED * a.levels;
   const double* e = a.sc + r * s;
@@ -682,7 +700,7 @@ SPECDEC_AVX512 double weights_of(const Attend& a, int64_t r, const double* v_ste
   return factor;
 }
 
-// Rows r0..r1-1 after exp: weights_of, the integer sums over values (up to three rows of one kv head
+// Rows r0..r1-1 after exp: softmax_weights, the integer sums over values (up to three rows of one kv head
 // share a pass over its values), and the rescale.
 template <int V>
 SPECDEC_AVX512 void weigh_rows(const Attend& a, int64_t r0, int64_t r1) {
@@ -702,7 +720,7 @@ SPECDEC_AVX512 void weigh_rows(const Attend& a, int64_t r0, int64_t r1) {
     for (int64_t k = 0; k < n_rows; ++k) {
       ws[k] = w.data() + k * a.s8;
       accs[k] = acc.data() + k * d;
-      factors[k] = weights_of(a, r + k, v_steps.data(), w.data() + k * a.s8, &totals[k]);
+      factors[k] = softmax_weights(a, r + k, v_steps.data(), w.data() + k * a.s8, &totals[k]);
     }
     const float* v0 = a.value(nn, 0);
     const int64_t stride = a.v_strides[2];
@@ -747,18 +765,36 @@ double query_levels(int64_t d) {
 
 // Query rows a thread of the attention takes at least: rows go to torch's threads only where each
 // gets about a million multiply-adds (waking a thread costs more than a one-token pass's attention).
-int64_t attention_grain(int64_t s, int64_t d) { return std::max<int64_t>(1, (1 << 20) / std::max<int64_t>(1, 2 * s * d)); }
+int64_t attention_grain(int64_t s, int64_t d) {
+  return std::max<int64_t>(1, (1 << 20) / std::max<int64_t>(1, 2 * s * d));
+}
 
-// MKL's exp over n float64s, the call ATen's exp makes on a contiguous slice (vml.h: VML_HA |
-// VML_FTZDAZ_OFF | VML_ERRMODE_IGNORE), found where the torch build links MKL (weak: null where not).
+// MKL's exp over n float64s, the call ATen's exp makes on a contiguous slice, found where the torch
+// build links MKL (weak: null where not); its mode is vml.h's, from mkl_vml_defines.h's values.
 extern "C" void vmdExp(int n, const double* a, double* r, long long mode) __attribute__((weak));
-constexpr long long VML_ATEN_MODE = 0x2 | 0x140000 | 0x100;
+constexpr long long VML_HA = 0x2, VML_FTZDAZ_OFF = 0x140000, VML_ERRMODE_IGNORE = 0x100;
+constexpr long long VML_ATEN_MODE = VML_HA | VML_FTZDAZ_OFF | VML_ERRMODE_IGNORE;
+
+// Whether vmdExp gives ATen's exp's bits here: checked once, on numbers from exp's underflow to 1, so a
+// build whose ATen computes exp otherwise (or an MKL of another mode) takes ATen's own call instead.
+bool mkl_exp_is_atens() {
+  if (!at::hasMKL() || vmdExp == nullptr) return false;
+  constexpr int64_t N = 4 * LANES;
+  auto x = torch::empty({N}, torch::kFloat64);
+  double* xs = x.data_ptr<double>();
+  for (int64_t i = 0; i < N; ++i) xs[i] = -750.0 + 750.0 * static_cast<double>(i * i) / static_cast<double>(N * N);
+  xs[N - 1] = 0.0;
+  const auto want = at::exp(x).contiguous();
+  std::vector<double> got(static_cast<size_t>(N));
+  vmdExp(static_cast<int>(N), xs, got.data(), VML_ATEN_MODE);
+  return std::equal(got.begin(), got.end(), want.data_ptr<double>());
+}
 
 // exp as exact.exp_ on slices of whole vector widths below ATen's grain, so every element takes the
 // vector path whichever thread runs its slice: MKL's own call where ATen makes it, else ATen's exp_out.
 void exp_slices(double* x, int64_t n, int64_t slice) {
   const int64_t slices = (n + slice - 1) / slice;
-  static const bool direct = at::hasMKL() && vmdExp != nullptr;
+  static const bool direct = mkl_exp_is_atens();
   if (direct) {
     at::parallel_for(0, slices, n >= GRAIN / 4 ? 1 : slices, [&](int64_t i0, int64_t i1) {
       for (int64_t i = i0; i < i1; ++i) {
@@ -785,8 +821,8 @@ struct AttendScratch {
 };
 
 // The operands of exact.attention over raw memory: (B, H, T, D) float32 queries, (B, Hkv, S, D + 1)
-// float32 keys and values in fixed point (exact.stored: keys at KEY_LEVELS) at their strides over B, Hkv and S, the mask
-// (B, 1, T, S - first) or null; out: (B, T, H, D) float32.
+// float32 keys and values in fixed point (exact.stored: keys at KEY_LEVELS) at their strides over B,
+// Hkv and S, the mask (B, 1, T, S - first) or null; out: (B, T, H, D) float32.
 struct AttendArgs {
   const float* q;
   const float* k;
@@ -799,8 +835,8 @@ struct AttendArgs {
 };
 
 // exact.attention's arithmetic for query rows t0..t0+t-1, in one call: each float operation is
-// exact.py's own, in its order; the sums over the head dimension and over keys are of integers below
-// 2**53; exp is ATen's, on a buffer laid out as exact._attend's.
+// exact.py's own, in its order; the sums over the head dimension are of integers within 2**30 and
+// those over keys of integers below 2**53; exp is ATen's, on a buffer laid out as exact._attend's.
 void attend_rows(const AttendArgs& x, int64_t t0, int64_t t, AttendScratch& scratch) {
 #ifdef SPECDEC_X86
   const int64_t group = x.heads / x.kv_heads, n = x.b * x.kv_heads, s = x.s, d = x.d;
@@ -839,7 +875,8 @@ void attend_rows(const AttendArgs& x, int64_t t0, int64_t t, AttendScratch& scra
   auto weigh = d == 64 ? &weigh_rows<8> : d == 128 ? &weigh_rows<16> : &weigh_rows<0>;
   at::parallel_for(0, n * rows, grain, [&](int64_t r0, int64_t r1) { scores(a, r0, r1); });
   // a verify pass's rows split over the threads
-  exp_slices(scratch.sc.data(), padded, std::min(GRAIN, std::max<int64_t>(LANES, (padded / 2 + LANES - 1) / LANES * LANES)));
+  const int64_t slice = std::min(GRAIN, std::max<int64_t>(LANES, (padded / 2 + LANES - 1) / LANES * LANES));
+  exp_slices(scratch.sc.data(), padded, slice);
   at::parallel_for(0, n * rows, grain, [&](int64_t r0, int64_t r1) { weigh(a, r0, r1); });
 #endif
 }
@@ -851,12 +888,21 @@ void attend(const AttendArgs& x, AttendScratch& scratch) {
   for (int64_t t0 = 0; t0 < x.t; t0 += ROWS) attend_rows(x, t0, std::min(ROWS, x.t - t0), scratch);
 }
 
-// A (B, Hkv, S, D + 1) float32 key or value tensor's strides over B, Hkv and S, copied where its rows are not contiguous.
+// A (B, Hkv, S, D + 1) float32 key or value tensor whose positions' numbers are contiguous (the cache's
+// view as it is), copied where they are not.
 torch::Tensor rows_contiguous(const torch::Tensor& x) { return x.stride(3) == 1 ? x : x.contiguous(); }
 
+// attention's `blocked`, (B, 1, T, S - first), as contiguous bools, checked against the pass's shape.
+torch::Tensor blocked_rows(const torch::Tensor& blocked, int64_t b, int64_t t, int64_t s, int64_t first) {
+  TORCH_CHECK(first >= 0 && first <= s && blocked.dim() == 4 && blocked.size(0) == b && blocked.size(1) == 1 &&
+                  blocked.size(2) == t && blocked.size(3) == s - first,
+              "a mask of (B, 1, T, S - first)");
+  return blocked.to(torch::kBool).contiguous();
+}
+
 // exact.attention's arithmetic: (B, H, T, D) float32 queries over (B, Hkv, S, D + 1) float32 keys and
-// values in fixed point (exact.stored: keys at KEY_LEVELS, values at FIXED) -> (B, T, H, D) float32. `blocked`: (B, 1, T, S - first) bool,
-// True where a row may not see a key from slot `first` on, or None.
+// values in fixed point (exact.stored: keys at KEY_LEVELS, values at FIXED) -> (B, T, H, D) float32.
+// `blocked`: (B, 1, T, S - first) bool, True where a row may not see a key from slot `first` on, or None.
 torch::Tensor attention(torch::Tensor query, torch::Tensor key, torch::Tensor value, int64_t first,
                         c10::optional<torch::Tensor> blocked, double scaling, double levels) {
 #ifndef SPECDEC_X86
@@ -872,7 +918,7 @@ torch::Tensor attention(torch::Tensor query, torch::Tensor key, torch::Tensor va
   // wherever each position's D + 1 numbers are contiguous.
   auto k = rows_contiguous(key), v = rows_contiguous(value);
   torch::Tensor mask;
-  if (blocked.has_value()) mask = blocked->to(torch::kBool).contiguous();
+  if (blocked.has_value()) mask = blocked_rows(*blocked, b, t, k.size(2), first);
   auto out = torch::empty({b, t, heads, d}, q.options());
   const AttendArgs x{q.data_ptr<float>(),
                      k.data_ptr<float>(),
@@ -992,7 +1038,9 @@ void rms_rows(const float* xs, int64_t rows, int64_t hidden, const float* ws, do
   };
 #ifdef SPECDEC_X86
   if (rows * hidden < GRAIN && hidden >= 8) {  // ATen sums rows shorter than a vector by another loop
-    for (int64_t r = 0; r < rows; ++r) normed(r, row_sum_of_squares(xs + r * hidden, hidden) / static_cast<float>(hidden));
+    for (int64_t r = 0; r < rows; ++r) {
+      normed(r, row_sum_of_squares(xs + r * hidden, hidden) / static_cast<float>(hidden));
+    }
     return;
   }
 #endif
@@ -1040,7 +1088,7 @@ SPECDEC_AVX512 void rotated(const float* x, const float* cs, const float* sn, in
 #endif
 
 // What a decoder layer's two halves write between their steps, kept by a caller that runs many layers
-// (a pass's Stack::run), so that a layer allocates nothing.
+// (a pass's Stack::run), so that it is allocated once a pass, not once a layer.
 struct LayerScratch {
   LinearScratch linear;
   AttendScratch attend;
@@ -1126,7 +1174,7 @@ std::vector<torch::Tensor> attention_in(torch::Tensor h, c10::optional<torch::Te
   auto v = torch::empty({b, kv_heads, t, d + 1}, x.options());
   LayerScratch s;
   layer_in(x.data_ptr<float>(), b, t, h.size(2), norm_weight.has_value() ? w.data_ptr<float>() : nullptr, eps,
-           weights_of(packed, scale, bias, width * d, half, wide), heads, kv_heads, c.data_ptr<float>(),
+           weights_of(packed, scale, bias, width * d, h.size(2), half, wide), heads, kv_heads, c.data_ptr<float>(),
            sn.data_ptr<float>(), d, q.data_ptr<float>(), k.data_ptr<float>(), v.data_ptr<float>(), s);
   return {q, k, v};
 #endif
@@ -1182,13 +1230,13 @@ void layer_out(const float* h, int64_t hidden, AttendArgs x, const OutWeights& w
   const bool alone = x.t <= 128 && x.b * x.heads * x.t <= attention_grain(x.s, x.d);
   if (alone && at::get_num_threads() > 1 && !at::in_parallel_region()) {
     std::vector<std::pair<const uint8_t*, int64_t>> spans;
-    const int64_t head_bytes[2] = {((x.s - 1) * x.k_strides[2] + x.d + 1) * 4, ((x.s - 1) * x.v_strides[2] + x.d + 1) * 4};
     for (int kind = 0; kind < 2; ++kind) {
       const float* base = kind == 0 ? x.k : x.v;
       const int64_t* strides = kind == 0 ? x.k_strides : x.v_strides;
-      for (int64_t nn = kind == 0 ? 1 : 0; nn < x.b * x.kv_heads; ++nn) {  // a head's positions, up to its last one's last number
+      const int64_t head_bytes = ((x.s - 1) * strides[2] + x.d + 1) * 4;  // a head's positions, to its last number
+      for (int64_t nn = kind == 0 ? 1 : 0; nn < x.b * x.kv_heads; ++nn) {
         const float* head = base + nn / x.kv_heads * strides[0] + nn % x.kv_heads * strides[1];
-        spans.emplace_back(reinterpret_cast<const uint8_t*>(head), head_bytes[kind]);
+        spans.emplace_back(reinterpret_cast<const uint8_t*>(head), head_bytes);
       }
     }
     for (const Weights* layer : {&w.o, &w.up, &w.down}) spans.emplace_back(layer->packed, layer->bytes);
@@ -1251,7 +1299,7 @@ torch::Tensor attention_out(torch::Tensor h, torch::Tensor q, torch::Tensor k, t
   auto x = h.contiguous(), queries = q.contiguous(), keys = rows_contiguous(k), values = rows_contiguous(v);
   auto w = norm_weight.to(torch::kFloat32).contiguous();
   torch::Tensor mask;
-  if (blocked.has_value()) mask = blocked->to(torch::kBool).contiguous();
+  if (blocked.has_value()) mask = blocked_rows(*blocked, b, t, keys.size(2), first);
   const AttendArgs args{queries.data_ptr<float>(),
                         keys.data_ptr<float>(),
                         values.data_ptr<float>(),
@@ -1268,9 +1316,10 @@ torch::Tensor attention_out(torch::Tensor h, torch::Tensor q, torch::Tensor k, t
                         first,
                         scaling,
                         levels};
-  const OutWeights weights{weights_of(o_packed, o_scale, o_bias, hidden, o_half, o_wide), w.data_ptr<float>(), eps,
-                           weights_of(up_packed, up_scale, up_bias, up_n, 0, false),
-                           weights_of(down_packed, down_scale, down_bias, hidden, down_half, down_wide)};
+  TORCH_CHECK(w.numel() == hidden, "a norm weight per hidden number");
+  const OutWeights weights{weights_of(o_packed, o_scale, o_bias, hidden, q.size(1) * d, o_half, o_wide),
+                           w.data_ptr<float>(), eps, weights_of(up_packed, up_scale, up_bias, up_n, hidden, 0, false),
+                           weights_of(down_packed, down_scale, down_bias, hidden, up_n / 2, down_half, down_wide)};
   auto out = torch::empty({b, t, hidden}, x.options());
   LayerScratch s;
   layer_out(x.data_ptr<float>(), hidden, args, weights, out.data_ptr<float>(), s);
@@ -1311,6 +1360,7 @@ class Stack {
                 out[15].cast<c10::optional<torch::Tensor>>(), out[16].cast<int64_t>(), out[17].cast<bool>()};
       layers_.push_back(std::move(l));
     }
+    TORCH_CHECK(!layers_.empty(), "a stack of at least one layer");
   }
 
   // (B, T, H) float32 hidden states through the layers; keys[i] and values[i] are layer i's cache
@@ -1327,7 +1377,7 @@ class Stack {
     auto x = h.contiguous();
     auto c = per_row(cos, b, t, d), sn = per_row(sin, b, t, d);
     torch::Tensor mask;
-    if (blocked.has_value()) mask = blocked->to(torch::kBool).contiguous();
+    if (blocked.has_value()) mask = blocked_rows(*blocked, b, t, start + t, first);
     std::vector<bool> tapped(layers_.size(), false);
     for (const int64_t i : taps) tapped.at(static_cast<size_t>(i)) = true;
     std::vector<torch::Tensor> entering(layers_.size());
@@ -1341,15 +1391,17 @@ class Stack {
         entering[i] = i == 0 ? x : torch::empty({b, t, hidden}, x.options());
         if (i > 0) std::copy(now, now + n, entering[i].data_ptr<float>());
       }
-      const Weights qkv = weights_of(l.qkv.packed, l.qkv.scale, l.qkv.bias, (l.heads + 2 * l.kv_heads) * d,
+      TORCH_CHECK(l.norm.numel() == hidden && (!l.in_norm.has_value() || l.in_norm->numel() == hidden),
+                  "a norm weight per hidden number");
+      const Weights qkv = weights_of(l.qkv.packed, l.qkv.scale, l.qkv.bias, (l.heads + 2 * l.kv_heads) * d, hidden,
                                      l.qkv.half, l.qkv.wide);
       float* q = sized(s.q, b * l.heads * t * d);
       float* k = sized(s.k, b * l.kv_heads * t * (d + 1));
       float* v = sized(s.v, b * l.kv_heads * t * (d + 1));
       layer_in(now, b, t, hidden, l.in_norm.has_value() ? l.in_norm->data_ptr<float>() : nullptr, l.in_eps, qkv,
                l.heads, l.kv_heads, c.data_ptr<float>(), sn.data_ptr<float>(), d, q, k, v, s);
-      place(k, b * l.kv_heads, t, d + 1, keys[i], start);
-      place(v, b * l.kv_heads, t, d + 1, values[i], start);
+      place(k, b, l.kv_heads, t, d + 1, keys[i], start);
+      place(v, b, l.kv_heads, t, d + 1, values[i], start);
       const AttendArgs args{q,
                             keys[i].data_ptr<float>(),
                             values[i].data_ptr<float>(),
@@ -1366,10 +1418,10 @@ class Stack {
                             first,
                             l.scaling,
                             l.levels};
-      const OutWeights weights{weights_of(l.o.packed, l.o.scale, l.o.bias, hidden, l.o.half, l.o.wide),
-                               l.norm.data_ptr<float>(), l.eps,
-                               weights_of(l.up.packed, l.up.scale, l.up.bias, l.up_n, 0, false),
-                               weights_of(l.down.packed, l.down.scale, l.down.bias, hidden, l.down.half, l.down.wide)};
+      const OutWeights weights{
+          weights_of(l.o.packed, l.o.scale, l.o.bias, hidden, l.heads * d, l.o.half, l.o.wide),
+          l.norm.data_ptr<float>(), l.eps, weights_of(l.up.packed, l.up.scale, l.up.bias, l.up_n, hidden, 0, false),
+          weights_of(l.down.packed, l.down.scale, l.down.bias, hidden, l.up_n / 2, l.down.half, l.down.wide)};
       float* next = i + 1 == layers_.size() ? result.data_ptr<float>() : now == ping.data() ? pong.data() : ping.data();
       layer_out(now, hidden, args, weights, next, s);
       now = next;
@@ -1395,13 +1447,14 @@ class Stack {
   };
   std::vector<Layer> layers_;
 
-  // new (B·Hkv, T, width) rows into a (B, Hkv, room, width) buffer's positions start..start+T-1, in place
-  static void place(const float* rows, int64_t heads, int64_t t, int64_t width, const torch::Tensor& buffer,
-                    int64_t start) {
-    TORCH_CHECK(buffer.is_contiguous() && buffer.scalar_type() == torch::kFloat32 &&
-                    buffer.size(0) * buffer.size(1) == heads && buffer.size(3) == width && start + t <= buffer.size(2),
+  // new (B, Hkv, T, width) rows into a (B, Hkv, room, width) buffer's positions start..start+T-1, in place
+  static void place(const float* rows, int64_t b, int64_t kv_heads, int64_t t, int64_t width,
+                    const torch::Tensor& buffer, int64_t start) {
+    TORCH_CHECK(buffer.dim() == 4 && buffer.is_contiguous() && buffer.scalar_type() == torch::kFloat32 &&
+                    buffer.size(0) == b && buffer.size(1) == kv_heads && buffer.size(3) == width &&
+                    start + t <= buffer.size(2),
                 "a cache buffer with room for the new keys and values");
-    const int64_t room = buffer.size(2);
+    const int64_t heads = b * kv_heads, room = buffer.size(2);
     float* dst = buffer.data_ptr<float>();
     for (int64_t hh = 0; hh < heads; ++hh) {
       std::copy(rows + hh * t * width, rows + (hh + 1) * t * width, dst + (hh * room + start) * width);
