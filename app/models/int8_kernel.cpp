@@ -903,39 +903,53 @@ torch::Tensor blocked_rows(const torch::Tensor& blocked, int64_t b, int64_t t, i
 // exact.attention's arithmetic: (B, H, T, D) float32 queries over (B, Hkv, S, D + 1) float32 keys and
 // values in fixed point (exact.stored: keys at KEY_LEVELS, values at FIXED) -> (B, T, H, D) float32.
 // `blocked`: (B, 1, T, S - first) bool, True where a row may not see a key from slot `first` on, or None.
+// The attention's operands from tensors (its `out` unset): float32 queries made contiguous, the cache's
+// keys and values read in place (views of buffers with room to spare) wherever each position's D + 1
+// numbers are contiguous, the mask as contiguous bools; `held` keeps whatever was copied alive.
+AttendArgs attend_args(const torch::Tensor& query, const torch::Tensor& key, const torch::Tensor& value, int64_t first,
+                       const c10::optional<torch::Tensor>& blocked, double scaling, double levels,
+                       std::vector<torch::Tensor>& held) {
+  TORCH_CHECK(query.scalar_type() == torch::kFloat32 && key.scalar_type() == torch::kFloat32 &&
+                  value.scalar_type() == torch::kFloat32,
+              "attention takes float32 queries and float32 fixed-point keys and values (exact.stored)");
+  const int64_t b = query.size(0), t = query.size(2), d = query.size(3);
+  TORCH_CHECK(key.size(3) == d + 1 && value.size(3) == d + 1, "keys and values carry their step as a last column");
+  TORCH_CHECK(key.size(0) == b && value.size(0) == b && value.size(1) == key.size(1) && value.size(2) == key.size(2) &&
+                  query.size(1) % key.size(1) == 0,
+              "keys and values of the queries' batch, kv heads that divide the query heads");
+  held.reserve(held.size() + 4);  // the references below stay valid
+  const auto& q = held.emplace_back(query.contiguous());
+  const auto& k = held.emplace_back(rows_contiguous(key));
+  const auto& v = held.emplace_back(rows_contiguous(value));
+  const bool* mask = nullptr;
+  if (blocked.has_value()) mask = held.emplace_back(blocked_rows(*blocked, b, t, k.size(2), first)).data_ptr<bool>();
+  return {q.data_ptr<float>(),
+          k.data_ptr<float>(),
+          v.data_ptr<float>(),
+          {k.stride(0), k.stride(1), k.stride(2)},
+          {v.stride(0), v.stride(1), v.stride(2)},
+          mask,
+          nullptr,
+          b,
+          q.size(1),
+          k.size(1),
+          t,
+          k.size(2),
+          d,
+          first,
+          scaling,
+          levels};
+}
+
 torch::Tensor attention(torch::Tensor query, torch::Tensor key, torch::Tensor value, int64_t first,
                         c10::optional<torch::Tensor> blocked, double scaling, double levels) {
 #ifndef SPECDEC_X86
   TORCH_CHECK(false, "the exact attention kernel needs an x86-64 CPU with AVX-512");
 #else
-  TORCH_CHECK(query.scalar_type() == torch::kFloat32 && key.scalar_type() == torch::kFloat32 &&
-                  value.scalar_type() == torch::kFloat32,
-              "attention takes float32 queries and float32 fixed-point keys and values (exact.stored)");
-  const int64_t b = query.size(0), heads = query.size(1), t = query.size(2), d = query.size(3);
-  TORCH_CHECK(key.size(3) == d + 1 && value.size(3) == d + 1, "keys and values carry their step as a last column");
-  auto q = query.contiguous();
-  // The cache's keys and values are views of buffers with room to spare: read in place, not copied,
-  // wherever each position's D + 1 numbers are contiguous.
-  auto k = rows_contiguous(key), v = rows_contiguous(value);
-  torch::Tensor mask;
-  if (blocked.has_value()) mask = blocked_rows(*blocked, b, t, k.size(2), first);
-  auto out = torch::empty({b, t, heads, d}, q.options());
-  const AttendArgs x{q.data_ptr<float>(),
-                     k.data_ptr<float>(),
-                     v.data_ptr<float>(),
-                     {k.stride(0), k.stride(1), k.stride(2)},
-                     {v.stride(0), v.stride(1), v.stride(2)},
-                     blocked.has_value() ? mask.data_ptr<bool>() : nullptr,
-                     out.data_ptr<float>(),
-                     b,
-                     heads,
-                     k.size(1),
-                     t,
-                     k.size(2),
-                     d,
-                     first,
-                     scaling,
-                     levels};
+  std::vector<torch::Tensor> held;
+  AttendArgs x = attend_args(query, key, value, first, blocked, scaling, levels, held);
+  auto out = torch::empty({x.b, x.t, x.heads, x.d}, query.options());
+  x.out = out.data_ptr<float>();
   AttendScratch scratch;
   attend(x, scratch);
   return out;
@@ -1291,31 +1305,13 @@ torch::Tensor attention_out(torch::Tensor h, torch::Tensor q, torch::Tensor k, t
                             c10::optional<torch::Tensor> up_bias, int64_t up_n, torch::Tensor down_packed,
                             torch::Tensor down_scale, c10::optional<torch::Tensor> down_bias, int64_t down_half,
                             bool down_wide) {
-  TORCH_CHECK(h.scalar_type() == torch::kFloat32 && q.scalar_type() == torch::kFloat32 &&
-                  k.scalar_type() == torch::kFloat32 && v.scalar_type() == torch::kFloat32,
-              "a layer's second half takes float32 hidden states, queries and fixed-point keys and values");
+  TORCH_CHECK(h.scalar_type() == torch::kFloat32, "a layer's second half takes float32 hidden states");
   const int64_t b = h.size(0), t = h.size(1), hidden = h.size(2), d = q.size(3);
-  TORCH_CHECK(k.size(3) == d + 1 && v.size(3) == d + 1, "keys and values carry their step as a last column");
-  auto x = h.contiguous(), queries = q.contiguous(), keys = rows_contiguous(k), values = rows_contiguous(v);
+  TORCH_CHECK(q.size(0) == b && q.size(2) == t, "queries of the hidden states' batch and positions");
+  auto x = h.contiguous();
   auto w = norm_weight.to(torch::kFloat32).contiguous();
-  torch::Tensor mask;
-  if (blocked.has_value()) mask = blocked_rows(*blocked, b, t, keys.size(2), first);
-  const AttendArgs args{queries.data_ptr<float>(),
-                        keys.data_ptr<float>(),
-                        values.data_ptr<float>(),
-                        {keys.stride(0), keys.stride(1), keys.stride(2)},
-                        {values.stride(0), values.stride(1), values.stride(2)},
-                        blocked.has_value() ? mask.data_ptr<bool>() : nullptr,
-                        nullptr,
-                        b,
-                        q.size(1),
-                        keys.size(1),
-                        t,
-                        keys.size(2),
-                        d,
-                        first,
-                        scaling,
-                        levels};
+  std::vector<torch::Tensor> held;
+  const AttendArgs args = attend_args(q, k, v, first, blocked, scaling, levels, held);
   TORCH_CHECK(w.numel() == hidden, "a norm weight per hidden number");
   const OutWeights weights{weights_of(o_packed, o_scale, o_bias, hidden, q.size(1) * d, o_half, o_wide),
                            w.data_ptr<float>(), eps, weights_of(up_packed, up_scale, up_bias, up_n, hidden, 0, false),
