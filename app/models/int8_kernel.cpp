@@ -793,24 +793,21 @@ bool mkl_exp_is_atens() {
 // exp as exact.exp_ on slices of whole vector widths below ATen's grain, so every element takes the
 // vector path whichever thread runs its slice: MKL's own call where ATen makes it, else ATen's exp_out.
 void exp_slices(double* x, int64_t n, int64_t slice) {
-  const int64_t slices = (n + slice - 1) / slice;
   static const bool direct = mkl_exp_is_atens();
-  if (direct) {
-    at::parallel_for(0, slices, n >= GRAIN / 4 ? 1 : slices, [&](int64_t i0, int64_t i1) {
-      for (int64_t i = i0; i < i1; ++i) {
-        const int64_t len = std::min(slice, n - i * slice);
-        vmdExp(static_cast<int>(len), x + i * slice, x + i * slice, VML_ATEN_MODE);
-      }
-    });
-    return;
-  }
-  const at::ThreadLocalState caller;  // inference mode and the like: ATen's ops on other threads need it
-  auto buffer = torch::from_blob(x, {n}, torch::TensorOptions().dtype(torch::kFloat64));
+  c10::optional<at::ThreadLocalState> caller;  // inference mode and the like: ATen's ops on other threads need it
+  if (!direct) caller.emplace();
+  const int64_t slices = (n + slice - 1) / slice;
   at::parallel_for(0, slices, n >= GRAIN / 4 ? 1 : slices, [&](int64_t i0, int64_t i1) {
-    const at::ThreadLocalStateGuard as_caller(caller);
     for (int64_t i = i0; i < i1; ++i) {
-      auto part = buffer.narrow(0, i * slice, std::min(slice, n - i * slice));
-      at::exp_out(part, part);
+      double* part = x + i * slice;
+      const int64_t len = std::min(slice, n - i * slice);
+      if (direct) {
+        vmdExp(static_cast<int>(len), part, part, VML_ATEN_MODE);
+        continue;
+      }
+      const at::ThreadLocalStateGuard as_caller(*caller);
+      auto held = torch::from_blob(part, {len}, torch::TensorOptions().dtype(torch::kFloat64));
+      at::exp_out(held, held);
     }
   });
 }
@@ -900,9 +897,6 @@ torch::Tensor blocked_rows(const torch::Tensor& blocked, int64_t b, int64_t t, i
   return blocked.to(torch::kBool).contiguous();
 }
 
-// exact.attention's arithmetic: (B, H, T, D) float32 queries over (B, Hkv, S, D + 1) float32 keys and
-// values in fixed point (exact.stored: keys at KEY_LEVELS, values at FIXED) -> (B, T, H, D) float32.
-// `blocked`: (B, 1, T, S - first) bool, True where a row may not see a key from slot `first` on, or None.
 // The attention's operands from tensors (its `out` unset): float32 queries made contiguous, the cache's
 // keys and values read in place (views of buffers with room to spare) wherever each position's D + 1
 // numbers are contiguous, the mask as contiguous bools; `held` keeps whatever was copied alive.
@@ -941,6 +935,9 @@ AttendArgs attend_args(const torch::Tensor& query, const torch::Tensor& key, con
           levels};
 }
 
+// exact.attention's arithmetic: (B, H, T, D) float32 queries over (B, Hkv, S, D + 1) float32 keys and
+// values in fixed point (exact.stored: keys at KEY_LEVELS, values at FIXED) -> (B, T, H, D) float32.
+// `blocked`: (B, 1, T, S - first) bool, True where a row may not see a key from slot `first` on, or None.
 torch::Tensor attention(torch::Tensor query, torch::Tensor key, torch::Tensor value, int64_t first,
                         c10::optional<torch::Tensor> blocked, double scaling, double levels) {
 #ifndef SPECDEC_X86
@@ -1020,19 +1017,6 @@ __attribute__((target("avx2"))) float row_sum_of_squares(const float* x, int64_t
 
 }  // namespace
 #endif
-
-// a + b for float32 tensors of one shape: torch's add, without a call through the dispatcher.
-torch::Tensor added(const torch::Tensor& a, const torch::Tensor& b) {
-  auto x = a.contiguous(), y = b.contiguous();
-  TORCH_CHECK(x.sizes() == y.sizes() && x.scalar_type() == torch::kFloat32 && y.scalar_type() == torch::kFloat32,
-              "a residual adds float32 rows of one shape");
-  auto out = torch::empty_like(x);
-  const float* xs = x.data_ptr<float>();
-  const float* ys = y.data_ptr<float>();
-  float* os = out.data_ptr<float>();
-  for (int64_t i = 0; i < x.numel(); ++i) os[i] = xs[i] + ys[i];
-  return out;
-}
 
 // A Llama RMSNorm of `rows` float32 rows of `hidden` numbers into out, with LlamaRMSNorm.forward's
 // bits, each step the same IEEE operation on each number (x·x as pow(2), the mean as ATen's sum then
@@ -1336,24 +1320,41 @@ class Stack {
       const auto in = pair[0].cast<py::tuple>(), out = pair[1].cast<py::tuple>();
       TORCH_CHECK(in.size() == 9 && out.size() == 18, "a layer's kernel arguments: 9 into, 18 out of");
       Layer l;
-      l.in_norm = in[0].cast<c10::optional<torch::Tensor>>();
-      if (l.in_norm.has_value()) l.in_norm = l.in_norm->to(torch::kFloat32).contiguous();
-      l.in_eps = in[1].cast<double>();
+      auto kept = [&](const torch::Tensor& x) -> const torch::Tensor& { return l.held.emplace_back(x); };
+      auto kept_bias = [&](const py::handle& x) -> c10::optional<torch::Tensor> {
+        auto bias = x.cast<c10::optional<torch::Tensor>>();
+        if (bias.has_value()) return kept(*bias);
+        return bias;
+      };
+      l.held.reserve(16);  // the references kept() returns stay valid
+      const auto& norm = kept(out[7].cast<torch::Tensor>().to(torch::kFloat32).contiguous());
+      const int64_t hidden = norm.numel();
       l.heads = in[7].cast<int64_t>();
       l.kv_heads = in[8].cast<int64_t>();
-      l.qkv = {in[2].cast<torch::Tensor>(), in[3].cast<torch::Tensor>(), in[4].cast<c10::optional<torch::Tensor>>(),
-               in[5].cast<int64_t>(), in[6].cast<bool>()};
+      const auto& qkv_scale = kept(in[3].cast<torch::Tensor>());
+      const int64_t width = l.heads + 2 * l.kv_heads, d = qkv_scale.numel() / width;
+      TORCH_CHECK(layers_.empty() || (hidden == hidden_ && d == d_),
+                  "a stack's layers of one hidden size and head size");
+      hidden_ = hidden;
+      d_ = d;
+      const auto in_norm = in[0].cast<c10::optional<torch::Tensor>>();
+      if (in_norm.has_value()) {
+        TORCH_CHECK(in_norm->numel() == hidden, "a norm weight per hidden number");
+        l.in_norm = kept(in_norm->to(torch::kFloat32).contiguous()).data_ptr<float>();
+      }
+      l.in_eps = in[1].cast<double>();
+      l.qkv = weights_of(kept(in[2].cast<torch::Tensor>()), qkv_scale, kept_bias(in[4]), width * d, hidden,
+                         in[5].cast<int64_t>(), in[6].cast<bool>());
       l.scaling = out[0].cast<double>();
       l.levels = out[1].cast<double>();
-      l.o = {out[2].cast<torch::Tensor>(), out[3].cast<torch::Tensor>(), out[4].cast<c10::optional<torch::Tensor>>(),
-             out[5].cast<int64_t>(), out[6].cast<bool>()};
-      l.norm = out[7].cast<torch::Tensor>().to(torch::kFloat32).contiguous();
-      l.eps = out[8].cast<double>();
-      l.up = {out[9].cast<torch::Tensor>(), out[10].cast<torch::Tensor>(), out[11].cast<c10::optional<torch::Tensor>>(),
-              0, false};
-      l.up_n = out[12].cast<int64_t>();
-      l.down = {out[13].cast<torch::Tensor>(), out[14].cast<torch::Tensor>(),
-                out[15].cast<c10::optional<torch::Tensor>>(), out[16].cast<int64_t>(), out[17].cast<bool>()};
+      const int64_t up_n = out[12].cast<int64_t>();
+      l.out = {weights_of(kept(out[2].cast<torch::Tensor>()), kept(out[3].cast<torch::Tensor>()), kept_bias(out[4]),
+                          hidden, l.heads * d, out[5].cast<int64_t>(), out[6].cast<bool>()),
+               norm.data_ptr<float>(), out[8].cast<double>(),
+               weights_of(kept(out[9].cast<torch::Tensor>()), kept(out[10].cast<torch::Tensor>()), kept_bias(out[11]),
+                          up_n, hidden, 0, false),
+               weights_of(kept(out[13].cast<torch::Tensor>()), kept(out[14].cast<torch::Tensor>()),
+                          kept_bias(out[15]), hidden, up_n / 2, out[16].cast<int64_t>(), out[17].cast<bool>())};
       layers_.push_back(std::move(l));
     }
     TORCH_CHECK(!layers_.empty(), "a stack of at least one layer");
@@ -1368,8 +1369,9 @@ class Stack {
                                  int64_t start, int64_t first, const c10::optional<torch::Tensor>& blocked,
                                  const std::vector<int64_t>& taps) const {
     TORCH_CHECK(keys.size() == layers_.size() && values.size() == layers_.size(), "a key and a value buffer a layer");
-    TORCH_CHECK(h.scalar_type() == torch::kFloat32, "a stack takes float32 hidden states");
-    const int64_t b = h.size(0), t = h.size(1), hidden = h.size(2), d = cos.size(-1), n = b * t * hidden;
+    TORCH_CHECK(h.scalar_type() == torch::kFloat32 && h.dim() == 3 && h.size(2) == hidden_ && cos.size(-1) == d_,
+                "float32 hidden states and rotary of the stack's sizes");
+    const int64_t b = h.size(0), t = h.size(1), hidden = hidden_, d = d_, n = b * t * hidden;
     auto x = h.contiguous();
     auto c = per_row(cos, b, t, d), sn = per_row(sin, b, t, d);
     torch::Tensor mask;
@@ -1387,15 +1389,11 @@ class Stack {
         entering[i] = i == 0 ? x : torch::empty({b, t, hidden}, x.options());
         if (i > 0) std::copy(now, now + n, entering[i].data_ptr<float>());
       }
-      TORCH_CHECK(l.norm.numel() == hidden && (!l.in_norm.has_value() || l.in_norm->numel() == hidden),
-                  "a norm weight per hidden number");
-      const Weights qkv = weights_of(l.qkv.packed, l.qkv.scale, l.qkv.bias, (l.heads + 2 * l.kv_heads) * d, hidden,
-                                     l.qkv.half, l.qkv.wide);
       float* q = sized(s.q, b * l.heads * t * d);
       float* k = sized(s.k, b * l.kv_heads * t * (d + 1));
       float* v = sized(s.v, b * l.kv_heads * t * (d + 1));
-      layer_in(now, b, t, hidden, l.in_norm.has_value() ? l.in_norm->data_ptr<float>() : nullptr, l.in_eps, qkv,
-               l.heads, l.kv_heads, c.data_ptr<float>(), sn.data_ptr<float>(), d, q, k, v, s);
+      layer_in(now, b, t, hidden, l.in_norm, l.in_eps, l.qkv, l.heads, l.kv_heads, c.data_ptr<float>(),
+               sn.data_ptr<float>(), d, q, k, v, s);
       place(k, b, l.kv_heads, t, d + 1, keys[i], start);
       place(v, b, l.kv_heads, t, d + 1, values[i], start);
       const AttendArgs args{q,
@@ -1414,12 +1412,8 @@ class Stack {
                             first,
                             l.scaling,
                             l.levels};
-      const OutWeights weights{
-          weights_of(l.o.packed, l.o.scale, l.o.bias, hidden, l.heads * d, l.o.half, l.o.wide),
-          l.norm.data_ptr<float>(), l.eps, weights_of(l.up.packed, l.up.scale, l.up.bias, l.up_n, hidden, 0, false),
-          weights_of(l.down.packed, l.down.scale, l.down.bias, hidden, l.up_n / 2, l.down.half, l.down.wide)};
       float* next = i + 1 == layers_.size() ? result.data_ptr<float>() : now == ping.data() ? pong.data() : ping.data();
-      layer_out(now, hidden, args, weights, next, s);
+      layer_out(now, hidden, args, l.out, next, s);
       now = next;
     }
     std::vector<torch::Tensor> out{result};
@@ -1428,20 +1422,17 @@ class Stack {
   }
 
  private:
-  struct Linear {
-    torch::Tensor packed, scale;
-    c10::optional<torch::Tensor> bias;
-    int64_t half;
-    bool wide;
-  };
+  // A layer's weights as the kernel reads them, checked once against the stack's sizes.
   struct Layer {
-    c10::optional<torch::Tensor> in_norm;
-    double in_eps, scaling, levels, eps;
-    Linear qkv, o, up, down;
-    int64_t heads, kv_heads, up_n;  // up_n: gate's and up's outputs together
-    torch::Tensor norm;
+    std::vector<torch::Tensor> held;  // what the pointers below read
+    const float* in_norm = nullptr;  // none: no input norm (an EAGLE head's first layer)
+    double in_eps, scaling, levels;
+    int64_t heads, kv_heads;
+    Weights qkv;
+    OutWeights out;
   };
   std::vector<Layer> layers_;
+  int64_t hidden_ = 0, d_ = 0;  // every layer's hidden size and head size
 
   // new (B, Hkv, T, width) rows into a (B, Hkv, room, width) buffer's positions start..start+T-1, in place
   static void place(const float* rows, int64_t b, int64_t kv_heads, int64_t t, int64_t width,
