@@ -245,6 +245,17 @@ def test_the_cache_keeps_fixed_point_rows_in_float32_with_float64s_numbers():
         assert ints.abs().max() == levels
 
 
+def test_the_softmaxs_exp_is_exp_to_float32s_precision_and_zero_below_its_range():
+    """exp32 is made of single float32 operations (so every path gives its bits); it must still be
+    exp: within 2 ulps of float64's exp on the range a softmax reads, 0 below EXP_LOWEST and at -inf,
+    and 1 at 0."""
+    x = torch.cat([torch.linspace(exact.EXP_LOWEST, 0.0, 200_001, dtype=torch.float64), torch.rand(10_000) * -86])
+    got = exact.exp32(x)
+    want = torch.exp(x.float().double())
+    assert got.dtype == torch.float32 and ((got.double() - want).abs() / want).max() < 2 * 2.0**-23
+    assert exact.exp32(torch.tensor([0.0, -86.5, -1e30, float("-inf")], dtype=torch.float64)).tolist() == [1, 0, 0, 0]
+
+
 def test_elementwise_functions_run_on_whole_vector_rows_below_the_grain():
     sizes = []
 

@@ -16,9 +16,10 @@ Integer sums are exact in any order. So every reduction here is made exact:
   elsewhere), the values' below 2**53 in float64.
   The cache keeps keys and values as float32, which holds those integers and their steps exactly.
   The softmax's denominator is summed the same way.
-- **Elementwise functions with a vector and a scalar path** (exp, SiLU): ATen runs the scalar path
-  on the tail of a buffer and on thread-split chunks, and the two can differ in the last bit. They
-  run here on slices of whole rows, each below ATen's grain and a multiple of the vector width.
+- **Elementwise functions with a vector and a scalar path** (SiLU): ATen runs the scalar path on
+  the tail of a buffer and on thread-split chunks, and the two can differ in the last bit. They run
+  here on slices of whole rows, each below ATen's grain and a multiple of the vector width. The
+  softmax's exp is exp32, made of single IEEE operations: the same bits on every path.
 - RMSNorm's mean runs one row per output in a fixed order (a test checks it at every width).
 
 The rows of such a pass depend only on the row's own inputs and on the keys it may see.
@@ -160,12 +161,29 @@ def by_rows(fn, x: torch.Tensor) -> torch.Tensor:
     return torch.cat([fn(part) for part in flat.split(per)]).reshape(x.shape)
 
 
-def exp_(flat: torch.Tensor) -> torch.Tensor:
-    """exp in place over a 1-D buffer whose length is a multiple of LANES, in slices of at most
-    ATen's grain: every element takes the vector path, whatever the rows it holds."""
-    for part in flat.split(GRAIN):
-        torch.exp(part, out=part)
-    return flat
+# The softmax's exp in float32 by Cephes' expf steps alone: x = n·ln 2 + r (ln 2 in two parts, so n·ln 2's
+# first part is exact), a degree-7 polynomial in r, times 2**n. Each step is one IEEE operation, never
+# fused, so the kernel's vectors and torch's ops on any device give the same bits, where a library's
+# exp may differ between its vector and scalar paths and between builds. The softmax weights' fixed
+# point keeps fewer of its bits than its 24; 2**n stays a normal float32 down to EXP_LOWEST, e is 0 below.
+EXP_LOWEST = -86.0
+LOG2E, LN2_HI, LN2_LO = 1.44269504088896341, 0.693359375, -2.12194440e-4
+EXP_TERMS = (1.9875691500e-4, 1.3981999507e-3, 8.3334519073e-3, 4.1665795894e-2, 1.6666665459e-1, 5.0000001201e-1)
+
+
+def exp32(x: torch.Tensor) -> torch.Tensor:
+    """e**x as float32, from x rounded to float32 (x ≤ 0 in the softmax; -inf gives 0)."""
+    x = x.float()
+    low = x < EXP_LOWEST
+    x = x.clamp(min=EXP_LOWEST)
+    n = (x * LOG2E).round_()
+    r = (x - n * LN2_HI).sub_(n * LN2_LO)
+    p = torch.full_like(r, EXP_TERMS[0])
+    for term in EXP_TERMS[1:]:
+        p.mul_(r).add_(term)
+    p.mul_(r * r).add_(r).add_(1.0)
+    two_n = (n.to(torch.int32) + 127).bitwise_left_shift_(23).view(torch.float32)
+    return p.mul_(two_n).masked_fill_(low, 0.0)
 
 
 ROWS = 128  # query rows attended at once: a long prefill's float64 scores stay a few tens of MB
@@ -218,17 +236,12 @@ def _attend(query, key, value, first: int, blocked, scaling: float, levels: floa
     group, n = heads // kv_heads, b * kv_heads
     q_int, q_step = fixed(query.reshape(n, group * t, d), query_levels(d))
     keys, values = key.reshape(n, s, d + 1).double(), value.reshape(n, s, d + 1).double()
-    # the scores sit in a buffer padded to whole vector widths, so exp runs every element on one path
-    size = n * group * t * s
-    buffer = torch.empty(size + (-size) % LANES, dtype=torch.float64, device=query.device)
-    if size % LANES:
-        buffer[size:].zero_()
-    scores = torch.bmm(q_int, keys[..., :d].transpose(1, 2), out=buffer[:size].view(n, group * t, s))
+    scores = torch.bmm(q_int, keys[..., :d].transpose(1, 2))
     scores.mul_(q_step * scaling).mul_(keys[:, None, :, d])
     if blocked is not None:
         scores.view(b, kv_heads, group, t, s)[..., first:].masked_fill_(blocked[:, :, None], float("-inf"))
     scores.sub_(scores.amax(dim=-1, keepdim=True))
-    e = exp_(buffer)[:size].view(n, group * t, s)  # in [0, 1]; 0 where blocked
+    e = exp32(scores).double()  # in [0, 1]; 0 where blocked
     w_int, w_step = fixed(e * values[:, None, :, d], levels, positive=True)  # the values' steps carried in
     total = (e * (FIXED * levels)).round_().sum(dim=-1, keepdim=True)  # integers below 2**53: exact
     out = torch.bmm(w_int, values[..., :d]).mul_(w_step * (FIXED * levels)).div_(total)

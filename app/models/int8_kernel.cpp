@@ -12,7 +12,6 @@
 // off again after. Machines without VNNI keep the torch path.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
-#include <ATen/ThreadLocalState.h>
 
 #include <algorithm>
 #include <atomic>
@@ -45,7 +44,8 @@ constexpr double FIXED = 1048576.0;  // exact.FIXED: values' fixed-point levels
 constexpr double KEY_LEVELS = 8192.0;  // exact.KEY_LEVELS: keys' fixed-point levels
 constexpr double STORED_LEAST = 0x1p-100;  // exact.STORED_LEAST: a stored row's least peak
 constexpr int64_t GRAIN = 32768;  // exact.GRAIN
-constexpr int64_t LANES = 32;  // exact.LANES
+// exact.exp32's constants
+constexpr double EXP_LOWEST = -86.0, LOG2E = 1.44269504088896341, LN2_HI = 0.693359375, LN2_LO = -2.12194440e-4;
 
 int64_t blocks(int64_t n) { return (n + COLS - 1) / COLS; }
 int64_t depth(int64_t k) { return (k + DEPTH - 1) / DEPTH; }
@@ -752,6 +752,39 @@ SPECDEC_AVX512 void weigh_rows(const Attend& a, int64_t r0, int64_t r1) {
   }
 }
 
+// exact.exp32 of 16 float32s: the same IEEE operations in the same order, none fused.
+SPECDEC_AVX512 inline __m512 exp32(__m512 x) {
+  constexpr int NEAREST = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+  constexpr float TERMS[] = {1.9875691500e-4, 1.3981999507e-3, 8.3334519073e-3,
+                             4.1665795894e-2, 1.6666665459e-1, 5.0000001201e-1};
+  const __mmask16 low = _mm512_cmp_ps_mask(x, _mm512_set1_ps(static_cast<float>(EXP_LOWEST)), _CMP_LT_OQ);
+  x = _mm512_max_ps(x, _mm512_set1_ps(static_cast<float>(EXP_LOWEST)));
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(static_cast<float>(LOG2E))), NEAREST);
+  const __m512 r = _mm512_sub_ps(_mm512_sub_ps(x, _mm512_mul_ps(n, _mm512_set1_ps(static_cast<float>(LN2_HI)))),
+                                 _mm512_mul_ps(n, _mm512_set1_ps(static_cast<float>(LN2_LO))));
+  __m512 p = _mm512_set1_ps(TERMS[0]);
+#pragma GCC unroll 8
+  for (int i = 1; i < 6; ++i) p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(TERMS[i]));
+  p = _mm512_add_ps(_mm512_add_ps(_mm512_mul_ps(p, _mm512_mul_ps(r, r)), r), _mm512_set1_ps(1.0f));
+  const __m512 two_n = _mm512_castsi512_ps(
+      _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23));
+  return _mm512_maskz_mov_ps(static_cast<__mmask16>(~low), _mm512_mul_ps(p, two_n));
+}
+
+// exact.exp32 in place over n float64s (each rounded to float32 first, the result widened back), 16 a step.
+SPECDEC_AVX512 void exp32_rows(double* x, int64_t n) {
+  for (int64_t i = 0; i < n; i += 16) {
+    const int64_t left = n - i;
+    const __mmask8 m0 = left >= 8 ? 0xff : static_cast<__mmask8>((1u << left) - 1);
+    const __mmask8 m1 = left >= 16 ? 0xff : left <= 8 ? 0 : static_cast<__mmask8>((1u << (left - 8)) - 1);
+    const __m256 lo = _mm512_cvtpd_ps(_mm512_maskz_loadu_pd(m0, x + i));
+    const __m256 hi = _mm512_cvtpd_ps(_mm512_maskz_loadu_pd(m1, x + i + 8));
+    const __m512 e = exp32(_mm512_insertf32x8(_mm512_castps256_ps512(lo), hi, 1));
+    _mm512_mask_storeu_pd(x + i, m0, _mm512_cvtps_pd(_mm512_castps512_ps256(e)));
+    _mm512_mask_storeu_pd(x + i + 8, m1, _mm512_cvtps_pd(_mm512_extractf32x8_ps(e, 1)));
+  }
+}
+
 }  // namespace
 #endif
 
@@ -767,49 +800,6 @@ double query_levels(int64_t d) {
 // gets about a million multiply-adds (waking a thread costs more than a one-token pass's attention).
 int64_t attention_grain(int64_t s, int64_t d) {
   return std::max<int64_t>(1, (1 << 20) / std::max<int64_t>(1, 2 * s * d));
-}
-
-// MKL's exp over n float64s, the call ATen's exp makes on a contiguous slice, found where the torch
-// build links MKL (weak: null where not); its mode is vml.h's, from mkl_vml_defines.h's values.
-extern "C" void vmdExp(int n, const double* a, double* r, long long mode) __attribute__((weak));
-constexpr long long VML_HA = 0x2, VML_FTZDAZ_OFF = 0x140000, VML_ERRMODE_IGNORE = 0x100;
-constexpr long long VML_ATEN_MODE = VML_HA | VML_FTZDAZ_OFF | VML_ERRMODE_IGNORE;
-
-// Whether vmdExp gives ATen's exp's bits here: checked once, on numbers from exp's underflow to 1, so a
-// build whose ATen computes exp otherwise (or an MKL of another mode) takes ATen's own call instead.
-bool mkl_exp_is_atens() {
-  if (!at::hasMKL() || vmdExp == nullptr) return false;
-  constexpr int64_t N = 4 * LANES;
-  auto x = torch::empty({N}, torch::kFloat64);
-  double* xs = x.data_ptr<double>();
-  for (int64_t i = 0; i < N; ++i) xs[i] = -750.0 + 750.0 * static_cast<double>(i * i) / static_cast<double>(N * N);
-  xs[N - 1] = 0.0;
-  const auto want = at::exp(x).contiguous();
-  std::vector<double> got(static_cast<size_t>(N));
-  vmdExp(static_cast<int>(N), xs, got.data(), VML_ATEN_MODE);
-  return std::equal(got.begin(), got.end(), want.data_ptr<double>());
-}
-
-// exp as exact.exp_ on slices of whole vector widths below ATen's grain, so every element takes the
-// vector path whichever thread runs its slice: MKL's own call where ATen makes it, else ATen's exp_out.
-void exp_slices(double* x, int64_t n, int64_t slice) {
-  static const bool direct = mkl_exp_is_atens();
-  c10::optional<at::ThreadLocalState> caller;  // inference mode and the like: ATen's ops on other threads need it
-  if (!direct) caller.emplace();
-  const int64_t slices = (n + slice - 1) / slice;
-  at::parallel_for(0, slices, n >= GRAIN / 4 ? 1 : slices, [&](int64_t i0, int64_t i1) {
-    for (int64_t i = i0; i < i1; ++i) {
-      double* part = x + i * slice;
-      const int64_t len = std::min(slice, n - i * slice);
-      if (direct) {
-        vmdExp(static_cast<int>(len), part, part, VML_ATEN_MODE);
-        continue;
-      }
-      const at::ThreadLocalStateGuard as_caller(*caller);
-      auto held = torch::from_blob(part, {len}, torch::TensorOptions().dtype(torch::kFloat64));
-      at::exp_out(held, held);
-    }
-  });
 }
 
 // What an attention call keeps between calls: the scores and the queries' integers.
@@ -833,15 +823,12 @@ struct AttendArgs {
 
 // exact.attention's arithmetic for query rows t0..t0+t-1, in one call: each float operation is
 // exact.py's own, in its order; the sums over the head dimension are of integers within 2**30 and
-// those over keys of integers below 2**53; exp is ATen's, on a buffer laid out as exact._attend's.
+// those over keys of integers below 2**53; exp is exact.exp32's operations.
 void attend_rows(const AttendArgs& x, int64_t t0, int64_t t, AttendScratch& scratch) {
 #ifdef SPECDEC_X86
   const int64_t group = x.heads / x.kv_heads, n = x.b * x.kv_heads, s = x.s, d = x.d;
   const int64_t rows = group * t, size = n * rows * s, s8 = (s + 7) / 8 * 8;
-  // the scores sit in a buffer padded to whole vector widths, so exp runs every element on one path
-  const int64_t padded = size + (LANES - size % LANES) % LANES;
-  scratch.sc.resize(static_cast<size_t>(padded));
-  std::fill(scratch.sc.begin() + size, scratch.sc.begin() + padded, 0.0);
+  scratch.sc.resize(static_cast<size_t>(size));
   scratch.q_int.resize(static_cast<size_t>(n * rows * d));
   scratch.q_step.resize(static_cast<size_t>(n * rows));
   const Attend a{x.q,
@@ -871,9 +858,10 @@ void attend_rows(const AttendArgs& x, int64_t t0, int64_t t, AttendScratch& scra
   auto scores = d == 64 ? &score_rows<8> : d == 128 ? &score_rows<16> : &score_rows<0>;
   auto weigh = d == 64 ? &weigh_rows<8> : d == 128 ? &weigh_rows<16> : &weigh_rows<0>;
   at::parallel_for(0, n * rows, grain, [&](int64_t r0, int64_t r1) { scores(a, r0, r1); });
-  // a verify pass's rows split over the threads
-  const int64_t slice = std::min(GRAIN, std::max<int64_t>(LANES, (padded / 2 + LANES - 1) / LANES * LANES));
-  exp_slices(scratch.sc.data(), padded, slice);
+  // a verify pass's rows split over the threads, 16 numbers a step
+  at::parallel_for(0, (size + 15) / 16, 512, [&](int64_t i0, int64_t i1) {
+    exp32_rows(scratch.sc.data() + 16 * i0, std::min(size, 16 * i1) - 16 * i0);
+  });
   at::parallel_for(0, n * rows, grain, [&](int64_t r0, int64_t r1) { weigh(a, r0, r1); });
 #endif
 }
@@ -1239,11 +1227,9 @@ void layer_out(const float* h, int64_t hidden, AttendArgs x, const OutWeights& w
     }
     for (const Weights* layer : {&w.o, &w.up, &w.down}) spans.emplace_back(layer->packed, layer->bytes);
     std::atomic<bool> done{false};
-    const at::ThreadLocalState caller;
     at::parallel_for(0, 2, 1, [&](int64_t i0, int64_t i1) {
       for (int64_t i = i0; i < i1; ++i) {
         if (i == 0) {
-          const at::ThreadLocalStateGuard as_caller(caller);
           attend(x, s.attend);
           done.store(true, std::memory_order_relaxed);
         } else {
@@ -1267,7 +1253,7 @@ void layer_out(const float* h, int64_t hidden, AttendArgs x, const OutWeights& w
   linear_rows(s.x.data(), rows, hidden, w.up, s.gate_up.data(), s.linear);
   float* act = sized(s.act, rows * inner);
   for (int64_t r = 0; r < rows; ++r) std::copy(gate_up + r * up_n, gate_up + r * up_n + inner, act + r * inner);
-  // ATen's SiLU in place on slices of whole rows below its grain (the row length is a multiple of LANES)
+  // ATen's SiLU in place on slices of whole rows below its grain (the row length is a multiple of exact.LANES)
   const int64_t per = std::max<int64_t>(1, GRAIN / inner);
   for (int64_t r0 = 0; r0 < rows; r0 += per) {
     auto part = torch::from_blob(act + r0 * inner, {std::min(per, rows - r0), inner}, torch::kFloat32);
