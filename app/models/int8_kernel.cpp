@@ -235,9 +235,20 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni"))) void ru
 }
 
 
+// 16 int8s as four groups of 4 into block_sums's layout: group g at out + g·stride (the groups past
+// `groups` are left alone).
+__attribute__((target("avx512f,avx512bw,avx512vl"))) inline void groups_to(__m128i x, int groups, int8_t* out,
+                                                                           int64_t stride) {
+  alignas(16) int32_t g[4];
+  _mm_store_si128(reinterpret_cast<__m128i*>(g), x);
+  for (int i = 0; i < groups; ++i) __builtin_memcpy(out + i * stride, &g[i], 4);
+}
+
 // Each row as integers, the same operations as exact.split in float32: step = max(amax, 1e-30) ·
 // (1/(127·half)), q = round(x · (1/step)), and with half > 0, hi = round(q · (1/half)), lo = q − hi·half.
 // Rounding is to nearest even, as torch's round_. Also 128 times each row's integer sum (the u8 shift).
+// The integers go straight into block_sums's layout: for each chunk of chunk_tokens tokens,
+// (depth(K), rows of the chunk, 4), a chunk starting where its rows start in (T, parts, row_bytes).
 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni"))) void quantise(const float* xs, int64_t t, int64_t k,
                                                                       int64_t row_bytes, int64_t half, int8_t* xq,
                                                                       int32_t* shifts, float* steps) {
@@ -247,8 +258,12 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni"))) void quantise(co
   const __m512 half_f = _mm512_set1_ps(static_cast<float>(half));
   const float least = static_cast<float>(1e-30);
   constexpr int NEAREST = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+  const int64_t per = chunk_tokens(t, parts);
   for (int64_t r = 0; r < t; ++r) {
     const float* row = xs + r * k;
+    const int64_t r0 = r / per * per, rows = std::min(per, t - r0) * parts;  // r's chunk: its first token, rows
+    int8_t* chunk = xq + r0 * parts * row_bytes + (r - r0) * parts * DEPTH;  // r's first row, group 0
+    const int64_t stride = rows * DEPTH;  // bytes from one group of a row to its next
     __m512 peaks = _mm512_setzero_ps();
     for (int64_t i = 0; i < k; i += 16) {
       const __mmask16 m = static_cast<__mmask16>(k - i >= 16 ? 0xffff : (1u << (k - i)) - 1);
@@ -258,15 +273,16 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni"))) void quantise(co
     volatile float step = (peak < least ? least : peak) * per_level;  // volatile: rounded here, as torch's mul_
     const __m512 recip = _mm512_set1_ps(1.0f / step);
     steps[r] = step;
-    int8_t* out = xq + r * parts * row_bytes;
     __m512i sum_hi = _mm512_setzero_si512(), sum_lo = _mm512_setzero_si512();
     for (int64_t i = 0; i < k; i += 16) {
       const __mmask16 m = static_cast<__mmask16>(k - i >= 16 ? 0xffff : (1u << (k - i)) - 1);
       const __m512 q = _mm512_roundscale_ps(_mm512_mul_ps(_mm512_maskz_loadu_ps(m, row + i), recip), NEAREST);
+      const int groups = static_cast<int>(std::min<int64_t>(4, (row_bytes - i) / DEPTH));
+      int8_t* at = chunk + i / DEPTH * stride;
       if (parts == 1) {
         const __m512i qi = _mm512_maskz_mov_epi32(m, _mm512_cvtps_epi32(q));
         sum_hi = _mm512_add_epi32(sum_hi, qi);
-        _mm_mask_storeu_epi8(out + i, m, _mm512_cvtepi32_epi8(qi));
+        groups_to(_mm512_cvtepi32_epi8(qi), groups, at, stride);
       } else {
         const __m512 hi = _mm512_roundscale_ps(_mm512_mul_ps(q, inv_half), NEAREST);
         const __m512 lo = _mm512_sub_ps(q, _mm512_mul_ps(hi, half_f));  // exact: small integers
@@ -274,8 +290,8 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni"))) void quantise(co
         const __m512i lo_i = _mm512_maskz_mov_epi32(m, _mm512_cvtps_epi32(lo));
         sum_hi = _mm512_add_epi32(sum_hi, hi_i);
         sum_lo = _mm512_add_epi32(sum_lo, lo_i);
-        _mm_mask_storeu_epi8(out + i, m, _mm512_cvtepi32_epi8(hi_i));
-        _mm_mask_storeu_epi8(out + row_bytes + i, m, _mm512_cvtepi32_epi8(lo_i));
+        groups_to(_mm512_cvtepi32_epi8(hi_i), groups, at, stride);
+        groups_to(_mm512_cvtepi32_epi8(lo_i), groups, at + DEPTH, stride);
       }
     }
     shifts[r * parts] = 128 * _mm512_reduce_add_epi32(sum_hi);
@@ -285,23 +301,6 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni"))) void quantise(co
 
 }  // namespace
 #endif
-
-// Rows (T, parts, row_bytes) -> for each chunk of chunk_tokens tokens, (depth(K), rows of the chunk, 4):
-// block_sums's layout, into `out`. A chunk starts where its rows started.
-void interleave(const std::vector<int8_t>& xq, int64_t t, int parts, int64_t row_bytes, std::vector<int8_t>& out) {
-  out.resize(xq.size());
-  const int64_t per = chunk_tokens(t, parts);
-  for (int64_t r0 = 0; r0 < t; r0 += per) {
-    const int64_t rows = std::min<int64_t>(per, t - r0) * parts;
-    const int8_t* src = xq.data() + r0 * parts * row_bytes;
-    int8_t* dst = out.data() + r0 * parts * row_bytes;
-    for (int64_t r = 0; r < rows; ++r) {
-      for (int64_t g = 0; g < row_bytes / DEPTH; ++g) {
-        __builtin_memcpy(dst + (g * rows + r) * DEPTH, src + r * row_bytes + g * DEPTH, DEPTH);
-      }
-    }
-  }
-}
 
 // An int8 layer's weights as the kernel reads them.
 struct Weights {
@@ -333,7 +332,7 @@ Weights weights_of(const torch::Tensor& packed, const torch::Tensor& scale, cons
 // so that they are allocated once a pass, not once a layer: a pass of a few tokens is short enough
 // for allocations to show.
 struct LinearScratch {
-  std::vector<int8_t> xq, interleaved;
+  std::vector<int8_t> xq;  // block_sums's layout
   std::vector<int32_t> shifts;
   std::vector<float> steps;
 };
@@ -345,12 +344,11 @@ void linear_rows(const float* x, int64_t t, int64_t k, const Weights& w, float* 
 #ifdef SPECDEC_X86
   const int parts = w.half > 0 ? 2 : 1;
   const int64_t k4 = depth(k), nb = blocks(w.n), row_bytes = k4 * DEPTH;
-  s.xq.assign(static_cast<size_t>(t * parts * row_bytes), 0);
+  s.xq.resize(static_cast<size_t>(t * parts * row_bytes));  // quantise writes every byte
   s.shifts.resize(static_cast<size_t>(t * parts));
   s.steps.resize(static_cast<size_t>(t));
   quantise(x, t, k, row_bytes, w.half, s.xq.data(), s.shifts.data(), s.steps.data());
-  interleave(s.xq, t, parts, row_bytes, s.interleaved);
-  const Job job{s.interleaved.data(), s.shifts.data(), s.steps.data(), w.packed, w.scale, w.bias, y, t, w.n, k4,
+  const Job job{s.xq.data(), s.shifts.data(), s.steps.data(), w.packed, w.scale, w.bias, y, t, w.n, k4,
                 row_bytes, parts, w.half, w.wide};
   at::parallel_for(0, nb, 4, [&](int64_t b0, int64_t b1) { run_blocks(job, b0, b1); });
 #endif
