@@ -10,8 +10,16 @@
 // saturation). The weights are kept shifted by 128 into u8, so each row's four activations can be
 // broadcast straight from memory as the signed operand; 128 times the row's integer sum is taken
 // off again after. Machines without VNNI keep the torch path.
-#include <torch/extension.h>
+// ATen's own headers and torch's pybind11 casters, not torch/extension.h: its C++ frontend alone took 24 of
+// a 31 s build here
 #include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/empty_like.h>
+#include <ATen/ops/from_blob.h>
+#include <ATen/ops/full.h>
+#include <ATen/ops/silu.h>
+#include <torch/csrc/utils/pybind.h>
 
 #include <algorithm>
 #include <atomic>
@@ -72,7 +80,7 @@ bool available() {
 // madvise; a hint, so a kernel that refuses it gives 4 KB pages). A pass streams every weight once,
 // and on 4 KB pages each page of the stream costs a TLB miss: the packed weights of a model live in one
 // such buffer (exact_model). Its memory is released with the last tensor that views it.
-torch::Tensor huge_buffer(int64_t bytes) {
+at::Tensor huge_buffer(int64_t bytes) {
 #if defined(__linux__)
   constexpr uintptr_t HUGE_PAGE = uintptr_t(2) << 20;
   const size_t length = (static_cast<size_t>(bytes) + 2 * HUGE_PAGE - 1) / HUGE_PAGE * HUGE_PAGE;  // room to align
@@ -81,21 +89,21 @@ torch::Tensor huge_buffer(int64_t bytes) {
     const uintptr_t at = (reinterpret_cast<uintptr_t>(base) + HUGE_PAGE - 1) & ~(HUGE_PAGE - 1);
     void* start = reinterpret_cast<void*>(at);
     madvise(start, length - (at - reinterpret_cast<uintptr_t>(base)), MADV_HUGEPAGE);
-    return torch::from_blob(start, {bytes}, [base, length](void*) { munmap(base, length); },
-                            torch::TensorOptions().dtype(torch::kUInt8));
+    return at::from_blob(start, {bytes}, [base, length](void*) { munmap(base, length); },
+                            at::TensorOptions().dtype(at::kByte));
   }
 #endif
-  return torch::empty({bytes}, torch::kUInt8);
+  return at::empty({bytes}, at::kByte);
 }
 
 // (N, K) int8 rows -> (blocks(N), depth(K) * 64) uint8, each weight + 128: for each block of 16
 // columns and each group of 4 inner positions, the 16 columns' 4 weights side by side (vpdpbusd's
 // layout). Padding holds 128, a weight of 0.
-torch::Tensor pack(torch::Tensor w) {
-  TORCH_CHECK(w.dim() == 2 && w.scalar_type() == torch::kInt8, "pack takes (N, K) int8 rows");
+at::Tensor pack(at::Tensor w) {
+  TORCH_CHECK(w.dim() == 2 && w.scalar_type() == at::kChar, "pack takes (N, K) int8 rows");
   w = w.contiguous();
   const int64_t n = w.size(0), k = w.size(1), nb = blocks(n), k4 = depth(k);
-  auto out = torch::full({nb, k4 * COLS * DEPTH}, 128, w.options().dtype(torch::kUInt8));
+  auto out = at::full({nb, k4 * COLS * DEPTH}, 128, w.options().dtype(at::kByte));
   const int8_t* src = w.data_ptr<int8_t>();
   uint8_t* dst = out.data_ptr<uint8_t>();
   for (int64_t col = 0; col < n; ++col) {
@@ -314,14 +322,14 @@ struct Weights {
 
 // An int8 layer of n outputs over rows of k inputs; its packed weights, scales and bias checked against
 // those, since the kernel reads them by n and k alone.
-Weights weights_of(const torch::Tensor& packed, const torch::Tensor& scale, const c10::optional<torch::Tensor>& bias,
+Weights weights_of(const at::Tensor& packed, const at::Tensor& scale, const c10::optional<at::Tensor>& bias,
                    int64_t n, int64_t k, int64_t half, bool wide) {
-  TORCH_CHECK(packed.scalar_type() == torch::kUInt8 && packed.is_contiguous() && packed.dim() == 2 &&
+  TORCH_CHECK(packed.scalar_type() == at::kByte && packed.is_contiguous() && packed.dim() == 2 &&
                   packed.size(0) == blocks(n) && packed.size(1) == depth(k) * COLS * DEPTH,
               "packed weights of another shape");
-  TORCH_CHECK(scale.scalar_type() == torch::kFloat32 && scale.is_contiguous() && scale.numel() == n,
+  TORCH_CHECK(scale.scalar_type() == at::kFloat && scale.is_contiguous() && scale.numel() == n,
               "a float32 scale per output");
-  TORCH_CHECK(!bias.has_value() || (bias->scalar_type() == torch::kFloat32 && bias->is_contiguous() &&
+  TORCH_CHECK(!bias.has_value() || (bias->scalar_type() == at::kFloat && bias->is_contiguous() &&
                                     bias->numel() == n),
               "a float32 bias per output");
   return {packed.data_ptr<uint8_t>(), packed.numel(), scale.data_ptr<float>(),
@@ -354,16 +362,16 @@ void linear_rows(const float* x, int64_t t, int64_t k, const Weights& w, float* 
 #endif
 }
 
-torch::Tensor linear(torch::Tensor x, torch::Tensor packed, torch::Tensor scale, c10::optional<torch::Tensor> bias,
+at::Tensor linear(at::Tensor x, at::Tensor packed, at::Tensor scale, c10::optional<at::Tensor> bias,
                      int64_t n, int64_t half, bool wide) {
 #ifndef SPECDEC_X86
   TORCH_CHECK(false, "the int8 kernel needs an x86-64 CPU with AVX-512 VNNI");
 #else
-  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat32, "linear takes (T, K) float32 rows");
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat, "linear takes (T, K) float32 rows");
   x = x.contiguous();
   const int64_t t = x.size(0), k = x.size(1);
   const Weights w = weights_of(packed, scale, bias, n, k, half, wide);
-  auto y = torch::empty({t, n}, x.options());
+  auto y = at::empty({t, n}, x.options());
   LinearScratch s;
   linear_rows(x.data_ptr<float>(), t, k, w, y.data_ptr<float>(), s);
   return y;
@@ -873,24 +881,24 @@ void attend(const AttendArgs& x, AttendScratch& scratch) {
 
 // A (B, Hkv, S, D + 1) float32 key or value tensor whose positions' numbers are contiguous (the cache's
 // view as it is), copied where they are not.
-torch::Tensor rows_contiguous(const torch::Tensor& x) { return x.stride(3) == 1 ? x : x.contiguous(); }
+at::Tensor rows_contiguous(const at::Tensor& x) { return x.stride(3) == 1 ? x : x.contiguous(); }
 
 // attention's `blocked`, (B, 1, T, S - first), as contiguous bools, checked against the pass's shape.
-torch::Tensor blocked_rows(const torch::Tensor& blocked, int64_t b, int64_t t, int64_t s, int64_t first) {
+at::Tensor blocked_rows(const at::Tensor& blocked, int64_t b, int64_t t, int64_t s, int64_t first) {
   TORCH_CHECK(first >= 0 && first <= s && blocked.dim() == 4 && blocked.size(0) == b && blocked.size(1) == 1 &&
                   blocked.size(2) == t && blocked.size(3) == s - first,
               "a mask of (B, 1, T, S - first)");
-  return blocked.to(torch::kBool).contiguous();
+  return blocked.to(at::kBool).contiguous();
 }
 
 // The attention's operands from tensors (its `out` unset): float32 queries made contiguous, the cache's
 // keys and values read in place (views of buffers with room to spare) wherever each position's D + 1
 // numbers are contiguous, the mask as contiguous bools; `held` keeps whatever was copied alive.
-AttendArgs attend_args(const torch::Tensor& query, const torch::Tensor& key, const torch::Tensor& value, int64_t first,
-                       const c10::optional<torch::Tensor>& blocked, double scaling, double levels,
-                       std::vector<torch::Tensor>& held) {
-  TORCH_CHECK(query.scalar_type() == torch::kFloat32 && key.scalar_type() == torch::kFloat32 &&
-                  value.scalar_type() == torch::kFloat32,
+AttendArgs attend_args(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value, int64_t first,
+                       const c10::optional<at::Tensor>& blocked, double scaling, double levels,
+                       std::vector<at::Tensor>& held) {
+  TORCH_CHECK(query.scalar_type() == at::kFloat && key.scalar_type() == at::kFloat &&
+                  value.scalar_type() == at::kFloat,
               "attention takes float32 queries and float32 fixed-point keys and values (exact.stored)");
   const int64_t b = query.size(0), t = query.size(2), d = query.size(3);
   TORCH_CHECK(key.size(3) == d + 1 && value.size(3) == d + 1, "keys and values carry their step as a last column");
@@ -924,14 +932,14 @@ AttendArgs attend_args(const torch::Tensor& query, const torch::Tensor& key, con
 // exact.attention's arithmetic: (B, H, T, D) float32 queries over (B, Hkv, S, D + 1) float32 keys and
 // values in fixed point (exact.stored: keys at KEY_LEVELS, values at FIXED) -> (B, T, H, D) float32.
 // `blocked`: (B, 1, T, S - first) bool, True where a row may not see a key from slot `first` on, or None.
-torch::Tensor attention(torch::Tensor query, torch::Tensor key, torch::Tensor value, int64_t first,
-                        c10::optional<torch::Tensor> blocked, double scaling, double levels) {
+at::Tensor attention(at::Tensor query, at::Tensor key, at::Tensor value, int64_t first,
+                        c10::optional<at::Tensor> blocked, double scaling, double levels) {
 #ifndef SPECDEC_X86
   TORCH_CHECK(false, "the exact attention kernel needs an x86-64 CPU with AVX-512");
 #else
-  std::vector<torch::Tensor> held;
+  std::vector<at::Tensor> held;
   AttendArgs x = attend_args(query, key, value, first, blocked, scaling, levels, held);
-  auto out = torch::empty({x.b, x.t, x.heads, x.d}, query.options());
+  auto out = at::empty({x.b, x.t, x.heads, x.d}, query.options());
   x.out = out.data_ptr<float>();
   AttendScratch scratch;
   attend(x, scratch);
@@ -1028,7 +1036,7 @@ void rms_rows(const float* xs, int64_t rows, int64_t hidden, const float* ws, do
     return;
   }
 #endif
-  auto squares = torch::empty({rows, hidden}, torch::kFloat32);
+  auto squares = at::empty({rows, hidden}, at::kFloat);
   float* sq = squares.data_ptr<float>();
   for (int64_t i = 0; i < rows * hidden; ++i) sq[i] = xs[i] * xs[i];
   auto mean = squares.mean(-1, true).contiguous();
@@ -1036,12 +1044,12 @@ void rms_rows(const float* xs, int64_t rows, int64_t hidden, const float* ws, do
   for (int64_t r = 0; r < rows; ++r) normed(r, var[r]);
 }
 
-torch::Tensor rms_norm(const torch::Tensor& h, const torch::Tensor& weight, double eps) {
-  auto x = h.to(torch::kFloat32).contiguous();
-  auto w = weight.to(torch::kFloat32).contiguous();
+at::Tensor rms_norm(const at::Tensor& h, const at::Tensor& weight, double eps) {
+  auto x = h.to(at::kFloat).contiguous();
+  auto w = weight.to(at::kFloat).contiguous();
   const int64_t hidden = x.size(-1), rows = x.numel() / std::max<int64_t>(1, hidden);
   TORCH_CHECK(w.numel() == hidden, "a norm weight per hidden number");
-  auto out = torch::empty_like(x);
+  auto out = at::empty_like(x);
   rms_rows(x.data_ptr<float>(), rows, hidden, w.data_ptr<float>(), eps, out.data_ptr<float>());
   return out;
 }
@@ -1136,26 +1144,26 @@ void layer_in(const float* h, int64_t b, int64_t t, int64_t hidden, const float*
 }
 
 // (B, T, D) float32 cos or sin for every row of a pass, as the layers read them.
-torch::Tensor per_row(const torch::Tensor& x, int64_t b, int64_t t, int64_t d) {
-  return x.to(torch::kFloat32).expand({b, t, d}).contiguous();
+at::Tensor per_row(const at::Tensor& x, int64_t b, int64_t t, int64_t d) {
+  return x.to(at::kFloat).expand({b, t, d}).contiguous();
 }
 
-std::vector<torch::Tensor> attention_in(torch::Tensor h, c10::optional<torch::Tensor> norm_weight, double eps,
-                                        torch::Tensor packed,
-                                        torch::Tensor scale, c10::optional<torch::Tensor> bias, int64_t half,
-                                        bool wide, int64_t heads, int64_t kv_heads, torch::Tensor cos,
-                                        torch::Tensor sin) {
+std::vector<at::Tensor> attention_in(at::Tensor h, c10::optional<at::Tensor> norm_weight, double eps,
+                                        at::Tensor packed,
+                                        at::Tensor scale, c10::optional<at::Tensor> bias, int64_t half,
+                                        bool wide, int64_t heads, int64_t kv_heads, at::Tensor cos,
+                                        at::Tensor sin) {
 #ifndef SPECDEC_X86
   TORCH_CHECK(false, "the int8 kernel needs an x86-64 CPU with AVX-512 VNNI");
 #else
   const int64_t b = h.size(0), t = h.size(1), d = cos.size(-1), width = heads + 2 * kv_heads;
-  auto x = h.to(torch::kFloat32).contiguous();
-  torch::Tensor w;
-  if (norm_weight.has_value()) w = norm_weight->to(torch::kFloat32).contiguous();
+  auto x = h.to(at::kFloat).contiguous();
+  at::Tensor w;
+  if (norm_weight.has_value()) w = norm_weight->to(at::kFloat).contiguous();
   auto c = per_row(cos, b, t, d), sn = per_row(sin, b, t, d);
-  auto q = torch::empty({b, heads, t, d}, x.options());
-  auto k = torch::empty({b, kv_heads, t, d + 1}, x.options());
-  auto v = torch::empty({b, kv_heads, t, d + 1}, x.options());
+  auto q = at::empty({b, heads, t, d}, x.options());
+  auto k = at::empty({b, kv_heads, t, d + 1}, x.options());
+  auto v = at::empty({b, kv_heads, t, d + 1}, x.options());
   LayerScratch s;
   layer_in(x.data_ptr<float>(), b, t, h.size(2), norm_weight.has_value() ? w.data_ptr<float>() : nullptr, eps,
            weights_of(packed, scale, bias, width * d, h.size(2), half, wide), heads, kv_heads, c.data_ptr<float>(),
@@ -1254,7 +1262,7 @@ void layer_out(const float* h, int64_t hidden, AttendArgs x, const OutWeights& w
   // ATen's SiLU in place on slices of whole rows below its grain (the row length is a multiple of exact.LANES)
   const int64_t per = std::max<int64_t>(1, GRAIN / inner);
   for (int64_t r0 = 0; r0 < rows; r0 += per) {
-    auto part = torch::from_blob(act + r0 * inner, {std::min(per, rows - r0), inner}, torch::kFloat32);
+    auto part = at::from_blob(act + r0 * inner, {std::min(per, rows - r0), inner}, at::kFloat);
     at::silu_out(part, part);
   }
   for (int64_t r = 0; r < rows; ++r) {  // times up, each product rounded as mul_'s
@@ -1266,25 +1274,25 @@ void layer_out(const float* h, int64_t hidden, AttendArgs x, const OutWeights& w
   for (int64_t i = 0; i < n; ++i) out[i] = h1[i] + s.down[i];
 }
 
-torch::Tensor attention_out(torch::Tensor h, torch::Tensor q, torch::Tensor k, torch::Tensor v, int64_t first,
-                            c10::optional<torch::Tensor> blocked, double scaling, double levels, torch::Tensor o_packed,
-                            torch::Tensor o_scale, c10::optional<torch::Tensor> o_bias, int64_t o_half, bool o_wide,
-                            torch::Tensor norm_weight, double eps, torch::Tensor up_packed, torch::Tensor up_scale,
-                            c10::optional<torch::Tensor> up_bias, int64_t up_n, torch::Tensor down_packed,
-                            torch::Tensor down_scale, c10::optional<torch::Tensor> down_bias, int64_t down_half,
+at::Tensor attention_out(at::Tensor h, at::Tensor q, at::Tensor k, at::Tensor v, int64_t first,
+                            c10::optional<at::Tensor> blocked, double scaling, double levels, at::Tensor o_packed,
+                            at::Tensor o_scale, c10::optional<at::Tensor> o_bias, int64_t o_half, bool o_wide,
+                            at::Tensor norm_weight, double eps, at::Tensor up_packed, at::Tensor up_scale,
+                            c10::optional<at::Tensor> up_bias, int64_t up_n, at::Tensor down_packed,
+                            at::Tensor down_scale, c10::optional<at::Tensor> down_bias, int64_t down_half,
                             bool down_wide) {
-  TORCH_CHECK(h.scalar_type() == torch::kFloat32, "a layer's second half takes float32 hidden states");
+  TORCH_CHECK(h.scalar_type() == at::kFloat, "a layer's second half takes float32 hidden states");
   const int64_t b = h.size(0), t = h.size(1), hidden = h.size(2), d = q.size(3);
   TORCH_CHECK(q.size(0) == b && q.size(2) == t, "queries of the hidden states' batch and positions");
   auto x = h.contiguous();
-  auto w = norm_weight.to(torch::kFloat32).contiguous();
-  std::vector<torch::Tensor> held;
+  auto w = norm_weight.to(at::kFloat).contiguous();
+  std::vector<at::Tensor> held;
   const AttendArgs args = attend_args(q, k, v, first, blocked, scaling, levels, held);
   TORCH_CHECK(w.numel() == hidden, "a norm weight per hidden number");
   const OutWeights weights{weights_of(o_packed, o_scale, o_bias, hidden, q.size(1) * d, o_half, o_wide),
                            w.data_ptr<float>(), eps, weights_of(up_packed, up_scale, up_bias, up_n, hidden, 0, false),
                            weights_of(down_packed, down_scale, down_bias, hidden, up_n / 2, down_half, down_wide)};
-  auto out = torch::empty({b, t, hidden}, x.options());
+  auto out = at::empty({b, t, hidden}, x.options());
   LayerScratch s;
   layer_out(x.data_ptr<float>(), hidden, args, weights, out.data_ptr<float>(), s);
   return out;
@@ -1304,40 +1312,40 @@ class Stack {
       const auto in = pair[0].cast<py::tuple>(), out = pair[1].cast<py::tuple>();
       TORCH_CHECK(in.size() == 9 && out.size() == 18, "a layer's kernel arguments: 9 into, 18 out of");
       Layer l;
-      auto kept = [&](const torch::Tensor& x) -> const torch::Tensor& { return l.held.emplace_back(x); };
-      auto kept_bias = [&](const py::handle& x) -> c10::optional<torch::Tensor> {
-        auto bias = x.cast<c10::optional<torch::Tensor>>();
+      auto kept = [&](const at::Tensor& x) -> const at::Tensor& { return l.held.emplace_back(x); };
+      auto kept_bias = [&](const py::handle& x) -> c10::optional<at::Tensor> {
+        auto bias = x.cast<c10::optional<at::Tensor>>();
         if (bias.has_value()) return kept(*bias);
         return bias;
       };
       l.held.reserve(16);  // the references kept() returns stay valid
-      const auto& norm = kept(out[7].cast<torch::Tensor>().to(torch::kFloat32).contiguous());
+      const auto& norm = kept(out[7].cast<at::Tensor>().to(at::kFloat).contiguous());
       const int64_t hidden = norm.numel();
       l.heads = in[7].cast<int64_t>();
       l.kv_heads = in[8].cast<int64_t>();
-      const auto& qkv_scale = kept(in[3].cast<torch::Tensor>());
+      const auto& qkv_scale = kept(in[3].cast<at::Tensor>());
       const int64_t width = l.heads + 2 * l.kv_heads, d = qkv_scale.numel() / width;
       TORCH_CHECK(layers_.empty() || (hidden == hidden_ && d == d_),
                   "a stack's layers of one hidden size and head size");
       hidden_ = hidden;
       d_ = d;
-      const auto in_norm = in[0].cast<c10::optional<torch::Tensor>>();
+      const auto in_norm = in[0].cast<c10::optional<at::Tensor>>();
       if (in_norm.has_value()) {
         TORCH_CHECK(in_norm->numel() == hidden, "a norm weight per hidden number");
-        l.in_norm = kept(in_norm->to(torch::kFloat32).contiguous()).data_ptr<float>();
+        l.in_norm = kept(in_norm->to(at::kFloat).contiguous()).data_ptr<float>();
       }
       l.in_eps = in[1].cast<double>();
-      l.qkv = weights_of(kept(in[2].cast<torch::Tensor>()), qkv_scale, kept_bias(in[4]), width * d, hidden,
+      l.qkv = weights_of(kept(in[2].cast<at::Tensor>()), qkv_scale, kept_bias(in[4]), width * d, hidden,
                          in[5].cast<int64_t>(), in[6].cast<bool>());
       l.scaling = out[0].cast<double>();
       l.levels = out[1].cast<double>();
       const int64_t up_n = out[12].cast<int64_t>();
-      l.out = {weights_of(kept(out[2].cast<torch::Tensor>()), kept(out[3].cast<torch::Tensor>()), kept_bias(out[4]),
+      l.out = {weights_of(kept(out[2].cast<at::Tensor>()), kept(out[3].cast<at::Tensor>()), kept_bias(out[4]),
                           hidden, l.heads * d, out[5].cast<int64_t>(), out[6].cast<bool>()),
                norm.data_ptr<float>(), out[8].cast<double>(),
-               weights_of(kept(out[9].cast<torch::Tensor>()), kept(out[10].cast<torch::Tensor>()), kept_bias(out[11]),
+               weights_of(kept(out[9].cast<at::Tensor>()), kept(out[10].cast<at::Tensor>()), kept_bias(out[11]),
                           up_n, hidden, 0, false),
-               weights_of(kept(out[13].cast<torch::Tensor>()), kept(out[14].cast<torch::Tensor>()),
+               weights_of(kept(out[13].cast<at::Tensor>()), kept(out[14].cast<at::Tensor>()),
                           kept_bias(out[15]), hidden, up_n / 2, out[16].cast<int64_t>(), out[17].cast<bool>())};
       layers_.push_back(std::move(l));
     }
@@ -1348,29 +1356,29 @@ class Stack {
   // buffers, (B, Hkv, room, D + 1) contiguous float32 with the new positions from `start` fitting inside;
   // `first` and `blocked` as attention's. -> [the last layer's hidden states, then the states entering
   // each layer in `taps`, in the order of taps].
-  std::vector<torch::Tensor> run(torch::Tensor h, const torch::Tensor& cos, const torch::Tensor& sin,
-                                 const std::vector<torch::Tensor>& keys, const std::vector<torch::Tensor>& values,
-                                 int64_t start, int64_t first, const c10::optional<torch::Tensor>& blocked,
+  std::vector<at::Tensor> run(at::Tensor h, const at::Tensor& cos, const at::Tensor& sin,
+                                 const std::vector<at::Tensor>& keys, const std::vector<at::Tensor>& values,
+                                 int64_t start, int64_t first, const c10::optional<at::Tensor>& blocked,
                                  const std::vector<int64_t>& taps) const {
     TORCH_CHECK(keys.size() == layers_.size() && values.size() == layers_.size(), "a key and a value buffer a layer");
-    TORCH_CHECK(h.scalar_type() == torch::kFloat32 && h.dim() == 3 && h.size(2) == hidden_ && cos.size(-1) == d_,
+    TORCH_CHECK(h.scalar_type() == at::kFloat && h.dim() == 3 && h.size(2) == hidden_ && cos.size(-1) == d_,
                 "float32 hidden states and rotary of the stack's sizes");
     const int64_t b = h.size(0), t = h.size(1), hidden = hidden_, d = d_, n = b * t * hidden;
     auto x = h.contiguous();
     auto c = per_row(cos, b, t, d), sn = per_row(sin, b, t, d);
-    torch::Tensor mask;
+    at::Tensor mask;
     if (blocked.has_value()) mask = blocked_rows(*blocked, b, t, start + t, first);
     std::vector<bool> tapped(layers_.size(), false);
     for (const int64_t i : taps) tapped.at(static_cast<size_t>(i)) = true;
-    std::vector<torch::Tensor> entering(layers_.size());
-    auto result = torch::empty({b, t, hidden}, x.options());
+    std::vector<at::Tensor> entering(layers_.size());
+    auto result = at::empty({b, t, hidden}, x.options());
     std::vector<float> ping(static_cast<size_t>(n)), pong(static_cast<size_t>(n));
     LayerScratch s;
     const float* now = x.data_ptr<float>();
     for (size_t i = 0; i < layers_.size(); ++i) {
       const Layer& l = layers_[i];
       if (tapped[i]) {
-        entering[i] = i == 0 ? x : torch::empty({b, t, hidden}, x.options());
+        entering[i] = i == 0 ? x : at::empty({b, t, hidden}, x.options());
         if (i > 0) std::copy(now, now + n, entering[i].data_ptr<float>());
       }
       float* q = sized(s.q, b * l.heads * t * d);
@@ -1400,7 +1408,7 @@ class Stack {
       layer_out(now, hidden, args, l.out, next, s);
       now = next;
     }
-    std::vector<torch::Tensor> out{result};
+    std::vector<at::Tensor> out{result};
     for (const int64_t i : taps) out.push_back(entering.at(static_cast<size_t>(i)));
     return out;
   }
@@ -1408,7 +1416,7 @@ class Stack {
  private:
   // A layer's weights as the kernel reads them, checked once against the stack's sizes.
   struct Layer {
-    std::vector<torch::Tensor> held;  // what the pointers below read
+    std::vector<at::Tensor> held;  // what the pointers below read
     const float* in_norm = nullptr;  // none: no input norm (an EAGLE head's first layer)
     double in_eps, scaling, levels;
     int64_t heads, kv_heads;
@@ -1420,8 +1428,8 @@ class Stack {
 
   // new (B, Hkv, T, width) rows into a (B, Hkv, room, width) buffer's positions start..start+T-1, in place
   static void place(const float* rows, int64_t b, int64_t kv_heads, int64_t t, int64_t width,
-                    const torch::Tensor& buffer, int64_t start) {
-    TORCH_CHECK(buffer.dim() == 4 && buffer.is_contiguous() && buffer.scalar_type() == torch::kFloat32 &&
+                    const at::Tensor& buffer, int64_t start) {
+    TORCH_CHECK(buffer.dim() == 4 && buffer.is_contiguous() && buffer.scalar_type() == at::kFloat &&
                     buffer.size(0) == b && buffer.size(1) == kv_heads && buffer.size(3) == width &&
                     start + t <= buffer.size(2),
                 "a cache buffer with room for the new keys and values");
