@@ -119,6 +119,32 @@ def test_two_processes_convert_the_gguf_once(tmp_path):
     assert log.read_text().splitlines() == ["converted"] and len(outs) == 1
 
 
+@pytest.mark.slow
+def test_a_conversion_parses_the_gguf_once_and_writes_the_same_copy(tmp_path, monkeypatch):
+    """transformers' loader reads the GGUF's fields for the tokenizer, the config and the weights: a
+    conversion shares one parse among the three, and still writes every file of the copy the app
+    loads, byte for byte."""
+    import gguf
+
+    made = []
+    own = gguf.GGUFReader
+
+    class Counted(own):  # type: ignore[misc, valid-type]
+        def __init__(self, *args, **kwargs):
+            made.append(args[0])
+            super().__init__(*args, **kwargs)
+
+    kept = gguf_target.converted_dir()
+    monkeypatch.setattr(gguf, "GGUFReader", Counted)
+    out = tmp_path / "converted"
+    gguf_target._convert(gguf_target.gguf_path(), out)
+    assert len(made) == 1 and gguf.GGUFReader is Counted
+    files = sorted(f.name for f in kept.iterdir())
+    assert sorted(f.name for f in out.iterdir()) == files and "model.safetensors" in files
+    for name in files:
+        assert (out / name).read_bytes() == (kept / name).read_bytes(), name
+
+
 def test_the_first_page_does_not_wait_for_the_conversion(tmp_path, monkeypatch):
     """Building the app names the default target without converting its GGUF (start-up converts it
     beside the server); models.prepare converts it, and then the page reads the target's context."""

