@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -342,3 +343,44 @@ def test_a_fresh_build_removes_older_sources_builds_for_this_torch_only(tmp_path
         (folder / "specdec_int8.so").write_bytes(b"")
     assert int8_kernel.prune_others(current) == [older]
     assert sorted(p.name for p in kernels.iterdir()) == sorted(p.name for p in (current, other_torch, unrelated))
+
+
+def test_a_fresh_machine_builds_the_kernel_beside_the_conversion_and_load(monkeypatch):
+    """On a CPU with auto or int8 precision and no kernel built yet, the build starts on a thread of its
+    own before the model is resolved (the GGUF's conversion) and loaded, in a load and in the server's
+    start-up work, and module() then waits for it; with the kernel built, no thread starts."""
+    from app.models import loading
+
+    order, built = [], threading.Event()
+    monkeypatch.setattr(int8_kernel, "pending", lambda: True)
+    monkeypatch.setattr(int8_kernel, "module", lambda: order.append("build") or built.set())
+
+    class Resolved(Exception):
+        pass
+
+    def resolve(model_id, role="target"):
+        built.wait(5)  # the build's thread, already started, reaches module() meanwhile
+        order.append("resolve")
+        raise Resolved
+
+    monkeypatch.setattr(loading, "resolve", resolve)
+    monkeypatch.setattr(loading, "_resolve", resolve)
+    monkeypatch.setattr(loading.precision, "chosen", lambda *args: None)
+    monkeypatch.delenv(loading.DTYPE_ENV, raising=False)
+    for start in (lambda: loading.load("some/model", "cpu", "auto"), lambda: loading.load("some/model", "cpu", "int8")):
+        order.clear()
+        built.clear()
+        with pytest.raises(Resolved):
+            start()
+        assert order == ["build", "resolve"]
+    order.clear()
+    built.clear()
+    with pytest.raises(Resolved):
+        loading.prepare("some/model")
+    assert order == ["build", "resolve"]
+    monkeypatch.setattr(int8_kernel, "pending", lambda: False)
+    order.clear()
+    built.set()
+    with pytest.raises(Resolved):
+        loading.load("some/model", "cpu", "auto")
+    assert order == ["resolve"]

@@ -120,25 +120,31 @@ def test_two_processes_convert_the_gguf_once(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_conversion_parses_the_gguf_once_and_writes_the_same_copy(tmp_path, monkeypatch):
-    """transformers' loader reads the GGUF's fields for the tokenizer, the config and the weights: a
-    conversion shares one parse among the three, and still writes every file of the copy the app
-    loads, byte for byte."""
+def test_a_conversion_reads_the_gguf_once_and_writes_the_same_copy(tmp_path, monkeypatch):
+    """transformers' loader parses the GGUF's fields for the tokenizer, the config and the weights, and
+    builds gguf's tensor-name map once per module: a conversion shares one parse among the three and
+    one map among the modules, and still writes every file of the copy the app loads, byte for byte."""
     import gguf
 
-    made = []
-    own = gguf.GGUFReader
+    made, maps = [], []
+    own, own_map = gguf.GGUFReader, gguf.get_tensor_name_map
 
     class Counted(own):  # type: ignore[misc, valid-type]
         def __init__(self, *args, **kwargs):
             made.append(args[0])
             super().__init__(*args, **kwargs)
 
+    def counted_map(*args):
+        maps.append(args)
+        return own_map(*args)
+
     kept = gguf_target.converted_dir()
     monkeypatch.setattr(gguf, "GGUFReader", Counted)
+    monkeypatch.setattr(gguf, "get_tensor_name_map", counted_map)
     out = tmp_path / "converted"
     gguf_target._convert(gguf_target.gguf_path(), out)
-    assert len(made) == 1 and gguf.GGUFReader is Counted
+    assert len(made) == 1 and len(maps) == 1
+    assert gguf.GGUFReader is Counted and gguf.get_tensor_name_map is counted_map
     files = sorted(f.name for f in kept.iterdir())
     assert sorted(f.name for f in out.iterdir()) == files and "model.safetensors" in files
     for name in files:

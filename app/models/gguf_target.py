@@ -7,6 +7,7 @@ is named by the GGUF's SHA-256, so a new wheel (a changed file) gets a fresh con
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.metadata as md
 import json
@@ -158,27 +159,30 @@ def _complete(out: Path) -> bool:
 
 
 @contextmanager
-def _one_parse(path: Path) -> Iterator[None]:
-    """transformers' loader parses the GGUF's fields (49,152 tokens and their merges) for the tokenizer, again
-    for the config and again for the weights, about 3 s each on two cores: inside, the three share one
-    reader of `path` (a reader only reads; other files get their own)."""
+def _read_once(path: Path) -> Iterator[None]:
+    """Inside, transformers' GGUF loader reads what it needs once. It parses the file's fields (49,152 tokens
+    and their merges) for the tokenizer, again for the config and again for the weights, about 3 s each on
+    two cores; and it builds gguf's tensor-name map, the same for one architecture and depth, once per
+    module of the model (about 400 times, 10 ms each). A reader and a map only read: the three parses
+    share one reader of `path` (other files get their own), and each architecture and depth one map."""
     import gguf
 
-    own = gguf.GGUFReader
+    own_reader, own_map = gguf.GGUFReader, gguf.get_tensor_name_map
     shared: list = []
 
     def reader(file, *args, **kwargs):
         if Path(file).resolve() != path.resolve() or args or kwargs:
-            return own(file, *args, **kwargs)
+            return own_reader(file, *args, **kwargs)
         if not shared:
-            shared.append(own(file))
+            shared.append(own_reader(file))
         return shared[0]
 
-    gguf.GGUFReader = reader  # transformers imports it from gguf at each call
+    # transformers imports both from gguf at each call
+    gguf.GGUFReader, gguf.get_tensor_name_map = reader, functools.lru_cache(maxsize=None)(own_map)
     try:
         yield
     finally:
-        gguf.GGUFReader = own
+        gguf.GGUFReader, gguf.get_tensor_name_map = own_reader, own_map
 
 
 def _convert(path: Path, out: Path) -> None:
@@ -187,7 +191,7 @@ def _convert(path: Path, out: Path) -> None:
     import transformers.modeling_gguf_pytorch_utils as gguf_loader
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    with _one_parse(path):
+    with _read_once(path):
         tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
         bar, gguf_loader.tqdm = gguf_loader.tqdm, _Counted  # conversions run one at a time (_lock)
         try:

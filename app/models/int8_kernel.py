@@ -64,6 +64,14 @@ def pending() -> bool:
     return not torch.cuda.is_available() and not built()
 
 
+def build_beside() -> None:
+    """Where the next int8 conversion would build the kernel first, start that build now on a thread of
+    its own: the compiler then runs on the other core while the model converts and loads (a fresh
+    start's other long step), and module() waits for it."""
+    if pending():
+        threading.Thread(target=module, name="specdec-int8-build", daemon=True).start()
+
+
 def module() -> ModuleType | None:
     """The loaded kernel, building it on first use; None where it cannot run here (why() says why)."""
     if "module" in _state:  # every layer of every pass asks: no lock once the answer is known

