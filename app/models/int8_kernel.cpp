@@ -90,7 +90,7 @@ at::Tensor huge_buffer(int64_t bytes) {
     void* start = reinterpret_cast<void*>(at);
     madvise(start, length - (at - reinterpret_cast<uintptr_t>(base)), MADV_HUGEPAGE);
     return at::from_blob(start, {bytes}, [base, length](void*) { munmap(base, length); },
-                            at::TensorOptions().dtype(at::kByte));
+                         at::TensorOptions().dtype(at::kByte));
   }
 #endif
   return at::empty({bytes}, at::kByte);
@@ -363,7 +363,7 @@ void linear_rows(const float* x, int64_t t, int64_t k, const Weights& w, float* 
 }
 
 at::Tensor linear(at::Tensor x, at::Tensor packed, at::Tensor scale, c10::optional<at::Tensor> bias,
-                     int64_t n, int64_t half, bool wide) {
+                  int64_t n, int64_t half, bool wide) {
 #ifndef SPECDEC_X86
   TORCH_CHECK(false, "the int8 kernel needs an x86-64 CPU with AVX-512 VNNI");
 #else
@@ -933,7 +933,7 @@ AttendArgs attend_args(const at::Tensor& query, const at::Tensor& key, const at:
 // values in fixed point (exact.stored: keys at KEY_LEVELS, values at FIXED) -> (B, T, H, D) float32.
 // `blocked`: (B, 1, T, S - first) bool, True where a row may not see a key from slot `first` on, or None.
 at::Tensor attention(at::Tensor query, at::Tensor key, at::Tensor value, int64_t first,
-                        c10::optional<at::Tensor> blocked, double scaling, double levels) {
+                     c10::optional<at::Tensor> blocked, double scaling, double levels) {
 #ifndef SPECDEC_X86
   TORCH_CHECK(false, "the exact attention kernel needs an x86-64 CPU with AVX-512");
 #else
@@ -1149,10 +1149,10 @@ at::Tensor per_row(const at::Tensor& x, int64_t b, int64_t t, int64_t d) {
 }
 
 std::vector<at::Tensor> attention_in(at::Tensor h, c10::optional<at::Tensor> norm_weight, double eps,
-                                        at::Tensor packed,
-                                        at::Tensor scale, c10::optional<at::Tensor> bias, int64_t half,
-                                        bool wide, int64_t heads, int64_t kv_heads, at::Tensor cos,
-                                        at::Tensor sin) {
+                                     at::Tensor packed,
+                                     at::Tensor scale, c10::optional<at::Tensor> bias, int64_t half,
+                                     bool wide, int64_t heads, int64_t kv_heads, at::Tensor cos,
+                                     at::Tensor sin) {
 #ifndef SPECDEC_X86
   TORCH_CHECK(false, "the int8 kernel needs an x86-64 CPU with AVX-512 VNNI");
 #else
@@ -1275,12 +1275,12 @@ void layer_out(const float* h, int64_t hidden, AttendArgs x, const OutWeights& w
 }
 
 at::Tensor attention_out(at::Tensor h, at::Tensor q, at::Tensor k, at::Tensor v, int64_t first,
-                            c10::optional<at::Tensor> blocked, double scaling, double levels, at::Tensor o_packed,
-                            at::Tensor o_scale, c10::optional<at::Tensor> o_bias, int64_t o_half, bool o_wide,
-                            at::Tensor norm_weight, double eps, at::Tensor up_packed, at::Tensor up_scale,
-                            c10::optional<at::Tensor> up_bias, int64_t up_n, at::Tensor down_packed,
-                            at::Tensor down_scale, c10::optional<at::Tensor> down_bias, int64_t down_half,
-                            bool down_wide) {
+                         c10::optional<at::Tensor> blocked, double scaling, double levels, at::Tensor o_packed,
+                         at::Tensor o_scale, c10::optional<at::Tensor> o_bias, int64_t o_half, bool o_wide,
+                         at::Tensor norm_weight, double eps, at::Tensor up_packed, at::Tensor up_scale,
+                         c10::optional<at::Tensor> up_bias, int64_t up_n, at::Tensor down_packed,
+                         at::Tensor down_scale, c10::optional<at::Tensor> down_bias, int64_t down_half,
+                         bool down_wide) {
   TORCH_CHECK(h.scalar_type() == at::kFloat, "a layer's second half takes float32 hidden states");
   const int64_t b = h.size(0), t = h.size(1), hidden = h.size(2), d = q.size(3);
   TORCH_CHECK(q.size(0) == b && q.size(2) == t, "queries of the hidden states' batch and positions");
@@ -1357,9 +1357,9 @@ class Stack {
   // `first` and `blocked` as attention's. -> [the last layer's hidden states, then the states entering
   // each layer in `taps`, in the order of taps].
   std::vector<at::Tensor> run(at::Tensor h, const at::Tensor& cos, const at::Tensor& sin,
-                                 const std::vector<at::Tensor>& keys, const std::vector<at::Tensor>& values,
-                                 int64_t start, int64_t first, const c10::optional<at::Tensor>& blocked,
-                                 const std::vector<int64_t>& taps) const {
+                              const std::vector<at::Tensor>& keys, const std::vector<at::Tensor>& values,
+                              int64_t start, int64_t first, const c10::optional<at::Tensor>& blocked,
+                              const std::vector<int64_t>& taps) const {
     TORCH_CHECK(keys.size() == layers_.size() && values.size() == layers_.size(), "a key and a value buffer a layer");
     TORCH_CHECK(h.scalar_type() == at::kFloat && h.dim() == 3 && h.size(2) == hidden_ && cos.size(-1) == d_,
                 "float32 hidden states and rotary of the stack's sizes");
