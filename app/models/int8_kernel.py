@@ -67,8 +67,9 @@ def pending() -> bool:
 def build_beside() -> None:
     """Where the next int8 conversion would build the kernel first, start that build now on a thread of
     its own: the compiler then runs on the other core while the model converts and loads (a fresh
-    start's other long step), and module() waits for it."""
-    if pending():
+    start's other long step), and module() waits for it. A build under way (module() holds the lock)
+    gets no second thread."""
+    if pending() and not _lock.locked():
         threading.Thread(target=module, name="specdec-int8-build", daemon=True).start()
 
 
