@@ -276,14 +276,22 @@ def pair_of(target, tokenizer, name: str, draft_model=None, draft_name: str = "n
 
 
 def host_reads(
-    target, tokenizer, prompt: str, proposer, target_cache, n: int, on_device: bool = True, sampling_cfg=None
+    target,
+    tokenizer,
+    prompt: str,
+    proposer,
+    target_cache,
+    n: int,
+    on_device: bool = True,
+    sampling_cfg=None,
+    tree: int = 0,
 ) -> tuple[list[int], list[tuple[list[int], list[str]]]]:
-    """A bare engine run, greedy unless `sampling_cfg` says (fixed k = 4, nothing displayed or
-    taught), and, for each round, its drafts and the reads of a device value to the host it made
-    (each a wait for a GPU): .item(), a bool of a tensor or a data-dependent shape (ops a dispatch mode
-    sees), and .tolist(), which on a CPU tensor reads without such an op. on_device=False: the drafts'
-    picks are read as they are made (the path a run takes where the fast path is off), for
-    comparison. Returns (ids, [(drafts, reads)])."""
+    """A bare engine run, greedy unless `sampling_cfg` says (fixed k = 4, a chain or a tree of `tree`
+    nodes, nothing displayed or taught), and, for each round, its drafts and the reads of a device
+    value to the host it made (each a wait for a GPU): .item(), a bool of a tensor or a data-dependent
+    shape (ops a dispatch mode sees), and .tolist(), which on a CPU tensor reads without such an op.
+    on_device=False: the drafts' picks are read as they are made (the path a run takes where the fast
+    path is off), for comparison. Returns (ids, [(drafts, reads)])."""
     from unittest import mock
 
     from torch.utils._python_dispatch import TorchDispatchMode
@@ -318,7 +326,7 @@ def host_reads(
             proposer,
             target_cache=target_cache,
             sampling_cfg=sampling_cfg or SamplingConfig(),
-            spec=SpecConfig(k=4, k_policy="fixed"),
+            spec=SpecConfig(k=4, k_policy="fixed", tree=tree),
             run=RunConfig(n),
             recorder=Recorder(tokenizer, display=False, teach=False),
         )

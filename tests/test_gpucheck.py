@@ -109,10 +109,11 @@ def test_gpucheck_gives_a_planted_bug_the_mismatch_verdict(monkeypatch):
 
 def test_the_sync_count_counts_what_cudas_debug_mode_warns(monkeypatch):
     """CUDA's sync debug mode warns at each host sync; on a CPU a stand-in warns at each read of a
-    value (.tolist, .item) and at each host number written into a float tensor (on CUDA a copy from
+    value (.tolist, .item), at each host number written into a float tensor (on CUDA a copy from
     pageable memory; on this path the round's float tensors are the device's, its host buffers hold ids;
-    host float tensors elsewhere would be flagged too), so the count runs here: one a round under every
-    rule on the graphs' cache."""
+    host float tensors elsewhere would be flagged too) and at each tensor made from host numbers on a
+    device (torch.tensor(..., device=)), so the count runs here: one a round under every rule on the
+    graphs' cache, and under greedy for a tree (its siblings and the kept path's move included)."""
     import warnings
 
     import torch
@@ -142,11 +143,18 @@ def test_the_sync_count_counts_what_cudas_debug_mode_warns(monkeypatch):
         return real_set(self, index, value)
 
     monkeypatch.setattr(torch.Tensor, "__setitem__", write)
+    real_tensor = torch.tensor
+
+    def made_on(*args, **kwargs):  # host numbers made straight into a device tensor: a plain copy on CUDA
+        sync(kwargs.get("device") is not None)
+        return real_tensor(*args, **kwargs)
+
+    monkeypatch.setattr(torch, "tensor", made_on)
     target = gpucheck.build("tiny-target", torch.device("cpu"), torch.float32)
     tok = gpucheck.id_tokenizer(target.config.vocab_size)
     prompt = list(range(3, 40))
     pool = static_cache.StaticCachePool(static_cache.cache_length(len(prompt), 30), graphs=True)
     syncs = gpucheck.round_syncs(gpucheck.self_pair(target, tok), prompt, 24, pool)
-    assert set(syncs) == set(gpucheck.RULES)
+    assert set(syncs) == set(gpucheck.RULES) | {f"greedy_tree_{gpucheck.TREE_NODES}"}
     for rule in syncs.values():
         assert rule["rounds"] >= 4 and rule["syncs"] == rule["rounds"], syncs

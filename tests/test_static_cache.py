@@ -276,6 +276,24 @@ def test_a_greedy_round_on_the_fast_path_reads_the_host_once(target, near_draft,
         assert sum(len(r) for _, r in read_each) > sum(len(r) for _, r in per_round)
 
 
+def test_a_greedy_tree_round_on_the_fast_path_reads_the_host_once(target, near_draft, tokenizer):
+    """A greedy tree (the chain and its siblings) stays on the device too: each depth's siblings are the
+    next best tokens of the pick's own row, taken there, and the target's pass takes every node there;
+    the verdict reads them all in its one read. The same trees as when every pick and sibling is read
+    as it is made, and the output is plain decoding's."""
+    ar, _ = run(target, tokenizer, PROMPT, max_new_tokens=40)
+    pool = StaticCachePool(cache_length(len(tokenizer(PROMPT)["input_ids"]), 40), graphs=True)
+    out, per_round = host_reads(target, tokenizer, PROMPT, ModelProposer(near_draft, "near", pool), pool, 40, tree=8)
+    assert out == ar
+    drafting = [(drafts, reads) for drafts, reads in per_round if drafts]
+    assert len(drafting) >= 5 and all(len(d) == 8 and r == ["tolist"] for d, r in drafting), per_round
+    _, read_each = host_reads(
+        target, tokenizer, PROMPT, ModelProposer(near_draft, "near", pool), pool, 40, on_device=False, tree=8
+    )
+    assert [d for d, _ in per_round] == [d for d, _ in read_each]
+    assert sum(len(r) for _, r in read_each) > sum(len(r) for _, r in per_round)
+
+
 def test_a_shared_noise_round_on_the_fast_path_reads_the_host_once(target, near_draft, tokenizer):
     """Shared noise races each pick against noise keyed by its position alone, so a sampled chain's
     picks stay on the device too: one read a round, the same drafts as reading each pick, and the

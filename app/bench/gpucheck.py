@@ -233,13 +233,19 @@ RULES = {
 }
 
 
+TREE_NODES = 8  # the greedy tree round_syncs counts beside the chains: 4 deep, 4 siblings
+
+
 def round_syncs(pair: Pair, prompt: list[int], new_tokens: int, cache) -> dict:
     """Host syncs a round under each sampling rule, the target drafting for itself at k = 4 on a CUDA
-    cache kind: CUDA's sync debug mode warns at each (a read, a plain copy to the GPU, a stream
-    wait). The fast path's promise is one a round, the verdict's; the prompt's first round adds its own."""
+    cache kind, and under greedy for a tree of TREE_NODES nodes: CUDA's sync debug mode warns at each
+    (a read, a plain copy to the GPU, a stream wait). The fast path's promise is one a round, the
+    verdict's; the prompt's first round adds its own. (A drawn tree reads its siblings as it draws them.)"""
     out = {}
-    for name, cfg in RULES.items():
-        settings = Settings(cfg, SpecConfig(k=4, k_policy="fixed"), RunConfig(new_tokens))
+    shapes = {name: (cfg, 0) for name, cfg in RULES.items()}
+    shapes[f"greedy_tree_{TREE_NODES}"] = (RULES["greedy"], TREE_NODES)
+    for name, (cfg, nodes) in shapes.items():
+        settings = Settings(cfg, SpecConfig(k=4, k_policy="fixed", tree=nodes), RunConfig(new_tokens))
         run = request.start(pair, prompt, settings, speculative=True, calibrated=False, caches=cache)
         list(run.steps(display=False))  # the first run captures the graphs
         with warnings.catch_warnings(record=True) as caught:

@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator
 import torch
 from transformers import PreTrainedModel
 
-from app.core import sampling, verify
+from app.core import sampling, transfer, verify
 from app.core.config import RunConfig, SamplingConfig, SpecConfig, UserError
 from app.core.contracts import KVCache, Proposal, Proposer
 from app.core.events import Step
@@ -283,7 +283,7 @@ def _kept(features: torch.Tensor, committed: int, path: list[int]) -> torch.Tens
     if path == list(range(len(path))):  # a chain's path: a prefix
         return features[: committed + len(path)]
     keep = list(range(committed)) + [committed + i for i in path]
-    return features[torch.tensor(keep, device=features.device)]
+    return features[transfer.queued(torch.tensor(keep), features.device)]  # behind the pass, no wait
 
 
 def _as_list(x) -> list:

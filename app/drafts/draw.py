@@ -59,6 +59,16 @@ def pick_on_device(
     return sampling.draw_unread(q, gen), q
 
 
+def greedy_siblings_on_device(logits: torch.Tensor, first: torch.Tensor, extra: int) -> torch.Tensor:
+    """draw_siblings's greedy children beside `first` (a pick still on the device), left there too:
+    the same topk, with `first` taken out and the rest in topk's order, without reading either. The
+    count is the host's: `extra`, or one less than the vocabulary where that is smaller."""
+    top = logits.topk(min(extra + 1, logits.shape[-1])).indices
+    # a stable sort of "is first" puts the others ahead in their topk order, as the host's filter keeps them
+    others_first = torch.argsort((top == first).to(torch.int8), stable=True)
+    return top[others_first[: min(extra, logits.shape[-1] - 1)]]
+
+
 def stacked(qs: list[torch.Tensor | None]) -> torch.Tensor | None:
     """The drafts' q rows as one (n, V) tensor, or None (one-hot) unless every draft has one."""
     return torch.stack(qs) if qs and all(q is not None for q in qs) else None  # type: ignore[arg-type]
@@ -140,9 +150,15 @@ class Branches:
     @classmethod
     def chain_of(cls, tokens: list[int]) -> Branches:
         """The chain of these drafts, as a round that drew them would hold it (picks read after the fact)."""
-        drafts = cls(len(tokens))
-        drafts.main, drafts.tokens = list(range(len(tokens))), list(tokens)
-        drafts.parents, drafts.qs = [i - 1 for i in range(len(tokens))], [None] * len(tokens)
+        return cls.read_after(tokens, [i - 1 for i in range(len(tokens))], list(range(len(tokens))))
+
+    @classmethod
+    def read_after(cls, tokens: list[int], parents: list[int], main: list[int]) -> Branches:
+        """These drafts (`main`: the chain's nodes) as a round that drew them would hold them, read after
+        the fact: a chain or a tree whose picks stayed on the device."""
+        drafts = cls(len(main))
+        drafts.main, drafts.tokens = list(main), list(tokens)
+        drafts.parents, drafts.qs = list(parents), [None] * len(tokens)
         return drafts
 
     @property

@@ -18,7 +18,7 @@ from app.core.config import SamplingConfig, SpecConfig, UserError
 from app.core.contracts import KVCache, Proposer
 from app.drafts.cross_tokenizer import CrossTokenizerProposer, TokenBridge
 from app.drafts.draft_spec import BaseDraft, BaseKind, Draft, DraftInfo, DraftSpec, Loading
-from app.drafts.draw import Branches, Proposal, draw, pick_on_device, stacked
+from app.drafts.draw import Branches, Proposal, draw, greedy_siblings_on_device, pick_on_device, stacked
 from app.kv.cache import DynamicRollbackCache, refuse_uncroppable
 
 
@@ -56,14 +56,16 @@ class ModelProposer:
         self._drafts = Branches(0)
         self.picks_on_device = False
         self._pending: Proposal | None = None
+        self._main: list[int] = []  # the pending drafts' chain nodes
 
     def propose(self, k: int, cfg: SamplingConfig, gen: torch.Generator, nodes: int = 0) -> Proposal:
         self._drafts = drafts = Branches(k, nodes)
         if k == 0:
             return Proposal([], None)
         logits = self.lm.extend(self.ids[self.lm.length :], keep=1)[-1]
-        if self.picks_on_device and cfg.picks_stay_on_device and not nodes and self.lm.device_steps:
-            return self._chain_on_device(logits, k, cfg, gen)
+        # A tree's siblings stay on the device under greedy only: drawn ones are read to be drawn apart.
+        if self.picks_on_device and cfg.picks_stay_on_device and (not nodes or cfg.greedy) and self.lm.device_steps:
+            return self._on_device(logits, k, nodes, cfg, gen)
         for i in range(k):
             history = self.ids + drafts.chain
             x, q = draw(logits[: self.vocab_size], history, cfg, gen)
@@ -72,24 +74,40 @@ class ModelProposer:
                 logits = self.lm.step(x)
         return drafts.proposal()
 
-    def _chain_on_device(self, logits: torch.Tensor, k: int, cfg: SamplingConfig, gen: torch.Generator) -> Proposal:
-        """A chain (greedy, a race or a draw) whose every pick feeds the next step on the device:
-        no step waits for the device, and the host reads the picks once, with the target's verdict
-        (Proposal.pending)."""
-        picks, qs = [], []
+    def _on_device(
+        self, logits: torch.Tensor, k: int, nodes: int, cfg: SamplingConfig, gen: torch.Generator
+    ) -> Proposal:
+        """A chain (greedy, a race or a draw), or a greedy tree of the chain and its siblings (Branches'
+        shape), whose every pick feeds the next step on the device: no step waits for the device, and
+        the host reads the picks once, with the target's verdict (Proposal.pending)."""
+        counts = Branches(k, nodes).counts
+        picks: list[torch.Tensor] = []
+        qs: list[torch.Tensor | None] = []
+        parents: list[int] = []
+        main: list[int] = []  # the chain's nodes
         for i in range(k):
-            pick, q = pick_on_device(logits[: self.vocab_size], cfg, len(self.ids) + i, gen)
-            picks.append(pick)
+            row = logits[: self.vocab_size]
+            pick, q = pick_on_device(row, cfg, len(self.ids) + i, gen)
+            parent = main[-1] if main else -1
+            main.append(len(parents))
+            picks.append(pick.reshape(1))
             qs.append(q)
+            parents.append(parent)
+            if counts[i]:  # greedy (propose): the next best tokens of the same row, beside the pick
+                siblings = greedy_siblings_on_device(row, pick, counts[i])
+                picks.append(siblings)
+                qs += [None] * len(siblings)
+                parents += [parent] * len(siblings)
             if i < k - 1:
                 logits = self.lm.step(pick)
-        self._pending = Proposal([], stacked(qs), pending=torch.stack(picks))
+        self._pending, self._main = Proposal([], stacked(qs), pending=torch.cat(picks), parents=parents), main
         return self._pending
 
     def commit(self, path: list[int], token: int, features: torch.Tensor | None = None) -> None:
-        if self._pending is not None:  # a chain of picks on the device, read with the verdict by now
+        if self._pending is not None:  # picks on the device (a chain, a greedy tree), read with the verdict
             assert self._pending.pending is None, "the verdict reads the picks before anything commits"
-            self._drafts, self._pending = Branches.chain_of(self._pending.tokens), None
+            self._drafts = Branches.read_after(self._pending.tokens, self._pending.parents, self._main)
+            self._pending = None
         # The cache holds ids + the chain's drafts but its last; keep only the part the target agreed with.
         kept, on_chain = self._drafts.kept(path)
         self.lm.rollback(min(self.lm.length, len(self.ids) + on_chain))

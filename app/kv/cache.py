@@ -12,7 +12,7 @@ from packaging.version import Version
 from transformers import DynamicCache, PreTrainedModel
 from transformers.cache_utils import DummyLayer, DynamicLayer
 
-from app.core import decoder_layers, tree_shape
+from app.core import decoder_layers, transfer, tree_shape
 from app.core.config import UserError
 from app.kv import direct_pass, growing_cache
 
@@ -82,13 +82,13 @@ class RollbackCache(abc.ABC):
         """The (1, m + n + pad) positions and the (1, 1, m + n + pad, kv) mask of a tree pass (tree_rows)."""
         position, prefix, sees = self.tree_rows(m, parents, pad)
         mask = decoder_layers.tree_pass(sees, prefix, kv, self.model.config, self.device)
-        return torch.tensor([position], device=self.device), mask
+        return transfer.queued(torch.tensor([position]), self.device), mask
 
     def move_path(self, layers, base: int, path: Sequence[int]) -> None:
         """The kept nodes' keys and values, from their slots base + path[j], to slots base + j."""
         if list(path) == list(range(len(path))):  # a chain's path is in place
             return
-        src = torch.tensor([base + i for i in path], device=self.device)
+        src = transfer.queued(torch.tensor([base + i for i in path]), self.device)  # behind the pass, no wait
         dst = torch.arange(base, base + len(path), device=self.device)
         for layer in layers:
             keys, values = getattr(layer, "keys", None), getattr(layer, "values", None)
@@ -125,12 +125,14 @@ class RollbackCache(abc.ABC):
             raise ValueError(f"{type(self).__name__} takes no ids on the device (device_steps is False)")
         if not tree_shape.is_tree(parents):
             return self._forward(ids, keep, features, on_device)
-        if on_device is not None:
-            raise ValueError("picks on the device are a chain's: a tree's nodes are read first")
         m = len(ids) - len(parents)
         if m < 1:
             raise ValueError("a tree pass feeds at least the newest committed token, whose logits choose the root")
-        return self._tree_forward(ids[:m], ids[m:], parents, features)
+        if on_device is None:
+            return self._tree_forward(ids[:m], ids[m:], parents, features)
+        if len(on_device) != len(parents):
+            raise ValueError("picks on the device are the tree's nodes, one for each")
+        return self._tree_forward(ids[:m], ids[m:], parents, features, on_device)
 
     @abc.abstractmethod
     def _forward(
@@ -140,9 +142,15 @@ class RollbackCache(abc.ABC):
         `on_device` (where device_steps): the last ids' values, on the device."""
 
     def _tree_forward(
-        self, ids: list[int], tokens: list[int], parents: Sequence[int], features: bool
+        self,
+        ids: list[int],
+        tokens: list[int],
+        parents: Sequence[int],
+        features: bool,
+        on_device: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Committed ids, then a tree of drafts, in one pass (DynamicRollbackCache, StaticRollbackCache)."""
+        """Committed ids, then a tree of drafts, in one pass (DynamicRollbackCache, StaticRollbackCache);
+        `on_device` (where device_steps): the nodes' ids, on the device."""
         raise UserError("this KV cache cannot verify a draft tree: run it as a chain")
 
     @torch.inference_mode()
@@ -212,8 +220,14 @@ class DynamicRollbackCache(RollbackCache):
         return logits, hidden
 
     def _tree_forward(
-        self, ids: list[int], tokens: list[int], parents: Sequence[int], features: bool
+        self,
+        ids: list[int],
+        tokens: list[int],
+        parents: Sequence[int],
+        features: bool,
+        on_device: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        assert on_device is None, "no device steps here (_pass refuses them)"
         if self.windowed:
             raise UserError("draft trees need full-attention layers: this model has sliding windows")
         m, n = len(ids), len(tokens)

@@ -191,8 +191,8 @@ class StaticRollbackCache(RollbackCache):
         if self.length + n > room(self.max_len):
             raise UserError(f"static cache of {self.max_len} tokens is full: raise its length")
         late = None
-        if on_device is not None:  # the last ids' values, on the device: _embeddable's guard there too
-            late = (n - len(on_device), torch.where(on_device < self.rows, on_device, self.stand_in))
+        if on_device is not None:  # the last ids' values, on the device
+            late = (n - len(on_device), self._embeddable_on_device(on_device))
         width = self._bucket(n)
         if self.graphs and width is not None:
             # Padded to the bucket as below; the graph's outputs are overwritten by its next replay.
@@ -227,7 +227,12 @@ class StaticRollbackCache(RollbackCache):
         return (logits[-keep:] if keep else logits), hidden
 
     def _tree_forward(
-        self, ids: list[int], tokens: list[int], parents: Sequence[int], features: bool
+        self,
+        ids: list[int],
+        tokens: list[int],
+        parents: Sequence[int],
+        features: bool,
+        on_device: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         # One pass over the static cache's every slot: the mask hides the slots past the pass, as the
         # causal mask does. A compiled pass is padded to its bucket like any other.
@@ -235,9 +240,10 @@ class StaticRollbackCache(RollbackCache):
         m, n = len(ids), len(tokens)
         if self.width is not None and m > 1 and m + n > self.width:  # as _forward: the rows read, at the width
             return self._filled_then(
-                list(ids[:-1]), features, lambda: self._tree_forward(ids[-1:], tokens, parents, features)
+                list(ids[:-1]), features, lambda: self._tree_forward(ids[-1:], tokens, parents, features, on_device)
             )
         fed = self._embeddable(list(ids) + list(tokens))
+        late = None if on_device is None else (m, self._embeddable_on_device(on_device))
         if self.length + m + n > room(self.max_len):
             raise UserError(f"static cache of {self.max_len} tokens is full: raise its length")
         width = self._bucket(m + n) if self.compile or self.graphs else None
@@ -245,12 +251,12 @@ class StaticRollbackCache(RollbackCache):
         if self.graphs and width is not None:  # the bucket's graph, shared with chains of its width
             rows, prefix, sees = self.tree_rows(m, parents, pad)
             out, fused = self._replay(
-                width, features, cuda_graphs.packed(fed + fed[-1:] * pad, rows, prefix, self.length, sees)
+                width, features, cuda_graphs.packed(fed + fed[-1:] * pad, rows, prefix, self.length, sees), late
             )
             logits = out[m - 1 : m + n].clone()
         else:
             position, mask = self.tree_layout(m, parents, self.max_len, pad)
-            x = torch.tensor([fed + fed[-1:] * pad], dtype=torch.long, device=self.device)
+            x = _with(transfer.queued(torch.tensor([fed + fed[-1:] * pad]), self.device), late)
             common = dict(input_ids=x, position_ids=position, attention_mask=mask, cache=self.cache, use_cache=True)
             if width is not None:  # the bucket's graph, as for a chain's pass: every row's logits, a fixed shape
                 torch.compiler.cudagraph_mark_step_begin()
@@ -266,6 +272,10 @@ class StaticRollbackCache(RollbackCache):
         self.length += m + n
         self.tokens_processed += m + n
         return logits, hidden
+
+    def _embeddable_on_device(self, ids: torch.Tensor) -> torch.Tensor:
+        """_embeddable's guard on ids still on the device."""
+        return torch.where(ids < self.rows, ids, self.stand_in)
 
     def _bucket(self, n: int) -> int | None:
         """The width a pass of n tokens runs at: the fixed width where it fits, else its bucket."""
