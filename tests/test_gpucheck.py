@@ -149,8 +149,9 @@ def test_the_sync_count_counts_what_cudas_debug_mode_warns(monkeypatch):
         sync(kwargs.get("device") is not None)
         return real_tensor(*args, **kwargs)
 
-    monkeypatch.setattr(torch, "tensor", made_on)
     target = gpucheck.build("tiny-target", torch.device("cpu"), torch.float32)
+    # after the build: transformers computes the rotary frequencies through torch.tensor while loading
+    monkeypatch.setattr(torch, "tensor", made_on)
     tok = gpucheck.id_tokenizer(target.config.vocab_size)
     prompt = list(range(3, 40))
     pool = static_cache.StaticCachePool(static_cache.cache_length(len(prompt), 30), graphs=True)
