@@ -84,6 +84,26 @@ def test_a_greedy_head_round_on_the_fast_path_reads_the_host_once(target, tokeni
         assert [d for d, _ in per_round] == [d for d, _ in read_each]
 
 
+def test_a_greedy_head_tree_on_the_fast_path_reads_the_host_once_a_depth(target, tokenizer, head, no_eos):
+    """EAGLE-2's tree takes its next depth's shape from each depth's best offers, so the host reads
+    them: one read a depth (offers and ids together; the masks and ids of the head's passes go by
+    queued copies), then the verdict's. The output is generate()'s."""
+    from app.kv.static_cache import StaticCachePool, cache_length
+
+    prompt = PROMPTS[0]
+    pool = StaticCachePool(cache_length(len(tokenizer(prompt)["input_ids"]), 40), graphs=True)
+    graphed = FeatureProposer(target, head)
+    graphed.static_len = pool.max_len
+    vocab = torch.arange(0, len(tokenizer), 2)  # a draft vocabulary (every other id): the batched depths
+    graphed.use_vocab(vocab, target.get_output_embeddings().weight[vocab])
+    out, per_round = host_reads(target, tokenizer, prompt, graphed, pool, 40, tree=8)
+    assert out == hf_greedy(target, tokenizer, prompt, 40)
+    drafting = [reads for drafts, reads in per_round if drafts]
+    # k = 4 depths read, then the verdict (a round near the end drafts fewer depths)
+    assert all(set(r) == {"tolist"} and len(r) <= 5 for r in drafting), per_round
+    assert sum(len(r) == 5 for r in drafting) >= 4, per_round
+
+
 def test_a_shared_noise_head_round_on_the_fast_path_reads_the_host_once(target, tokenizer, head, no_eos):
     """A sampled chain under shared noise: the head's races stay on the device until the verdict, the
     drafts are those read pick by pick, and the text is plain sampling's with the same seed."""

@@ -10,6 +10,7 @@ from transformers import DynamicCache
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, create_causal_mask, sdpa_mask
 from transformers.utils import output_capturing
 
+from app.core import transfer
 from app.core.config import UserError
 
 # Families whose attention is exactly Llama's (full rotary on q and k with transformers' rotate_half, no
@@ -146,11 +147,13 @@ def tree_pass(sees: list[list[int]], prefix: list[int], kv: int, config, device)
     """(1, 1, Q, kv) attention mask for Q new rows over kv key slots: row r sees slots [0, prefix[r])
     and the slots in sees[r] (its ancestors and itself, for a node of a tree). In the form the
     model's attention reads it (as_mask)."""
-    allowed = torch.zeros(len(sees), kv, dtype=torch.bool, device=device)
+    # Drawn on the host and sent in one queued copy: row by row on a GPU it was two launches a row, and
+    # each list of slots a plain copy that waited for the device.
+    allowed = torch.zeros(len(sees), kv, dtype=torch.bool)
     for r, (slots, upto) in enumerate(zip(sees, prefix, strict=True)):
         allowed[r, :upto] = True
         allowed[r, slots] = True
-    return as_mask(allowed, config)
+    return as_mask(transfer.queued(allowed, device), config)
 
 
 def as_mask(allowed: torch.Tensor, config) -> torch.Tensor:

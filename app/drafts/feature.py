@@ -192,7 +192,9 @@ class FeatureProposer:
         features = torch.stack([feature for _, _, feature in frontier])
         probs = self.head.score(self.head.readout(features), self.w_sub).float().softmax(-1)
         top = probs.topk(min(width, probs.shape[-1]), dim=-1)
-        values, tokens = top.values.tolist(), self.vocab[top.indices].tolist()
+        # one read for both (ids are exact in float64): each read from a GPU waits for it
+        values, ids = torch.stack([top.values.double(), self.vocab[top.indices].double()]).tolist()
+        tokens = [[int(t) for t in row] for row in ids]
         counts = _children(frontier, values, width)
         new: list[int] = []
         for i, ((node, score, feature), count) in enumerate(zip(frontier, counts, strict=True)):

@@ -18,7 +18,7 @@ import torch
 from torch import nn
 from transformers import StaticCache
 
-from app.core import decoder_layers
+from app.core import decoder_layers, transfer
 from app.kv import cuda_graphs, growing_cache, static_cache
 
 
@@ -50,7 +50,7 @@ class EagerHeadPasses:
         """One tree depth through the head under its mask over kv key slots."""
         n = len(tokens)
         mask = decoder_layers.tree_pass(sees, [prefix] * n, kv, self.head.config, self.device)
-        x = torch.tensor([tokens], device=self.device)
+        x = transfer.queued(torch.tensor([tokens]), self.device)  # behind the head's last pass, no wait
         where = torch.full((1, n), position, device=self.device)
         return self.head(self.embed(x), features[None], self.cache, mask, where)[0]
 
@@ -152,7 +152,7 @@ class GraphedHeadPasses(EagerHeadPasses):
         return cuda_graphs.WidthPass(self.head.config, self.device, forward, width, self.max_len)
 
     def _eager(self, rows: torch.Tensor, features: torch.Tensor, late) -> torch.Tensor:
-        rows = rows.to(self.device)
+        rows = transfer.queued(rows, self.device)
         if late is not None:
             rows[0, late[0] : late[0] + len(late[1])] = late[1]
         slots = torch.arange(self.max_len, device=self.device)
