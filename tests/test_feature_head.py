@@ -128,12 +128,14 @@ def test_a_shared_noise_head_round_on_the_fast_path_reads_the_host_once(target, 
 
 
 @pytest.mark.parametrize("tree", [0, 8])
-def test_the_heads_graph_passes_give_the_eager_passes_drafts(target, tokenizer, head, no_eos, tree):
-    """The head on a static cache of its own, its chain steps through the graphs' buffers (run eagerly on
-    a CPU) and a tree's depths under a mask over the whole cache: every round drafts what the head on
-    its growing cache drafts, and the output is generate()'s. Through the request path, as the page runs."""
+def test_the_heads_graph_passes_give_the_eager_passes_drafts(target, tokenizer, head, no_eos, tree, monkeypatch):
+    """The head on a static cache of its own, its chain steps and a tree's depths (each also given the
+    slots its rows see across the whole cache) through the graphs' buffers, run eagerly on a CPU: every
+    round drafts what the head on its growing cache drafts, and the output is generate()'s. Through the
+    request path, as the page runs."""
     from app import runs
     from app.core.config import RunConfig, SamplingConfig, Settings, SpecConfig
+    from app.drafts import head_passes
     from app.kv.static_cache import StaticCachePool, cache_length
     from app.models.pair import Pair
 
@@ -146,6 +148,10 @@ def test_the_heads_graph_passes_give_the_eager_passes_drafts(target, tokenizer, 
         def proposer(self, spec):
             return FeatureProposer(target, head)
 
+    def eager_depth(*args):
+        raise AssertionError("a depth of a few nodes runs as its width's graph")
+
+    monkeypatch.setattr(head_passes.GraphedHeadPasses, "_depth", eager_depth)
     pair = HeadPair(target, tokenizer, "tiny")
     graphed = runs.prepare(pair, ids, settings, caches=pool)
     assert graphed.proposer().static_len == pool.max_len

@@ -93,14 +93,31 @@ class GraphedHeadPasses(EagerHeadPasses):
     def tree(
         self, tokens: list[int], features: torch.Tensor, position: int, prefix: int, sees: list[list[int]]
     ) -> torch.Tensor:
-        # A node sees ancestors from earlier depths' passes, outside this pass's own slots, which a
-        # graph's sight rows cannot say: a tree's depth runs eagerly, its mask over the whole cache.
+        # A node sees ancestors from earlier depths' passes, outside this pass's own slots, which the
+        # graph's sight rows cannot say: a depth's graph also takes the slots each row sees across the
+        # whole cache (its own graph for each width, beside the causal ones).
         n = len(tokens)
         if self._length + n > static_cache.room(self.max_len):
             raise ValueError(f"the head's static cache of {self.max_len} pairs is full")
-        out = self._depth(tokens, features, position, prefix, sees, self.max_len)
+        width = static_cache.bucket(n)
+        if width is None:  # wider than every graph: one eager pass, its mask over the whole cache
+            out = self._depth(tokens, features, position, prefix, sees, self.max_len)
+            self._length += n
+            return out
+        start, pad = self._length, width - n
+        # a padding row sees the true pairs and itself: its output is thrown away, its slot cropped
+        rows = cuda_graphs.packed(
+            tokens + tokens[-1:] * pad, [position] * width, [prefix] * width, start, [[start + r] for r in range(width)]
+        )
+        seen = torch.zeros(width, self.max_len, dtype=torch.bool)
+        for r, slots in enumerate(sees):
+            seen[r, slots] = True
+        key = (width, features.shape[-1], "tree")
+        out, _ = self.pooled.graphs.get(key, lambda: self._width_pass(width))(rows, None, features, seen)
+        if pad:
+            self.cache.crop(-pad)
         self._length += n
-        return out
+        return out[:n].clone()
 
     @torch.inference_mode()
     def _run(

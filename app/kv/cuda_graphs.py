@@ -91,18 +91,31 @@ class WidthPass:
         self.graph: torch.cuda.CUDAGraph | None = None
         self.out: tuple[torch.Tensor, torch.Tensor | None] | None = None
         self.extra: torch.Tensor | None = None  # the (W, F) features buffer of a pass that takes them
+        # the (W, max_len) slots each row also sees, anywhere in the cache (a feature head's tree depth,
+        # whose nodes see ancestors from earlier passes): a pass that takes it is a graph of its own
+        self.seen: torch.Tensor | None = None
         self.eager = False  # its capture failed: the same pass, on the same buffers, without a graph
 
     def __call__(
-        self, rows: torch.Tensor, late: tuple[int, torch.Tensor] | None = None, extra: torch.Tensor | None = None
+        self,
+        rows: torch.Tensor,
+        late: tuple[int, torch.Tensor] | None = None,
+        extra: torch.Tensor | None = None,
+        seen: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Run the pass on these inputs (packed): eagerly on a CPU, else by its graph (captured now if new).
         `late`: (offset, ids on the device) for the ids from that offset on (a draft's picks, which the
         host has not read), copied over the packed ones on the device. `extra`: a (n, F) input of the
-        first n rows on the device (a feature head's features), handed to the pass as `features`."""
+        first n rows on the device (a feature head's features), handed to the pass as `features`.
+        `seen`: a (W, max_len) bool on the host of the cache slots each row also sees; a pass is called
+        with it always or never (the mask it captured reads it or not)."""
         # A pinned source lets the copy queue behind the device's work instead of waiting for it; the
         # caching host allocator keeps the block until the copy has read it.
         self.inputs.copy_(rows.pin_memory() if self.cuda else rows, non_blocking=self.cuda)
+        if seen is not None:
+            if self.seen is None:
+                self.seen = torch.zeros(self.width, len(self.slots), dtype=torch.bool, device=self.device)
+            self.seen.copy_(seen.pin_memory() if self.cuda else seen, non_blocking=self.cuda)
         if late is not None:
             self.inputs[0, late[0] : late[0] + len(late[1])] = late[1]
         if extra is not None:
@@ -119,7 +132,8 @@ class WidthPass:
 
     def _pass(self) -> tuple[torch.Tensor, torch.Tensor | None]:
         ids, position = self.inputs[0], self.inputs[1]
-        mask = decoder_layers.as_mask(sight(self.inputs, self.slots), self.config)
+        sees = sight(self.inputs, self.slots)
+        mask = decoder_layers.as_mask(sees if self.seen is None else sees | self.seen, self.config)
         more = {} if self.extra is None else {"features": self.extra[None]}
         return self.forward(input_ids=ids[None], position_ids=position[None], attention_mask=mask, **more)
 
