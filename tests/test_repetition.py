@@ -137,6 +137,35 @@ def test_the_n_gram_ban_is_generates_own_on_every_history(n):
         assert torch.equal(ban_repeated_ngrams(ids, row.clone(), n), want), (n, history)
 
 
+@pytest.mark.parametrize("n", [2, 3, 6])
+def test_a_chains_rows_are_banned_at_once_as_generate_bans_each(n):
+    """sampling.ban_prefix_ngrams, every row of a verify pass after its own prefix of one sequence at
+    once, bans in each row exactly what transformers' NoRepeatNGramLogitsProcessor bans after that
+    prefix: short prefixes (no n-gram yet) and long ones, small and large alphabets."""
+    import random
+
+    from transformers import NoRepeatNGramLogitsProcessor
+
+    from app.core.sampling import ban_prefix_ngrams
+
+    rng = random.Random(n)
+    processor = NoRepeatNGramLogitsProcessor(n)
+    for trial in range(100):
+        vocab = rng.choice([3, 7, 50])
+        full = [rng.randrange(vocab) for _ in range(rng.randrange(1, 60 if trial % 10 else 300))]
+        lengths = sorted(rng.randrange(0, len(full) + 1) for _ in range(rng.randrange(1, 6)))
+        rows = torch.randn(len(lengths), 50, generator=torch.Generator().manual_seed(trial))
+        want = torch.cat(
+            [
+                processor(torch.tensor([full[:m]], dtype=torch.long), rows[i : i + 1].clone())
+                for i, m in enumerate(lengths)
+            ]
+        )
+        got = rows.clone()
+        ban_prefix_ngrams(got, torch.tensor(full, dtype=torch.long), lengths, n)
+        assert torch.equal(got, want), (n, full, lengths)
+
+
 @pytest.mark.parametrize(
     "settings",
     [dict(no_repeat_ngram_size=3), dict(repetition_penalty=1.3), dict(repetition_penalty=0.8, no_repeat_ngram_size=2)],

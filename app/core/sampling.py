@@ -30,20 +30,25 @@ def penalise(
     branches: list[list[int]] = [[]]  # the drafts before each row, in order
     for node, parent in enumerate(parents or range(-1, len(drafts) - 1)):
         branches.append(branches[parent + 1] + [node])
-    rows = []
-    for i in range(logits.shape[0]):
+    # One copy of every row, which the processors then change in place: a (1, V) copy a row and a join
+    # of them after cost more than the processors themselves on a CPU.
+    out = logits.float().clone()
+    n = cfg.no_repeat_ngram_size
+    prefixes = all(branches[i] == list(range(len(branches[i]))) for i in range(out.shape[0]))
+    for i in range(out.shape[0]):
         branch = branches[i]
         if branch == list(range(len(branch))):  # a chain's prefix: one slice of the tensor
             history = full[: len(context) + len(branch)]
         else:
             history = torch.cat([full[: len(context)], full[len(context) :][branch]])
-        row = logits[i : i + 1].float().clone()  # processors may write in place
+        row = out[i : i + 1]
         if penalty is not None:
-            row = penalty(history[None], row)
-        if cfg.no_repeat_ngram_size > 0:
-            row = ban_repeated_ngrams(history, row, cfg.no_repeat_ngram_size)
-        rows.append(row)
-    return torch.cat(rows)
+            row.copy_(penalty(history[None], row))
+        if n > 0 and not (prefixes and n > 1):
+            ban_repeated_ngrams(history, row, n)
+    if n > 1 and prefixes:  # every row's history a prefix of one sequence: its bans all at once
+        ban_prefix_ngrams(out, full, [len(context) + len(branches[i]) for i in range(out.shape[0])], n)
+    return out
 
 
 def ban_repeated_ngrams(history: torch.Tensor, row: torch.Tensor, n: int) -> torch.Tensor:
@@ -53,6 +58,23 @@ def ban_repeated_ngrams(history: torch.Tensor, row: torch.Tensor, n: int) -> tor
     tokens cost a verify row and a draft token about a tenth of a one-token pass each."""
     row[0, repeated_ngram_ends(history, n)] = float("-inf")
     return row
+
+
+def ban_prefix_ngrams(rows: torch.Tensor, full: torch.Tensor, lengths: list[int], n: int) -> None:
+    """ban_repeated_ngrams (n > 1) on every row of (R, V) `rows` in place, row i after the history
+    full[:lengths[i]]: the same bans, found for all rows in a few tensor operations (and on a GPU one
+    read, where a row at a time read once a row)."""
+    longest = max(lengths)
+    if longest < n:  # no n-gram ends in a next token yet
+        return
+    windows = full[:longest].unfold(0, n - 1, 1)[: longest - n + 1]  # window j was followed by full[j + n - 1]
+    ends = torch.tensor(lengths)[:, None]
+    last = ends - (n - 1) + torch.arange(n - 1)  # each row's last n - 1 positions (negative: too short)
+    suffix = full[transfer.queued(last.clamp_min(0), full.device)]  # (R, n - 1)
+    inside = torch.arange(len(windows))[None] <= ends - n  # windows whose next token is in the row's history
+    match = (windows[None] == suffix[:, None]).all(-1) & transfer.queued(inside, full.device)
+    r, j = match.nonzero(as_tuple=True)
+    rows[r, full[j + n - 1]] = float("-inf")
 
 
 def repeated_ngram_ends(history: torch.Tensor, n: int) -> torch.Tensor:
