@@ -100,8 +100,7 @@ def loading_note(target: str, dtype: str | None = None) -> str:
             note = "downloading the target from the Hugging Face Hub (its first use here), then loading it"
     except (UserError, OSError, ValueError):
         pass  # the load itself says what is wrong with the id
-    may_be_int8 = (dtype or models.default_dtype()).strip().lower() in ("auto", models.exact.NAME)
-    if may_be_int8 and models.int8_kernel.pending():
+    if models.loading.may_be_int8(dtype) and models.int8_kernel.pending():
         note = f"{note}; beside it, {models.int8_kernel.BUILDING}"
     return note
 

@@ -149,11 +149,16 @@ def tree_pass(sees: list[list[int]], prefix: list[int], kv: int, config, device)
     model's attention reads it (as_mask)."""
     # Drawn on the host and sent in one queued copy: row by row on a GPU it was two launches a row, and
     # each list of slots a plain copy that waited for the device.
+    return as_mask(transfer.queued(sight_rows(sees, prefix, kv), device), config)
+
+
+def sight_rows(sees: list[list[int]], prefix: list[int], kv: int) -> torch.Tensor:
+    """(Q, kv) bool on the host: row r sees slots [0, prefix[r]) and the slots in sees[r]."""
     allowed = torch.zeros(len(sees), kv, dtype=torch.bool)
     for r, (slots, upto) in enumerate(zip(sees, prefix, strict=True)):
         allowed[r, :upto] = True
         allowed[r, slots] = True
-    return as_mask(transfer.queued(allowed, device), config)
+    return allowed
 
 
 def as_mask(allowed: torch.Tensor, config) -> torch.Tensor:

@@ -34,20 +34,22 @@ def penalise(
     # of them after cost more than the processors themselves on a CPU.
     out = logits.float().clone()
     n = cfg.no_repeat_ngram_size
-    prefixes = all(branches[i] == list(range(len(branches[i]))) for i in range(out.shape[0]))
-    for i in range(out.shape[0]):
-        branch = branches[i]
-        if branch == list(range(len(branch))):  # a chain's prefix: one slice of the tensor
-            history = full[: len(context) + len(branch)]
-        else:
-            history = torch.cat([full[: len(context)], full[len(context) :][branch]])
-        row = out[i : i + 1]
-        if penalty is not None:
-            row.copy_(penalty(history[None], row))
-        if n > 0 and not (prefixes and n > 1):
-            ban_repeated_ngrams(history, row, n)
-    if n > 1 and prefixes:  # every row's history a prefix of one sequence: its bans all at once
-        ban_prefix_ngrams(out, full, [len(context) + len(branches[i]) for i in range(out.shape[0])], n)
+    branches = branches[: out.shape[0]]
+    on_chain = [branch == list(range(len(branch))) for branch in branches]  # a prefix of the drafts
+    at_once = n > 1 and all(on_chain)  # every row's history a prefix of one sequence: its bans all at once
+    if penalty is not None or (n > 0 and not at_once):
+        for i, branch in enumerate(branches):
+            if on_chain[i]:  # one slice of the tensor
+                history = full[: len(context) + len(branch)]
+            else:
+                history = torch.cat([full[: len(context)], full[len(context) :][branch]])
+            row = out[i : i + 1]
+            if penalty is not None:
+                row.copy_(penalty(history[None], row))
+            if n > 0 and not at_once:
+                ban_repeated_ngrams(history, row, n)
+    if at_once:
+        ban_prefix_ngrams(out, full, [len(context) + len(branch) for branch in branches], n)
     return out
 
 

@@ -59,10 +59,10 @@ def pick_on_device(
     return sampling.draw_unread(q, gen), q
 
 
-def greedy_siblings_on_device(logits: torch.Tensor, first: torch.Tensor, extra: int) -> torch.Tensor:
-    """draw_siblings's greedy children beside `first` (a pick still on the device), left there too:
-    the same topk, with `first` taken out and the rest in topk's order, without reading either. The
-    count is the host's: `extra`, or one less than the vocabulary where that is smaller."""
+def greedy_siblings(logits: torch.Tensor, first: int | torch.Tensor, extra: int) -> torch.Tensor:
+    """The greedy children beside `first` (an id, or a pick still on the device), on the logits'
+    device: the next best tokens in topk's order, `first` taken out, without reading either; `extra`
+    of them, or one less than the vocabulary where that is smaller."""
     top = logits.topk(min(extra + 1, logits.shape[-1])).indices
     # a stable sort of "is first" puts the others ahead in their topk order, as the host's filter keeps them
     others_first = torch.argsort((top == first).to(torch.int8), stable=True)
@@ -92,8 +92,7 @@ def draw_siblings(
     if history is not None and cfg.penalised:
         logits = sampling.penalise(logits[None], history, [], cfg)[0]
     if cfg.greedy:
-        top = logits.topk(min(extra + 1, logits.shape[-1])).indices.tolist()
-        tokens = [t for t in top if t != first][:extra]
+        tokens = greedy_siblings(logits, first, extra).tolist()
         return tokens, [None] * len(tokens)
     q = sampling.probs(logits, cfg)
     if cfg.shared_noise:

@@ -109,9 +109,7 @@ class GraphedHeadPasses(EagerHeadPasses):
         rows = cuda_graphs.packed(
             tokens + tokens[-1:] * pad, [position] * width, [prefix] * width, start, [[start + r] for r in range(width)]
         )
-        seen = torch.zeros(width, self.max_len, dtype=torch.bool)
-        for r, slots in enumerate(sees):
-            seen[r, slots] = True
+        seen = decoder_layers.sight_rows(sees + [[]] * pad, [0] * width, self.max_len)  # the prefix is in rows
         key = (width, features.shape[-1], "tree")
         out, _ = self.pooled.graphs.get(key, lambda: self._width_pass(width))(rows, None, features, seen)
         if pad:

@@ -16,9 +16,10 @@ from transformers import PreTrainedModel
 from app.core import engine
 from app.core.config import SamplingConfig, SpecConfig, UserError
 from app.core.contracts import KVCache, Proposer
+from app.core.tree_shape import siblings_per_depth
 from app.drafts.cross_tokenizer import CrossTokenizerProposer, TokenBridge
 from app.drafts.draft_spec import BaseDraft, BaseKind, Draft, DraftInfo, DraftSpec, Loading
-from app.drafts.draw import Branches, Proposal, draw, greedy_siblings_on_device, pick_on_device, stacked
+from app.drafts.draw import Branches, Proposal, draw, greedy_siblings, pick_on_device, stacked
 from app.kv.cache import DynamicRollbackCache, refuse_uncroppable
 
 
@@ -80,7 +81,7 @@ class ModelProposer:
         """A chain (greedy, a race or a draw), or a greedy tree of the chain and its siblings (Branches'
         shape), whose every pick feeds the next step on the device: no step waits for the device, and
         the host reads the picks once, with the target's verdict (Proposal.pending)."""
-        counts = Branches(k, nodes).counts
+        counts = siblings_per_depth(k, nodes)
         picks: list[torch.Tensor] = []
         qs: list[torch.Tensor | None] = []
         parents: list[int] = []
@@ -94,7 +95,7 @@ class ModelProposer:
             qs.append(q)
             parents.append(parent)
             if counts[i]:  # greedy (propose): the next best tokens of the same row, beside the pick
-                siblings = greedy_siblings_on_device(row, pick, counts[i])
+                siblings = greedy_siblings(row, pick, counts[i])
                 picks.append(siblings)
                 qs += [None] * len(siblings)
                 parents += [parent] * len(siblings)

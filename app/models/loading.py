@@ -64,7 +64,7 @@ def local_config(model_id: str) -> Path | None:
 def prepare(model_id: str) -> None:
     """Do a model's one-time work now (the wheel's GGUF is converted, and the int8 kernel built beside it
     where the precision may be int8), so a later first load is quick."""
-    if default_dtype() in ("auto", exact.NAME):
+    if may_be_int8():
         int8_kernel.build_beside()
     _resolve(model_id)
 
@@ -141,6 +141,11 @@ DTYPE_ENV = "SPECDEC_DTYPE"  # the dtype a load without one uses: auto, or fp32,
 def default_dtype() -> str:
     """auto (the dtype whose passes run fastest here), unless SPECDEC_DTYPE names another."""
     return os.environ.get(DTYPE_ENV, "").strip().lower() or "auto"
+
+
+def may_be_int8(dtype: str | None = None) -> bool:
+    """Whether a load at `dtype` (None: the default) may run the int8 precision: auto, or int8 named."""
+    return (dtype or default_dtype()).strip().lower() in ("auto", exact.NAME)
 
 
 def _load_fastest(model_id: str, device: str | None, spread: bool, role: str):
