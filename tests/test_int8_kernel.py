@@ -266,20 +266,26 @@ def test_a_pass_runs_its_layers_as_one_stack_with_the_bits_of_each_layers_own_ca
         assert torch.equal(out, layered[width]), f"width {width}"
 
 
-def test_a_pass_writes_its_cache_in_place_with_the_bits_and_taps_of_the_layer_by_layer_pass(kernel):
+@pytest.mark.parametrize("hidden", [32, 256], ids=["head size 8", "head size 64 (key pairs kept)"])
+def test_a_pass_writes_its_cache_in_place_with_the_bits_and_taps_of_the_layer_by_layer_pass(kernel, hidden):
     """Passes whose cache has room run the whole stack in one kernel call, which writes the new keys and
     values into the cache's buffers itself; a first pass and one that must grow the buffers go layer by
-    layer. Logits, tapped features and the cache after rollbacks are the same bits either way."""
+    layer. Logits, tapped features and the cache after rollbacks and a tree's kept path are the same
+    bits either way. At a head size of 64 the stack keeps the keys' int16 pairs and steps beside the
+    cache and converts only each pass's new keys: a rollback, a moved path or a regrow must leave no
+    stale pair behind."""
     from tests.conftest import tiny_llama
 
-    fused = exact_model.convert(tiny_llama(vocab=96).eval())
+    fused = exact_model.convert(tiny_llama(vocab=96, hidden=hidden).eval())
     ids = [(5 * i + 2) % 96 for i in range(60)]
-    ran = []
+    ran, kept = [], []
     in_place = exact_model._in_place
 
-    def counted(*a, **k):
+    def counted(kernel, layers, stack, rooms, *a, **k):
         ran.append(True)
-        return in_place(*a, **k)
+        out = in_place(kernel, layers, stack, rooms, *a, **k)
+        kept.append(all(held.derived is not None and held.derived_upto == held.get_seq_length() for held, _ in rooms))
+        return out
 
     def rows() -> list[torch.Tensor]:
         # room for 4 spare positions: passes past them regrow the buffers, layer by layer
@@ -290,12 +296,18 @@ def test_a_pass_writes_its_cache_in_place_with_the_bits_and_taps_of_the_layer_by
             cache.rollback(cache.length - 2)  # the next pass overwrites the forgotten positions
             out.append(cache.extend(ids[i + 3 : i + 5], keep=2))
             out.append(cache.step(ids[i]))  # a plain step: the stack in place too
+            # a tree of four nodes below two committed ids; its path [1, 3] moves to the nodes' first slots
+            base = cache.length + 2
+            out.append(cache.extend(ids[i : i + 6], parents=[-1, -1, 0, 1]))
+            cache.rollback(base, path=[1, 3])
+            out.append(cache.step(ids[i + 1]))  # reads the moved keys
         return out
 
     with pytest.MonkeyPatch.context() as m:
         m.setattr(exact_model, "_in_place", counted)
         stacked = rows()
         assert len(ran) >= 16, "most passes and steps ran in place"
+        assert all(kept) == (hidden == 256), "the pairs are kept at a head size of 64 only"
         ran.clear()
         m.setattr(exact_model, "_rooms", lambda *a: None)
         layered = rows()

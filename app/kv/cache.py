@@ -95,6 +95,8 @@ class RollbackCache(abc.ABC):
             assert keys is not None and values is not None  # the pass just filled every layer
             keys[..., dst, :] = keys[..., src, :]
             values[..., dst, :] = values[..., src, :]
+            if isinstance(layer, growing_cache.GrowingLayer):
+                layer.rewritten(base)
 
     @torch.inference_mode()
     def extend(

@@ -34,6 +34,11 @@ class GrowingLayer(DynamicLayer):
         self.room = room
         self._k = self._v = None  # the buffers; keys and values are views of the first `_held` positions
         self._held = 0
+        # What a pass derives from the buffers and keeps beside them (the int8 kernel's key pairs and
+        # steps, exact_model._derived), still true of their first `derived_upto` positions: every write
+        # to the buffers lowers it to where the write starts.
+        self.derived: tuple[torch.Tensor, ...] | None = None
+        self.derived_upto = 0
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
         if not self.is_initialized:
@@ -45,7 +50,9 @@ class GrowingLayer(DynamicLayer):
                 self._grown(old, new, start, end + max(self.room, end // 2))
                 for old, new in ((self._k, key_states), (self._v, value_states))
             )
+            self.derived = None  # sized for the old buffers
         assert self._v is not None  # grown together with _k
+        self.rewritten(start)
         self._k[..., start:end, :].copy_(key_states)
         self._v[..., start:end, :].copy_(value_states)
         self.hold(end)
@@ -76,6 +83,11 @@ class GrowingLayer(DynamicLayer):
         self.__dict__.pop("keys", None)
         self.__dict__.pop("values", None)
 
+    def rewritten(self, start: int) -> None:
+        """The buffers change (or may be overwritten) from position `start` on: what was derived from
+        them holds before it only. Called by whatever writes into the buffers or their views."""
+        self.derived_upto = min(self.derived_upto, start)
+
     def __getattr__(self, name: str) -> torch.Tensor:
         """`keys` and `values` once the buffers exist: views of the positions held, made on first read
         after hold. Any other missing attribute is missing."""
@@ -101,6 +113,7 @@ class GrowingLayer(DynamicLayer):
         super().reset()
         self._k = self._v = None
         self._held = 0
+        self.derived, self.derived_upto = None, 0
 
     # DynamicLayer's versions of these replace `keys` and `values` but not the buffers behind them,
     # so the next pass would quietly undo them: refused rather than wrong.

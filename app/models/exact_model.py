@@ -155,6 +155,7 @@ def _in_place(kernel, layers, stack, rooms, h, mask, position_embeddings, taps=(
     b, t = h.shape[:2]
     start = rooms[0][1][2]
     first, blocked = exact.blocked_keys(mask, b, t, start + t, h.device)
+    derived = [_derived(held, k) for held, (k, _, _) in rooms]
     out = _stack_of(kernel, layers, stack).run(
         h,
         *position_embeddings,
@@ -164,12 +165,30 @@ def _in_place(kernel, layers, stack, rooms, h, mask, position_embeddings, taps=(
         first,
         blocked,
         list(taps),
+        [x for pair in derived for x in pair] if all(derived) else [],
+        min(min(held.derived_upto for held, _ in rooms), start),
     )
     for held, _ in rooms:
         held.hold(start + t)
+        held.derived_upto = start + t if all(derived) else 0
     if tapped is not None:
         tapped.extend(out[1:])
     return out[0]
+
+
+def _derived(held, keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | tuple[()]:
+    """What the kernel keeps beside a growing layer's buffers (Stack.run's `kept`): its keys as the int16
+    pairs attention sums them in and its keys' and values' steps, so that a pass converts only its own
+    new keys, not every cached one. Made with the buffers' room; () where the kernel keeps none (a head
+    size other than 64 or 128)."""
+    b, kv, room, width = keys.shape
+    if width - 1 not in (64, 128):
+        return ()
+    if held.derived is None:
+        cap = -(-room // 32) * 32
+        pairs = torch.empty(b * kv, (width - 1) // 2 * cap, dtype=torch.int32)
+        held.derived, held.derived_upto = (pairs, torch.zeros(2, b * kv, cap, dtype=torch.float64)), 0
+    return held.derived
 
 
 _stacks: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()

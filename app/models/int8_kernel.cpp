@@ -473,6 +473,13 @@ struct Attend {
   int64_t t0, t_all;  // this call's t query rows start at row t0 of the pass's t_all
   double scaling, levels;
   double q_levels;  // exact.query_levels(d)
+  // The cache's keys as int16 pairs and its steps, kept beside it (Stack::run's `kept`), or null:
+  // kv head nn's pairs at kept_pairs + nn·P·cap, its key steps at kept_k_steps + nn·cap, its value
+  // steps at kept_v_steps + nn·cap (P: pairs a key, cap: the positions they have room for).
+  const int32_t* kept_pairs;
+  const double* kept_k_steps;
+  const double* kept_v_steps;
+  int64_t kept_cap;
 
   const float* query(int64_t bb, int64_t h, int64_t i) const { return qs + ((bb * heads + h) * t_all + t0 + i) * d; }
   float* out(int64_t bb, int64_t i, int64_t h) const { return os + ((bb * t_all + t0 + i) * heads + h) * d; }
@@ -489,6 +496,11 @@ struct Attend {
 // One kv head's steps of its keys (or values), from their last column, into steps[0..S): read by the
 // thread that next reads those rows, so the strided reads overlap its sums instead of running alone first.
 void steps_of(const Attend& a, int64_t nn, bool values, double* steps) {
+  const double* kept = values ? a.kept_v_steps : a.kept_k_steps;
+  if (kept) {
+    std::copy(kept + nn * a.kept_cap, kept + nn * a.kept_cap + a.s, steps);
+    return;
+  }
   for (int64_t j = 0; j < a.s; ++j) steps[j] = (values ? a.value(nn, j) : a.key(nn, j))[a.d];
 }
 
@@ -517,24 +529,26 @@ SPECDEC_AVX512 inline void transposed16(__m512i* r) {
   }
 }
 
-// One kv head's keys as int16 pairs, pair-major (vpdpwssd's operand, 16 keys a vector): kt[p·s32 + j]
-// holds key j's numbers 2p and 2p + 1, keys from S on zero. The cache's float32 integers (at most
-// KEY_LEVELS) as int16, sixteen keys at a time, then each 16 × 16 block of pairs transposed. Returns
-// the largest magnitude among them: keys stored at other levels would be cut short, not summed (NaN
-// and infinities convert to INT_MIN, whose magnitude, unsigned, is 2**31).
+// One kv head's keys from `from` (a multiple of 16) to S as int16 pairs (vpdpwssd's operand, 16 keys a
+// vector), 32 keys a block of P rows: kt[(j / 32)·P·32 + p·32 + j mod 32] holds key j's numbers 2p and
+// 2p + 1, keys from S to the block's end zero. A head's blocks follow each other, so a pass over its
+// keys reads one run of memory. The cache's float32 integers (at most KEY_LEVELS) as int16, sixteen
+// keys at a time, then each 16 × 16 block of pairs transposed. Returns the largest magnitude among
+// them: keys stored at other levels would be cut short, not summed (NaN and infinities convert to
+// INT_MIN, whose magnitude, unsigned, is 2**31).
 template <int V>
-SPECDEC_AVX512 uint32_t key_pairs(const Attend& a, int64_t nn, int64_t s32, int32_t* kt) {
+SPECDEC_AVX512 uint32_t key_pairs(const float* k0, int64_t stride, int64_t from, int64_t s, int32_t* kt) {
   constexpr int BLOCKS = V / 4;  // 16 pairs (32 numbers) a block of a key's 8·V numbers
-  const int64_t stride = a.k_strides[2];
-  const float* k0 = a.key(nn, 0);
+  constexpr int P = 4 * V;
+  const int64_t s32 = (s + 31) / 32 * 32;
   __m512i r[BLOCKS][16];
   __m512i most = _mm512_setzero_si512();
-  for (int64_t j0 = 0; j0 < s32; j0 += 16) {
+  for (int64_t j0 = from; j0 < s32; j0 += 16) {
     for (int kk = 0; kk < 16; ++kk) {
       const int64_t j = j0 + kk;
 #pragma GCC unroll 4
       for (int blk = 0; blk < BLOCKS; ++blk) {
-        if (j >= a.s) {
+        if (j >= s) {
           r[blk][kk] = _mm512_setzero_si512();
           continue;
         }
@@ -547,10 +561,67 @@ SPECDEC_AVX512 uint32_t key_pairs(const Attend& a, int64_t nn, int64_t s32, int3
     }
     for (int blk = 0; blk < BLOCKS; ++blk) {
       transposed16(r[blk]);
-      for (int p = 0; p < 16; ++p) _mm512_storeu_si512(kt + (16 * blk + p) * s32 + j0, r[blk][p]);
+      int32_t* block = kt + j0 / 32 * P * 32 + j0 % 32;
+      for (int p = 0; p < 16; ++p) _mm512_storeu_si512(block + (16 * blk + p) * 32, r[blk][p]);
     }
   }
   return _mm512_reduce_max_epu32(most);
+}
+
+void check_keys(uint32_t most) {
+  TORCH_CHECK(most <= static_cast<uint32_t>(KEY_LEVELS),
+              "finite keys in fixed point at exact.KEY_LEVELS (exact.stored(keys, KEY_LEVELS))");
+}
+
+// One key's int16 pairs into key_pairs's layout, `kt` at the key's own column of its block (the lanes
+// key_pairs's transposes would put there); returns their largest magnitude, as key_pairs.
+template <int V>
+SPECDEC_AVX512 uint32_t key_pairs_of_one(const float* key, int32_t* kt) {
+  const __m512i rows = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+                                          _mm512_set1_epi32(32));
+  __m512i most = _mm512_setzero_si512();
+#pragma GCC unroll 4
+  for (int blk = 0; blk < V / 4; ++blk) {
+    const __m512i lo = _mm512_cvtps_epi32(_mm512_loadu_ps(key + 32 * blk));
+    const __m512i hi = _mm512_cvtps_epi32(_mm512_loadu_ps(key + 32 * blk + 16));
+    most = _mm512_max_epu32(most, _mm512_max_epu32(_mm512_abs_epi32(lo), _mm512_abs_epi32(hi)));
+    const __m512i both = _mm512_inserti64x4(_mm512_castsi256_si512(_mm512_cvtepi32_epi16(lo)),
+                                            _mm512_cvtepi32_epi16(hi), 1);
+    _mm512_i32scatter_epi32(kt + 16 * blk * 32, rows, both, 4);  // pair p to row 16·blk + p
+  }
+  return _mm512_reduce_max_epu32(most);
+}
+
+// Positions from..s-1 of a layer's cache (keys and values (B·Hkv, room, D + 1), contiguous, D 64 or
+// 128) into what a Stack keeps beside it, so that a pass converts only its new keys: each key's int16
+// pairs (`pairs` (B·Hkv, P·cap), key_pairs's layout) and each key's and value's step (`k_steps`,
+// `v_steps` (B·Hkv, cap)). The same numbers attention would take from the cache. A few new keys go one
+// by one; many (a prompt's) sixteen at a time. Past S the blocks hold whatever they held: the scores
+// of those lanes are never kept.
+void keep_positions(const float* keys, const float* values, int64_t heads, int64_t room, int64_t d, int64_t from,
+                    int64_t s, int32_t* pairs, double* k_steps, double* v_steps, int64_t cap) {
+  const int64_t width = d + 1, p = d / 2;
+  uint32_t most = 0;
+  for (int64_t nn = 0; nn < heads; ++nn) {
+    const float* k0 = keys + nn * room * width;
+    const float* v0 = values + nn * room * width;
+    for (int64_t j = from; j < s; ++j) {
+      k_steps[nn * cap + j] = k0[j * width + d];
+      v_steps[nn * cap + j] = v0[j * width + d];
+    }
+    int32_t* kt = pairs + nn * p * cap;
+    if (s - from >= 32) {
+      const int64_t run = from / 16 * 16;
+      most = std::max(most, d == 64 ? key_pairs<8>(k0, width, run, s, kt) : key_pairs<16>(k0, width, run, s, kt));
+      continue;
+    }
+    for (int64_t j = from; j < s; ++j) {
+      int32_t* column = kt + j / 32 * p * 32 + j % 32;
+      most = std::max(most, d == 64 ? key_pairs_of_one<8>(k0 + j * width, column)
+                                    : key_pairs_of_one<16>(k0 + j * width, column));
+    }
+  }
+  check_keys(most);
 }
 
 // A query row's integers (at most query_levels) as int16 pairs, as key_pairs's.
@@ -566,8 +637,7 @@ void query_pairs(const double* q, int64_t d, int32_t* out) {
 // products into an int32 lane, every sum within 2**30: exact), then as float64 · (q_step · scaling) ·
 // key step, each product rounded, as torch's mul_.
 template <int V, int R>
-SPECDEC_AVX512 void score_block(const Attend& a, int64_t r, const int32_t* qp, const int32_t* kt, int64_t s32,
-                                const double* k_steps) {
+SPECDEC_AVX512 void score_block(const Attend& a, int64_t r, const int32_t* qp, const int32_t* kt, const double* k_steps) {
   constexpr int P = 4 * V;  // pairs a key
   __m512d factor[R];
 #pragma GCC unroll 4
@@ -578,7 +648,8 @@ SPECDEC_AVX512 void score_block(const Attend& a, int64_t r, const int32_t* qp, c
     for (int k = 0; k < R; ++k) acc[k][0] = acc[k][1] = _mm512_setzero_si512();
 #pragma GCC unroll 8
     for (int p = 0; p < P; ++p) {
-      const __m512i k0 = _mm512_loadu_si512(kt + p * s32 + j0), k1 = _mm512_loadu_si512(kt + p * s32 + j0 + 16);
+      const int32_t* kp = kt + j0 * P + p * 32;  // block j0 / 32's row p
+      const __m512i k0 = _mm512_loadu_si512(kp), k1 = _mm512_loadu_si512(kp + 16);
 #pragma GCC unroll 4
       for (int k = 0; k < R; ++k) {
         const __m512i q = _mm512_set1_epi32(qp[k * P + p]);
@@ -618,23 +689,27 @@ SPECDEC_AVX512 void score_rows(const Attend& a, int64_t r0, int64_t r1) {
   int64_t held = -1;
   if constexpr (V > 0) {
     constexpr int P = 4 * V, MOST = 4;
-    std::vector<int32_t> kt(static_cast<size_t>(P * s32)), qp(static_cast<size_t>(MOST * P));
+    std::vector<int32_t> kt(a.kept_pairs ? 0 : static_cast<size_t>(P * s32)), qp(static_cast<size_t>(MOST * P));
+    const int32_t* pairs = nullptr;
     for (int64_t r = r0; r < r1;) {
       const int64_t nn = r / rows;
       if (nn != held) {
         steps_of(a, held = nn, false, k_steps.data());
-        const uint32_t most = key_pairs<V>(a, nn, s32, kt.data());
-        TORCH_CHECK(most <= static_cast<uint32_t>(KEY_LEVELS),
-                    "finite keys in fixed point at exact.KEY_LEVELS (exact.stored(keys, KEY_LEVELS))");
+        if (a.kept_pairs) {
+          pairs = a.kept_pairs + nn * P * a.kept_cap;
+        } else {
+          check_keys(key_pairs<V>(a.key(nn, 0), a.k_strides[2], 0, a.s, kt.data()));
+          pairs = kt.data();
+        }
       }
       int n_rows = 1;
       while (n_rows < MOST && r + n_rows < r1 && (r + n_rows) / rows == nn) ++n_rows;
       for (int k = 0; k < n_rows; ++k) query_pairs(a.q_int + (r + k) * d, d, qp.data() + k * P);
       switch (n_rows) {
-        case 4: score_block<V, 4>(a, r, qp.data(), kt.data(), s32, k_steps.data()); break;
-        case 3: score_block<V, 3>(a, r, qp.data(), kt.data(), s32, k_steps.data()); break;
-        case 2: score_block<V, 2>(a, r, qp.data(), kt.data(), s32, k_steps.data()); break;
-        default: score_block<V, 1>(a, r, qp.data(), kt.data(), s32, k_steps.data()); break;
+        case 4: score_block<V, 4>(a, r, qp.data(), pairs, k_steps.data()); break;
+        case 3: score_block<V, 3>(a, r, qp.data(), pairs, k_steps.data()); break;
+        case 2: score_block<V, 2>(a, r, qp.data(), pairs, k_steps.data()); break;
+        default: score_block<V, 1>(a, r, qp.data(), pairs, k_steps.data()); break;
       }
       r += n_rows;
     }
@@ -825,6 +900,11 @@ struct AttendArgs {
   float* out;
   int64_t b, heads, kv_heads, t, s, d, first;
   double scaling, levels;
+  // Attend's kept pairs and steps (Stack::run's `kept`), where a pass has them
+  const int32_t* kept_pairs = nullptr;
+  const double* kept_k_steps = nullptr;
+  const double* kept_v_steps = nullptr;
+  int64_t kept_cap = 0;
 };
 
 // exact.attention's arithmetic for query rows t0..t0+t-1, in one call: each float operation is
@@ -859,7 +939,11 @@ void attend_rows(const AttendArgs& x, int64_t t0, int64_t t, AttendScratch& scra
                  x.t,
                  x.scaling,
                  x.levels,
-                 query_levels(d)};
+                 query_levels(d),
+                 x.kept_pairs,
+                 x.kept_k_steps,
+                 x.kept_v_steps,
+                 x.kept_cap};
   const int64_t grain = attention_grain(s, d);
   auto scores = d == 64 ? &score_rows<8> : d == 128 ? &score_rows<16> : &score_rows<0>;
   auto weigh = d == 64 ? &weigh_rows<8> : d == 128 ? &weigh_rows<16> : &weigh_rows<0>;
@@ -1216,13 +1300,17 @@ void layer_out(const float* h, int64_t hidden, AttendArgs x, const OutWeights& w
   x.out = sized(s.attended, rows * x.heads * x.d);  // (B, T, H, D)
 #ifdef SPECDEC_X86
   // A few rows' attention runs on one thread (attend_rows's grain): the other then warms what it
-  // reads after its first kv head's keys (the other heads' keys, then every head's values: a pass's
-  // weights have pushed them out of the caches since the last pass), then this layer's output,
-  // gate-and-up and down weights, read next at the memory's speed.
+  // reads after its first kv head's keys (the other heads' keys, or their kept pairs, then every
+  // head's values: a pass's weights have pushed them out of the caches since the last pass), then this
+  // layer's output, gate-and-up and down weights, read next at the memory's speed.
   const bool alone = x.t <= 128 && x.b * x.heads * x.t <= attention_grain(x.s, x.d);
   if (alone && at::get_num_threads() > 1 && !at::in_parallel_region()) {
     std::vector<std::pair<const uint8_t*, int64_t>> spans;
-    for (int kind = 0; kind < 2; ++kind) {
+    const int64_t s32 = (x.s + 31) / 32 * 32;
+    for (int64_t nn = 1; x.kept_pairs && nn < x.b * x.kv_heads; ++nn) {  // what a kept head's scores read
+      spans.emplace_back(reinterpret_cast<const uint8_t*>(x.kept_pairs + nn * (x.d / 2) * x.kept_cap), s32 * x.d * 2);
+    }
+    for (int kind = x.kept_pairs ? 1 : 0; kind < 2; ++kind) {
       const float* base = kind == 0 ? x.k : x.v;
       const int64_t* strides = kind == 0 ? x.k_strides : x.v_strides;
       const int64_t head_bytes = ((x.s - 1) * strides[2] + x.d + 1) * 4;  // a head's positions, to its last number
@@ -1354,13 +1442,18 @@ class Stack {
 
   // (B, T, H) float32 hidden states through the layers; keys[i] and values[i] are layer i's cache
   // buffers, (B, Hkv, room, D + 1) contiguous float32 with the new positions from `start` fitting inside;
-  // `first` and `blocked` as attention's. -> [the last layer's hidden states, then the states entering
+  // `first` and `blocked` as attention's. `kept`: none, or for each layer what the cache keeps beside its
+  // buffers, its keys' int16 pairs (B·Hkv, D / 2 · cap) int32 and its keys' and values' steps (2, B·Hkv,
+  // cap) float64 (cap: a multiple of 32 at least the buffers' room), right up to position `kept_from`;
+  // the pass brings them up to start + T. -> [the last layer's hidden states, then the states entering
   // each layer in `taps`, in the order of taps].
   std::vector<at::Tensor> run(at::Tensor h, const at::Tensor& cos, const at::Tensor& sin,
                               const std::vector<at::Tensor>& keys, const std::vector<at::Tensor>& values,
                               int64_t start, int64_t first, const c10::optional<at::Tensor>& blocked,
-                              const std::vector<int64_t>& taps) const {
+                              const std::vector<int64_t>& taps, const std::vector<at::Tensor>& kept,
+                              int64_t kept_from) const {
     TORCH_CHECK(keys.size() == layers_.size() && values.size() == layers_.size(), "a key and a value buffer a layer");
+    TORCH_CHECK(kept.empty() || kept.size() == 2 * layers_.size(), "two kept tensors a layer, or none");
     TORCH_CHECK(h.scalar_type() == at::kFloat && h.dim() == 3 && h.size(2) == hidden_ && cos.size(-1) == d_,
                 "float32 hidden states and rotary of the stack's sizes");
     const int64_t b = h.size(0), t = h.size(1), hidden = hidden_, d = d_, n = b * t * hidden;
@@ -1388,6 +1481,24 @@ class Stack {
                sn.data_ptr<float>(), d, q, k, v, s);
       place(k, b, l.kv_heads, t, d + 1, keys[i], start);
       place(v, b, l.kv_heads, t, d + 1, values[i], start);
+      int32_t* pairs = nullptr;
+      double* steps = nullptr;
+      int64_t cap = 0;
+      if (!kept.empty()) {
+        const at::Tensor &kp = kept[2 * i], &ks = kept[2 * i + 1];
+        cap = ks.dim() == 3 ? ks.size(2) : 0;
+        TORCH_CHECK((d == 64 || d == 128) && kp.scalar_type() == at::kInt && ks.scalar_type() == at::kDouble &&
+                        kp.is_contiguous() && ks.is_contiguous() && cap % 32 == 0 && cap >= keys[i].size(2) &&
+                        ks.size(0) == 2 && ks.size(1) == b * l.kv_heads && kp.numel() == b * l.kv_heads * d / 2 * cap &&
+                        kept_from >= 0 && kept_from <= start,
+                    "kept key pairs and steps for a head size of 64 or 128, with room for the cache's positions");
+        pairs = kp.data_ptr<int32_t>();
+        steps = ks.data_ptr<double>();
+#ifdef SPECDEC_X86
+        keep_positions(keys[i].data_ptr<float>(), values[i].data_ptr<float>(), b * l.kv_heads, keys[i].size(2), d,
+                       kept_from, start + t, pairs, steps, steps + b * l.kv_heads * cap, cap);
+#endif
+      }
       const AttendArgs args{q,
                             keys[i].data_ptr<float>(),
                             values[i].data_ptr<float>(),
@@ -1403,7 +1514,11 @@ class Stack {
                             d,
                             first,
                             l.scaling,
-                            l.levels};
+                            l.levels,
+                            pairs,
+                            steps,
+                            steps ? steps + b * l.kv_heads * cap : nullptr,
+                            cap};
       float* next = i + 1 == layers_.size() ? result.data_ptr<float>() : now == ping.data() ? pong.data() : ping.data();
       layer_out(now, hidden, args, l.out, next, s);
       now = next;
