@@ -196,6 +196,8 @@ def test_passes_times_each_width_in_both_dtypes_beside_the_bandwidth(tmp_path, c
     fp32, bf16 = doc["fp32"], doc["bf16"]
     assert len(fp32["ms_by_width"]) == len(bf16["ms_by_width"]) == 3
     assert all(t > 0 for t in fp32["ms_by_width"] + bf16["ms_by_width"])
+    # and a one-token pass after as long a context as the tiny target takes (512 positions)
+    assert doc["long_context"] == 511 and all(doc[name]["one_token_ms_after_long_context"] > 0 for name in timed)
     assert bf16["weight_mb"] == pytest.approx(fp32["weight_mb"] / 2)  # the model really was cast
     # The floor is the weights over the bandwidth: a real pass cannot beat it by much.
     assert 0 < fp32["share_of_bandwidth"] < 1.5

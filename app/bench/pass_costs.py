@@ -3,7 +3,9 @@ machine's memory bandwidth.
 
 A verify pass over n tokens reads every weight once, so at small n it is bound by memory: its
 floor is the weights' bytes over the bandwidth. The report gives ms per pass for n = 1..k_max+1
-in each dtype, the bandwidth a large copy reaches, and the share of it a one-token pass uses.
+in each dtype, the bandwidth a large copy reaches, and the share of it a one-token pass uses; and a
+one-token pass after LONG_CONTEXT cached positions (or as many as the model takes), where the
+attention's reads of the cache join the weights'.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from app.models import exact, exact_model, threads
 
 COPY_BYTES = 256 << 20  # larger than any cache, so the copy streams from memory
 COPY_REPS = 5
+LONG_CONTEXT = 1024
 DTYPES = ("fp32", "bf16", exact.NAME)  # int8: models/exact.py, the passes whose rows are exact at every width
 
 
@@ -44,7 +47,9 @@ def passes(args) -> dict:
     target, tok = models.load(target_id, args.device, "fp32")
     chat = bool(getattr(tok, "chat_template", None))
     context = text.prompt_ids(tok, suite("code", chat=chat)[0], chat, 1 << 20)
-    context = (context * (calibrate.CONTEXT // len(context) + 1))[: calibrate.CONTEXT]
+    longest = min(LONG_CONTEXT, getattr(target.config, "max_position_embeddings", LONG_CONTEXT) - 1)
+    long_context = (context * (longest // len(context) + 1))[:longest]
+    context = long_context[: calibrate.CONTEXT]
     widths = args.k_max + 1
     # Auto threads read the machine's load when they start: a busy machine times on fewer (docs/threads.md).
     how = "chosen from this machine's load now" if threads.key() == threads.AUTO else "fixed"
@@ -55,6 +60,7 @@ def passes(args) -> dict:
         device=str(target.device),
         threads=torch.get_num_threads(),
         context=len(context),
+        long_context=len(long_context),
         bandwidth_gb_s=bytes_per_s / 1e9,
     )
     for name in DTYPES:
@@ -67,6 +73,7 @@ def passes(args) -> dict:
         floor_ms = 1000 * weight_bytes / bytes_per_s
         out[name] = dict(
             ms_by_width=ms,
+            one_token_ms_after_long_context=1000 * calibrate.pass_times(model, long_context, 1)[0],
             weight_mb=weight_bytes / 1e6,
             bandwidth_floor_ms=floor_ms,
             share_of_bandwidth=floor_ms / ms[0],
