@@ -266,18 +266,21 @@ def test_a_pass_runs_its_layers_as_one_stack_with_the_bits_of_each_layers_own_ca
         assert torch.equal(out, layered[width]), f"width {width}"
 
 
-@pytest.mark.parametrize("hidden", [32, 256], ids=["head size 8", "head size 64 (key pairs kept)"])
+@pytest.mark.parametrize(
+    "hidden", [32, 256, 512], ids=["head size 8", "head size 64 (key pairs kept)", "head size 128 (key pairs kept)"]
+)
 def test_a_pass_writes_its_cache_in_place_with_the_bits_and_taps_of_the_layer_by_layer_pass(kernel, hidden):
     """Passes whose cache has room run the whole stack in one kernel call, which writes the new keys and
     values into the cache's buffers itself; a first pass and one that must grow the buffers go layer by
     layer. Logits, tapped features and the cache after rollbacks and a tree's kept path are the same
-    bits either way. At a head size of 64 the stack keeps the keys' int16 pairs and steps beside the
-    cache and converts only each pass's new keys: a rollback, a moved path or a regrow must leave no
-    stale pair behind."""
+    bits either way. At a head size of 64 or 128 the stack keeps the keys' int16 pairs and steps beside
+    the cache and converts only each pass's new keys (one by one, or sixteen at a time from mid-cache):
+    a rollback, a moved path, a regrow or a layer-by-layer pass's update must leave no stale pair behind."""
     from tests.conftest import tiny_llama
 
     fused = exact_model.convert(tiny_llama(vocab=96, hidden=hidden).eval())
     ids = [(5 * i + 2) % 96 for i in range(60)]
+    more = [(7 * i + 3) % 96 for i in range(64)]
     ran, kept = [], []
     in_place = exact_model._in_place
 
@@ -301,13 +304,24 @@ def test_a_pass_writes_its_cache_in_place_with_the_bits_and_taps_of_the_layer_by
             out.append(cache.extend(ids[i : i + 6], parents=[-1, -1, 0, 1]))
             cache.rollback(base, path=[1, 3])
             out.append(cache.step(ids[i + 1]))  # reads the moved keys
+        # room to spare: a long pass in place from mid-cache, then a layer-by-layer one without a regrow
+        cache = DynamicRollbackCache(fused, room=64)
+        out.append(cache.extend(more[:21], keep=1))  # allocates, layer by layer
+        out.append(cache.step(more[21]))  # in place: every cached key converted one by one
+        out += cache.extend(more[22:57], keep=35)  # in place: 35 new keys, sixteen at a time from key 16
+        out.append(cache.extend(more[57:59], keep=2))  # in place, then forgotten
+        cache.rollback(57)
+        handle = fused.model.layers[1].register_forward_hook(lambda *a: None)  # the layers' own calls
+        out.append(cache.extend(more[59:61], keep=2))  # update rewrites slots 57 and 58 in place
+        handle.remove()
+        out.append(cache.step(more[61]))  # in place: reads the rewritten keys
         return out
 
     with pytest.MonkeyPatch.context() as m:
         m.setattr(exact_model, "_in_place", counted)
         stacked = rows()
         assert len(ran) >= 16, "most passes and steps ran in place"
-        assert all(kept) == (hidden == 256), "the pairs are kept at a head size of 64 only"
+        assert all(kept) == (hidden >= 256), "the pairs are kept at a head size of 64 or 128 only"
         ran.clear()
         m.setattr(exact_model, "_rooms", lambda *a: None)
         layered = rows()

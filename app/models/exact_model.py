@@ -186,7 +186,7 @@ def _derived(held, keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | tu
         return ()
     if held.derived is None:
         cap = -(-room // 32) * 32
-        pairs = torch.empty(b * kv, (width - 1) // 2 * cap, dtype=torch.int32)
+        pairs = torch.zeros(b * kv, (width - 1) // 2 * cap, dtype=torch.int32)
         held.derived, held.derived_upto = (pairs, torch.zeros(2, b * kv, cap, dtype=torch.float64)), 0
     return held.derived
 

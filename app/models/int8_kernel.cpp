@@ -1489,6 +1489,7 @@ class Stack {
         cap = ks.dim() == 3 ? ks.size(2) : 0;
         TORCH_CHECK((d == 64 || d == 128) && kp.scalar_type() == at::kInt && ks.scalar_type() == at::kDouble &&
                         kp.is_contiguous() && ks.is_contiguous() && cap % 32 == 0 && cap >= keys[i].size(2) &&
+                        values[i].sizes() == keys[i].sizes() &&
                         ks.size(0) == 2 && ks.size(1) == b * l.kv_heads && kp.numel() == b * l.kv_heads * d / 2 * cap &&
                         kept_from >= 0 && kept_from <= start,
                     "kept key pairs and steps for a head size of 64 or 128, with room for the cache's positions");
