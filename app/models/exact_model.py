@@ -156,6 +156,7 @@ def _in_place(kernel, layers, stack, rooms, h, mask, position_embeddings, taps=(
     start = rooms[0][1][2]
     first, blocked = exact.blocked_keys(mask, b, t, start + t, h.device)
     derived = [_derived(held, k) for held, (k, _, _) in rooms]
+    kept = all(derived)
     out = _stack_of(kernel, layers, stack).run(
         h,
         *position_embeddings,
@@ -165,12 +166,13 @@ def _in_place(kernel, layers, stack, rooms, h, mask, position_embeddings, taps=(
         first,
         blocked,
         list(taps),
-        [x for pair in derived for x in pair] if all(derived) else [],
+        [x for pair in derived for x in pair] if kept else [],
         min(min(held.derived_upto for held, _ in rooms), start),
     )
     for held, _ in rooms:
         held.hold(start + t)
-        held.derived_upto = start + t if all(derived) else 0
+        if kept:
+            held.derived_upto = start + t
     if tapped is not None:
         tapped.extend(out[1:])
     return out[0]
