@@ -1,7 +1,8 @@
 """The compiled int8 kernel (models/int8_kernel.cpp) gives the pure-torch int8 path's bits: each linear
-layer and the attention at every width, mask and head grouping, and a whole model's logits. Where it
-cannot run the int8 precision keeps the torch path and says why. CI sets REQUIRE_KERNEL: both of its
-CPUs (Xeon with VNNI, EPYC with AVX-512) run the kernel, so there these tests must not skip."""
+layer and the attention at every width, mask and head grouping, and a whole model's logits, on each
+instruction set it is written for (AVX-512 VNNI and AVX2: a CPU with both runs each). Where it cannot
+run the int8 precision keeps the torch path and says why. CI sets REQUIRE_KERNEL: both of its CPUs
+(Xeon with VNNI, EPYC with AVX-512) run the kernel on both paths, so there these tests must not skip."""
 
 from __future__ import annotations
 
@@ -20,14 +21,25 @@ from app.models import exact, exact_model, int8_kernel
 WIDTHS = (1, 2, 3, 5, 8, 9, 12, 17, 33, 130)
 
 
-@pytest.fixture(scope="module")
-def kernel():
+ISAS = ("avx512-vnni", "avx2")
+
+
+@pytest.fixture(scope="module", params=ISAS)
+def kernel(request):
+    """The kernel, running on each instruction set in turn (the widest this CPU has, then the narrower)."""
     found = int8_kernel.module()
     if found is None:
         if os.environ.get("REQUIRE_KERNEL"):
             raise RuntimeError(f"REQUIRE_KERNEL is set but the int8 kernel does not run: {int8_kernel.why()}")
         pytest.skip(f"the int8 kernel does not run here: {int8_kernel.why()}")
-    return found
+    before = found.isa()
+    if request.param not in found.isas():
+        if os.environ.get("REQUIRE_KERNEL"):
+            raise RuntimeError(f"REQUIRE_KERNEL is set but this CPU has no {request.param}")
+        pytest.skip(f"this CPU has no {request.param}")
+    found.use(request.param)
+    yield found
+    found.use(before)
 
 
 @pytest.fixture
@@ -214,6 +226,24 @@ def test_without_the_kernel_the_int8_path_runs_and_says_why(monkeypatch):
     assert int8_kernel.OFF in (int8_kernel.why() or "")
     layer = exact.Int8Linear(torch.randn(32, 64))
     assert layer.packed is None and layer(torch.randn(3, 64)).shape == (3, 32)
+
+
+def test_the_kernels_path_is_the_widest_unless_the_owner_names_a_narrower_one(monkeypatch, capfd):
+    found = int8_kernel.module()
+    if found is None:
+        pytest.skip(f"the int8 kernel does not run here: {int8_kernel.why()}")
+    widest = found.isas()[0]
+    assert found.isas()[-1] == "avx2" and found.isa() in found.isas()
+    try:
+        for chosen, runs in (("avx2", "avx2"), ("", widest), ("sse2", widest)):
+            monkeypatch.setenv(int8_kernel.ISA_ENV, chosen)
+            int8_kernel.choose_isa(found)
+            assert int8_kernel.isa() == runs, chosen
+        assert "SPECDEC_KERNEL_ISA=sse2 ignored" in capfd.readouterr().err
+        with pytest.raises(RuntimeError, match="not sse2"):
+            found.use("sse2")
+    finally:
+        found.use(widest)
 
 
 def test_an_int8_targets_feature_head_drafts_in_the_same_kernels(kernel):

@@ -25,6 +25,7 @@
 #include <atomic>
 #include <cmath>
 #include <cstdint>
+#include <string>
 #include <type_traits>
 #include <vector>
 
@@ -66,14 +67,56 @@ int64_t chunk_tokens(int64_t t, int parts) {
 
 }  // namespace
 
-bool available() {
+// The instruction sets the kernel is written for, the widest first: AVX-512 VNNI (Xeons since Cascade Lake,
+// AMD since Zen 4) and AVX2 (nearly every x86-64 CPU since 2013, laptops without AVX-512 among them). Both
+// compute the same integers and the same IEEE operations, so the same bits.
+namespace {
+
+enum class Isa { none = 0, avx2 = 1, vnni = 2 };
+
+Isa best_isa() {
 #ifdef SPECDEC_X86
   __builtin_cpu_init();
-  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
-         __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vnni");
-#else
-  return false;
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
+      __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vnni")) {
+    return Isa::vnni;
+  }
+  if (__builtin_cpu_supports("avx2")) return Isa::avx2;
 #endif
+  return Isa::none;
+}
+
+// What the kernel runs on: the widest this CPU has, unless use() chose a narrower one.
+std::atomic<Isa> running{best_isa()};
+
+bool vnni() { return running.load(std::memory_order_relaxed) == Isa::vnni; }
+
+const char* isa_name(Isa isa) { return isa == Isa::vnni ? "avx512-vnni" : isa == Isa::avx2 ? "avx2" : ""; }
+
+}  // namespace
+
+bool available() { return running.load() != Isa::none; }
+
+std::string isa() { return isa_name(running.load()); }
+
+// The instruction sets this CPU runs the kernel on, the widest first.
+std::vector<std::string> isas() {
+  std::vector<std::string> out;
+  for (int i = static_cast<int>(best_isa()); i > 0; --i) out.emplace_back(isa_name(static_cast<Isa>(i)));
+  return out;
+}
+
+// Runs the kernel on `name` ("avx512-vnni" or "avx2") from now on: the narrower path on a CPU that has both,
+// to measure or test what a CPU with AVX2 alone runs.
+void use(const std::string& name) {
+  const Isa best = best_isa();
+  for (const Isa isa : {Isa::vnni, Isa::avx2}) {
+    if (name != isa_name(isa)) continue;
+    TORCH_CHECK(static_cast<int>(isa) <= static_cast<int>(best), "this CPU has no ", name);
+    running.store(isa);
+    return;
+  }
+  TORCH_CHECK(false, "the kernel runs on avx512-vnni or avx2, not ", name);
 }
 
 // `bytes` uint8 on memory Linux may back with 2 MB pages (transparent huge pages, asked for by
@@ -310,6 +353,114 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni"))) void quantise(co
 }  // namespace
 #endif
 
+#ifdef SPECDEC_X86
+namespace avx2 {
+
+#define SPECDEC_AVX2 __attribute__((target("avx2")))
+
+// Groups of 4 inner positions whose sums an int32 lane holds before they go into int64: each group adds a
+// pair of products of at most 127·HALF (32,512) by 255, so 64 groups stay below 2**31.
+constexpr int64_t FLUSH = 64;
+// Rows whose sums share one pass over a block's weights: four int32 vectors a row, with the rows'
+// broadcasts and the weights' vector, fill AVX2's 16 registers.
+constexpr int ROWS = 3;
+
+// The sums of R rows against one block of 16 columns, still shifted: out[r][c] = Σ x[r]·(w[c] + 128).
+// Without VNNI's four-product lanes, each row's integers are int16 (a 15-bit row needs no hi and lo) and
+// vpmaddwd adds two products a lane: a group's 64 weights widened to int16 make four vectors of 4 columns,
+// each column's pairs (k0, k1) and (k2, k3) in two lanes, folded into the column's int64 sum every FLUSH
+// groups. x is (depth(K), `stride` / 4, 4) int16, row r's group g at x + g·stride + 4r.
+template <int R>
+SPECDEC_AVX2 void block_sums(const int16_t* x, int64_t stride, const uint8_t* w, int64_t k4, int64_t (*out)[COLS]) {
+  for (int r = 0; r < R; ++r) for (int64_t c = 0; c < COLS; ++c) out[r][c] = 0;
+  for (int64_t g0 = 0; g0 < k4; g0 += FLUSH) {
+    __m256i acc[R][4];
+    for (int r = 0; r < R; ++r) for (int c = 0; c < 4; ++c) acc[r][c] = _mm256_setzero_si256();
+    const int64_t g1 = std::min(k4, g0 + FLUSH);
+    for (int64_t g = g0; g < g1; ++g) {
+      __m256i xr[R];
+      for (int r = 0; r < R; ++r) {
+        int64_t four;  // the row's four int16s, in every 64 bits
+        __builtin_memcpy(&four, x + g * stride + 4 * r, 8);
+        xr[r] = _mm256_set1_epi64x(four);
+      }
+      const uint8_t* wg = w + g * COLS * DEPTH;
+      for (int c = 0; c < 4; ++c) {
+        const __m256i wc = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(wg + 16 * c)));
+        for (int r = 0; r < R; ++r) acc[r][c] = _mm256_add_epi32(acc[r][c], _mm256_madd_epi16(wc, xr[r]));
+      }
+    }
+    for (int r = 0; r < R; ++r) {
+      for (int c = 0; c < 4; ++c) {
+        alignas(32) int32_t lanes[8];
+        _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), acc[r][c]);
+        for (int m = 0; m < 4; ++m) out[r][4 * c + m] += static_cast<int64_t>(lanes[2 * m]) + lanes[2 * m + 1];
+      }
+    }
+  }
+}
+
+// Each row as integers, as the VNNI path's quantise (exact.split's operations in float32), but whole:
+// q = round(x · (1/step)) as int16 in block_sums's layout, (depth(K), T, 4), zero past K, and 128 times
+// each row's integer sum. Σ q·w is hi·half·w + lo·w summed, so the same integer either way.
+SPECDEC_AVX2 void quantise(const float* xs, int64_t t, int64_t k, int64_t k4, int64_t half, int16_t* xq,
+                           int64_t* shifts, float* steps) {
+  const float per_level = static_cast<float>(1.0 / (127.0 * static_cast<double>(half > 0 ? half : 1)));
+  const float least = static_cast<float>(1e-30);
+  for (int64_t r = 0; r < t; ++r) {
+    const float* row = xs + r * k;
+    float peak = 0.0f;
+    for (int64_t i = 0; i < k; ++i) peak = std::max(peak, std::fabs(row[i]));
+    volatile float step = (peak < least ? least : peak) * per_level;  // volatile: rounded here, as torch's mul_
+    const float recip = 1.0f / step;
+    steps[r] = step;
+    int64_t sum = 0;
+    for (int64_t i = 0; i < k4 * DEPTH; ++i) {
+      const int64_t q = i < k ? static_cast<int64_t>(std::nearbyint(row[i] * recip)) : 0;
+      xq[i / DEPTH * t * DEPTH + r * DEPTH + i % DEPTH] = static_cast<int16_t>(q);
+      sum += q;
+    }
+    shifts[r] = 128 * sum;
+  }
+}
+
+// Column blocks b0..b1-1 of `t` rows' output: the integer sums ROWS rows a pass, then exact.Int8Linear's
+// rescale, each number as the VNNI path's (the integer rounded once to float32, then the two products and
+// the bias).
+SPECDEC_AVX2 void run_blocks(const int16_t* xq, const int64_t* shifts, const float* steps, const uint8_t* ws,
+                             const float* scale, const float* bias, float* ys, int64_t t, int64_t n, int64_t k4,
+                             int64_t b0, int64_t b1) {
+  int64_t sums[ROWS][COLS];
+  for (int64_t b = b0; b < b1; ++b) {
+    const uint8_t* wb = ws + b * k4 * COLS * DEPTH;
+    const int64_t c0 = b * COLS, cols = std::min(COLS, n - c0);
+    for (int64_t r0 = 0; r0 < t; r0 += ROWS) {
+      const int rows = static_cast<int>(std::min<int64_t>(ROWS, t - r0));
+      const int16_t* x = xq + r0 * DEPTH;
+      if (rows == 3) {
+        block_sums<3>(x, t * DEPTH, wb, k4, sums);
+      } else if (rows == 2) {
+        block_sums<2>(x, t * DEPTH, wb, k4, sums);
+      } else {
+        block_sums<1>(x, t * DEPTH, wb, k4, sums);
+      }
+      for (int r = 0; r < rows; ++r) {
+        const int64_t row = r0 + r;
+        float* out = ys + row * n + c0;
+        for (int64_t c = 0; c < cols; ++c) {
+          // separate products and sum, never fused (-ffp-contract=off): torch's mul, mul_ and add_
+          float y = static_cast<float>(sums[r][c] - shifts[row]) * steps[row] * scale[c0 + c];
+          if (bias) y = y + bias[c0 + c];
+          out[c] = y;
+        }
+      }
+    }
+  }
+}
+
+}  // namespace avx2
+#endif
+
 // An int8 layer's weights as the kernel reads them.
 struct Weights {
   const uint8_t* packed;
@@ -343,6 +494,8 @@ struct LinearScratch {
   std::vector<int8_t> xq;  // block_sums's layout
   std::vector<int32_t> shifts;
   std::vector<float> steps;
+  std::vector<int16_t> xq16;  // the AVX2 path's: its rows whole, as int16
+  std::vector<int64_t> shifts64;
 };
 
 // (T, K) float32 rows -> y, (T, N) float32: x Wᵀ in the exact precision. `half` > 0 splits each row's
@@ -350,6 +503,18 @@ struct LinearScratch {
 // combines hi and lo in int64 (rows too long for int32 at that half).
 void linear_rows(const float* x, int64_t t, int64_t k, const Weights& w, float* y, LinearScratch& s) {
 #ifdef SPECDEC_X86
+  if (!vnni()) {
+    const int64_t k4 = depth(k), nb = blocks(w.n);
+    s.xq16.resize(static_cast<size_t>(t * k4 * DEPTH));
+    s.shifts64.resize(static_cast<size_t>(t));
+    s.steps.resize(static_cast<size_t>(t));
+    avx2::quantise(x, t, k, k4, w.half, s.xq16.data(), s.shifts64.data(), s.steps.data());
+    at::parallel_for(0, nb, 4, [&](int64_t b0, int64_t b1) {
+      avx2::run_blocks(s.xq16.data(), s.shifts64.data(), s.steps.data(), w.packed, w.scale, w.bias, y, t, w.n, k4,
+                       b0, b1);
+    });
+    return;
+  }
   const int parts = w.half > 0 ? 2 : 1;
   const int64_t k4 = depth(k), nb = blocks(w.n), row_bytes = k4 * DEPTH;
   s.xq.resize(static_cast<size_t>(t * parts * row_bytes));  // quantise writes every byte
@@ -457,6 +622,10 @@ SPECDEC_AVX512 double fixed_row(const float* x, int64_t d, double least, double 
 #endif
 
 #ifdef SPECDEC_X86
+namespace avx2 {
+SPECDEC_AVX2 uint32_t key_pairs(const float* k0, int64_t stride, int64_t from, int64_t s, int64_t d, int32_t* kt);
+}  // namespace avx2
+
 namespace {
 
 struct Attend {
@@ -610,6 +779,10 @@ void keep_positions(const float* keys, const float* values, int64_t heads, int64
       v_steps[nn * cap + j] = v0[j * width + d];
     }
     int32_t* kt = pairs + nn * p * cap;
+    if (!vnni()) {
+      most = std::max(most, avx2::key_pairs(k0, width, from, s, d, kt));
+      continue;
+    }
     if (s - from >= 32) {
       const int64_t run = from / 16 * 16;
       most = std::max(most, d == 64 ? key_pairs<8>(k0, width, run, s, kt) : key_pairs<16>(k0, width, run, s, kt));
@@ -672,6 +845,26 @@ SPECDEC_AVX512 void score_block(const Attend& a, int64_t r, const int32_t* qp, c
   }
 }
 
+// Rows r0..r1-1's scores from their queries' integers, for a head size of neither 64 nor 128: each
+// dot product in float64 (integers within 2**30: exact in any order), then · (q_step · scaling) · key step.
+void scores_any(const Attend& a, int64_t r0, int64_t r1, double* k_steps) {
+  const int64_t rows = a.group * a.t, d = a.d, stride = a.k_strides[2];
+  int64_t held = -1;
+  for (int64_t r = r0; r < r1; ++r) {
+    const int64_t nn = r / rows;
+    if (nn != held) steps_of(a, held = nn, false, k_steps);
+    const float* k0 = a.key(nn, 0);
+    const double* q = a.q_int + r * d;
+    double* row = a.sc + r * a.s;
+    for (int64_t j = 0; j < a.s; ++j) {
+      double dot = 0.0;
+      for (int64_t c = 0; c < d; ++c) dot += q[c] * k0[j * stride + c];
+      volatile double scaled = dot * (a.q_step[r] * a.scaling);
+      row[j] = scaled * k_steps[j];
+    }
+  }
+}
+
 // Rows r0..r1-1 (row r: kv head r / (group·T), query head g = (r mod group·T) / T, position i):
 // the query in fixed point (exact.fixed at query_levels), its scores (integer sums, then · (q_step ·
 // scaling) · key step, each rounded as torch's mul_), the mask, and minus the row's max. Where d is 64
@@ -686,9 +879,9 @@ SPECDEC_AVX512 void score_rows(const Attend& a, int64_t r0, int64_t r1) {
   }
   const int64_t s32 = (a.s + 31) / 32 * 32;
   std::vector<double> k_steps(static_cast<size_t>(s32), 1.0);  // padding past S: a step of 1
-  int64_t held = -1;
   if constexpr (V > 0) {
     constexpr int P = 4 * V, MOST = 4;
+    int64_t held = -1;
     std::vector<int32_t> kt(a.kept_pairs ? 0 : static_cast<size_t>(P * s32)), qp(static_cast<size_t>(MOST * P));
     const int32_t* pairs = nullptr;
     for (int64_t r = r0; r < r1;) {
@@ -714,20 +907,7 @@ SPECDEC_AVX512 void score_rows(const Attend& a, int64_t r0, int64_t r1) {
       r += n_rows;
     }
   } else {
-    const int64_t stride = a.k_strides[2];
-    for (int64_t r = r0; r < r1; ++r) {
-      const int64_t nn = r / rows;
-      if (nn != held) steps_of(a, held = nn, false, k_steps.data());
-      const float* k0 = a.key(nn, 0);
-      const double* q = a.q_int + r * d;
-      double* row = a.sc + r * a.s;
-      for (int64_t j = 0; j < a.s; ++j) {
-        double dot = 0.0;
-        for (int64_t c = 0; c < d; ++c) dot += q[c] * k0[j * stride + c];
-        volatile double scaled = dot * (a.q_step[r] * a.scaling);
-        row[j] = scaled * k_steps[j];
-      }
-    }
+    scores_any(a, r0, r1, k_steps.data());
   }
   for (int64_t r = r0; r < r1; ++r) {
     const int64_t i = r % rows % a.t, bb = r / rows / a.kv_heads;
@@ -869,6 +1049,208 @@ SPECDEC_AVX512 void exp32_rows(double* x, int64_t n) {
 }  // namespace
 #endif
 
+#ifdef SPECDEC_X86
+namespace avx2 {
+
+// The VNNI path's attention steps for CPUs with AVX2 alone: the same IEEE operations on each number, one
+// number at a time where the compiler vectorises the loop itself, and the integer sums over the head
+// dimension by vpmaddwd (two int16 products a lane, as vpdpwssd) over the same key pairs.
+
+// fixed_row's operations, number by number.
+template <typename Out>
+SPECDEC_AVX2 double fixed_row(const float* x, int64_t d, double least, double levels, Out* out) {
+  double peak = least;
+  for (int64_t c = 0; c < d; ++c) {
+    const double a = std::fabs(static_cast<double>(x[c]));
+    peak = a > peak ? a : peak;
+  }
+  volatile double inv = 1.0 / peak;  // levels / peak is torch's reciprocal, then the product
+  const double per = inv * levels;
+  for (int64_t c = 0; c < d; ++c) out[c] = static_cast<Out>(std::nearbyint(static_cast<double>(x[c]) * per));
+  return peak * (1.0 / levels);
+}
+
+SPECDEC_AVX2 void stored_row(const float* x, int64_t d, double levels, float* out) {
+  out[d] = static_cast<float>(fixed_row(x, d, STORED_LEAST, levels, out));
+}
+
+// cvtps2dq's integer: to nearest even, INT_MIN for NaN, the infinities and whatever int32 cannot hold.
+inline int32_t to_int(float x) {
+  if (!(x >= -2147483648.0f && x < 2147483648.0f)) return INT32_MIN;
+  return static_cast<int32_t>(std::nearbyint(x));
+}
+
+inline uint32_t magnitude(int32_t i) {
+  return i < 0 ? static_cast<uint32_t>(0) - static_cast<uint32_t>(i) : static_cast<uint32_t>(i);
+}
+
+// Keys from..s-1 of one kv head as key_pairs's int16 pairs, key by key, and zeros from S to its block's
+// end; returns their largest magnitude, as key_pairs.
+SPECDEC_AVX2 uint32_t key_pairs(const float* k0, int64_t stride, int64_t from, int64_t s, int64_t d, int32_t* kt) {
+  const int64_t pairs = d / 2, s32 = (s + 31) / 32 * 32;
+  uint32_t most = 0;
+  for (int64_t j = from; j < s32; ++j) {
+    int32_t* column = kt + j / 32 * pairs * 32 + j % 32;
+    const float* key = k0 + j * stride;
+    for (int64_t p = 0; p < pairs; ++p) {
+      if (j >= s) {
+        column[p * 32] = 0;
+        continue;
+      }
+      const int32_t lo = to_int(key[2 * p]), hi = to_int(key[2 * p + 1]);
+      most = std::max(most, std::max(magnitude(lo), magnitude(hi)));
+      column[p * 32] = static_cast<int32_t>(static_cast<uint32_t>(static_cast<uint16_t>(lo)) |
+                                            (static_cast<uint32_t>(static_cast<uint16_t>(hi)) << 16));
+    }
+  }
+  return most;
+}
+
+// Row r against one kv head's keys, 32 a step: score_block's sums and products for one row.
+template <int V>
+SPECDEC_AVX2 void score_row(const Attend& a, int64_t r, const int32_t* qp, const int32_t* kt, const double* k_steps) {
+  constexpr int P = 4 * V;  // pairs a key
+  const double factor = a.q_step[r] * a.scaling;
+  double* row = a.sc + r * a.s;
+  for (int64_t j0 = 0; j0 < a.s; j0 += 32) {
+    __m256i acc[4];
+    for (auto& x : acc) x = _mm256_setzero_si256();
+    for (int p = 0; p < P; ++p) {
+      const int32_t* kp = kt + j0 * P + p * 32;  // block j0 / 32's row p
+      const __m256i q = _mm256_set1_epi32(qp[p]);
+      for (int h = 0; h < 4; ++h) {
+        const __m256i k = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(kp + 8 * h));
+        acc[h] = _mm256_add_epi32(acc[h], _mm256_madd_epi16(k, q));
+      }
+    }
+    alignas(32) int32_t dots[32];
+    for (int h = 0; h < 4; ++h) _mm256_store_si256(reinterpret_cast<__m256i*>(dots + 8 * h), acc[h]);
+    const int64_t end = std::min<int64_t>(32, a.s - j0);
+    for (int64_t j = 0; j < end; ++j) row[j0 + j] = static_cast<double>(dots[j]) * factor * k_steps[j0 + j];
+  }
+}
+
+// score_rows's steps: the queries in fixed point, their scores, the mask, and minus each row's max.
+template <int V>
+SPECDEC_AVX2 void score_rows(const Attend& a, int64_t r0, int64_t r1) {
+  const int64_t rows = a.group * a.t, d = a.d;
+  for (int64_t r = r0; r < r1; ++r) {
+    const int64_t nn = r / rows, gi = r % rows, g = gi / a.t, i = gi % a.t;
+    const int64_t bb = nn / a.kv_heads, h = (nn % a.kv_heads) * a.group + g;
+    a.q_step[r] = fixed_row(a.query(bb, h, i), d, 1e-300, a.q_levels, a.q_int + r * d);
+  }
+  const int64_t s32 = (a.s + 31) / 32 * 32;
+  std::vector<double> k_steps(static_cast<size_t>(s32), 1.0);
+  if constexpr (V > 0) {
+    constexpr int P = 4 * V;
+    std::vector<int32_t> kt(a.kept_pairs ? 0 : static_cast<size_t>(P * s32)), qp(static_cast<size_t>(P));
+    const int32_t* pairs = nullptr;
+    int64_t held = -1;
+    for (int64_t r = r0; r < r1; ++r) {
+      const int64_t nn = r / rows;
+      if (nn != held) {
+        steps_of(a, held = nn, false, k_steps.data());
+        if (a.kept_pairs) {
+          pairs = a.kept_pairs + nn * P * a.kept_cap;
+        } else {
+          check_keys(key_pairs(a.key(nn, 0), a.k_strides[2], 0, a.s, d, kt.data()));
+          pairs = kt.data();
+        }
+      }
+      query_pairs(a.q_int + r * d, d, qp.data());
+      avx2::score_row<V>(a, r, qp.data(), pairs, k_steps.data());
+    }
+  } else {
+    scores_any(a, r0, r1, k_steps.data());
+  }
+  for (int64_t r = r0; r < r1; ++r) {
+    const int64_t i = r % rows % a.t, bb = r / rows / a.kv_heads;
+    double* row = a.sc + r * a.s;
+    if (a.mask) {
+      const bool* blocked = a.blocked(bb, i);
+      for (int64_t j = a.first; j < a.s; ++j) {
+        if (blocked[j]) row[j] = -INFINITY;
+      }
+    }
+    double top = -INFINITY;
+    for (int64_t j = 0; j < a.s; ++j) top = top > row[j] ? top : row[j];
+    for (int64_t j = 0; j < a.s; ++j) row[j] = row[j] - top;
+  }
+}
+
+// softmax_weights's operations, number by number (the total: integers, exact in any order).
+SPECDEC_AVX2 double softmax_weights(const Attend& a, int64_t r, const double* v_steps, double* w, double* total_out) {
+  const int64_t s = a.s;
+  const double scale_up = FIXED * a.levels;
+  const double* e = a.sc + r * s;
+  double peak = 1e-300, total = 0.0;
+  for (int64_t j = 0; j < s; ++j) {
+    const double x = e[j] * v_steps[j];
+    w[j] = x;
+    peak = peak > x ? peak : x;
+    total += std::nearbyint(e[j] * scale_up);
+  }
+  *total_out = total;
+  volatile double inv = 1.0 / peak;
+  const double per = inv * a.levels;
+  for (int64_t j = 0; j < s; ++j) w[j] = std::nearbyint(w[j] * per);
+  volatile double w_step = peak * (1.0 / a.levels);
+  volatile double factor = w_step * scale_up;
+  return factor;
+}
+
+// weigh_rows's steps, a row at a time: its weights, their integer sums over the values (float64: exact
+// in any order), and the rescale.
+SPECDEC_AVX2 void weigh_rows(const Attend& a, int64_t r0, int64_t r1) {
+  const int64_t rows = a.group * a.t, d = a.d, stride = a.v_strides[2];
+  std::vector<double> w(static_cast<size_t>(a.s8)), acc(static_cast<size_t>(d));
+  std::vector<double> v_steps(static_cast<size_t>(a.s8), 0.0);
+  int64_t held = -1;
+  for (int64_t r = r0; r < r1; ++r) {
+    const int64_t nn = r / rows;
+    if (nn != held) steps_of(a, held = nn, true, v_steps.data());
+    double total;
+    const double factor = avx2::softmax_weights(a, r, v_steps.data(), w.data(), &total);
+    const float* v0 = a.value(nn, 0);
+    std::fill(acc.begin(), acc.end(), 0.0);
+    for (int64_t j = 0; j < a.s; ++j) {
+      const double wj = w[j];
+      const float* vj = v0 + j * stride;
+      for (int64_t c = 0; c < d; ++c) acc[c] += wj * static_cast<double>(vj[c]);
+    }
+    const int64_t gi = r % rows, g = gi / a.t, i = gi % a.t;
+    const int64_t bb = nn / a.kv_heads, h = (nn % a.kv_heads) * a.group + g;
+    float* o = a.out(bb, i, h);
+    for (int64_t c = 0; c < d; ++c) o[c] = static_cast<float>(acc[c] * factor / total);  // mul_, then div_
+  }
+}
+
+// exact.exp32 of one float32: exp32's operations in its order, none fused.
+SPECDEC_AVX2 inline float exp32(float x) {
+  constexpr float TERMS[] = {1.9875691500e-4, 1.3981999507e-3, 8.3334519073e-3,
+                             4.1665795894e-2, 1.6666665459e-1, 5.0000001201e-1};
+  const float lowest = static_cast<float>(EXP_LOWEST);
+  const bool low = x < lowest;
+  x = x > lowest ? x : lowest;  // maxps: the second operand where either is NaN
+  const float n = std::nearbyint(x * static_cast<float>(LOG2E));
+  const float r = x - n * static_cast<float>(LN2_HI) - n * static_cast<float>(LN2_LO);
+  float p = TERMS[0];
+  for (int i = 1; i < 6; ++i) p = p * r + TERMS[i];
+  p = p * (r * r) + r + 1.0f;
+  const uint32_t bits = static_cast<uint32_t>(static_cast<int32_t>(n) + 127) << 23;
+  float two_n;
+  __builtin_memcpy(&two_n, &bits, 4);
+  return low ? 0.0f : p * two_n;
+}
+
+// exp32_rows's: each float64 rounded to float32, exp32, widened back.
+SPECDEC_AVX2 void exp32_rows(double* x, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) x[i] = static_cast<double>(exp32(static_cast<float>(x[i])));
+}
+
+}  // namespace avx2
+#endif
+
 // exact.query_levels: a query's fixed-point levels, the most up to KEY_LEVELS whose score (a sum of d
 // products with keys of KEY_LEVELS) stays within 2**30, so int32 lanes sum it exactly.
 double query_levels(int64_t d) {
@@ -945,12 +1327,19 @@ void attend_rows(const AttendArgs& x, int64_t t0, int64_t t, AttendScratch& scra
                  x.kept_v_steps,
                  x.kept_cap};
   const int64_t grain = attention_grain(s, d);
-  auto scores = d == 64 ? &score_rows<8> : d == 128 ? &score_rows<16> : &score_rows<0>;
-  auto weigh = d == 64 ? &weigh_rows<8> : d == 128 ? &weigh_rows<16> : &weigh_rows<0>;
+  using Rows = void (*)(const Attend&, int64_t, int64_t);
+  Rows scores = d == 64 ? &score_rows<8> : d == 128 ? &score_rows<16> : &score_rows<0>;
+  Rows weigh = d == 64 ? &weigh_rows<8> : d == 128 ? &weigh_rows<16> : &weigh_rows<0>;
+  void (*exp_rows)(double*, int64_t) = &exp32_rows;
+  if (!vnni()) {
+    scores = d == 64 ? &avx2::score_rows<8> : d == 128 ? &avx2::score_rows<16> : &avx2::score_rows<0>;
+    weigh = &avx2::weigh_rows;
+    exp_rows = &avx2::exp32_rows;
+  }
   at::parallel_for(0, n * rows, grain, [&](int64_t r0, int64_t r1) { scores(a, r0, r1); });
   // a verify pass's rows split over the threads, 16 numbers a step
   at::parallel_for(0, (size + 15) / 16, 512, [&](int64_t i0, int64_t i1) {
-    exp32_rows(scratch.sc.data() + 16 * i0, std::min(size, 16 * i1) - 16 * i0);
+    exp_rows(scratch.sc.data() + 16 * i0, std::min(size, 16 * i1) - 16 * i0);
   });
   at::parallel_for(0, n * rows, grain, [&](int64_t r0, int64_t r1) { weigh(a, r0, r1); });
 #endif
@@ -1195,6 +1584,7 @@ void layer_in(const float* h, int64_t b, int64_t t, int64_t hidden, const float*
   const float* src = sized(s.qkv, b * t * width * d);
   linear_rows(x, b * t, hidden, qkv_w, s.qkv.data(), s.linear);  // (B·T, width·D)
   const int64_t half_d = d / 2;
+  const bool fast = vnni();
   float* turned = sized(s.turned, d);
   for (int64_t bb = 0; bb < b; ++bb) {
     for (int64_t i = 0; i < t; ++i) {
@@ -1204,10 +1594,11 @@ void layer_in(const float* h, int64_t b, int64_t t, int64_t hidden, const float*
       for (int64_t head = 0; head < width; ++head) {
         const float* x_h = row + head * d;
         if (head >= heads + kv_heads) {  // a value: fixed point as it is
-          stored_row(x_h, d, FIXED, vs + ((bb * kv_heads + head - heads - kv_heads) * t + i) * (d + 1));
+          float* out = vs + ((bb * kv_heads + head - heads - kv_heads) * t + i) * (d + 1);
+          fast ? stored_row(x_h, d, FIXED, out) : avx2::stored_row(x_h, d, FIXED, out);
           continue;
         }
-        if (half_d % 16 == 0) {
+        if (fast && half_d % 16 == 0) {
           rotated(x_h, ci, si, d, turned);
         } else {
           for (int64_t e = 0; e < d; ++e) {
@@ -1219,7 +1610,8 @@ void layer_in(const float* h, int64_t b, int64_t t, int64_t hidden, const float*
         if (head < heads) {
           std::copy(turned, turned + d, qs + ((bb * heads + head) * t + i) * d);
         } else {
-          stored_row(turned, d, KEY_LEVELS, ks + ((bb * kv_heads + head - heads) * t + i) * (d + 1));
+          float* out = ks + ((bb * kv_heads + head - heads) * t + i) * (d + 1);
+          fast ? stored_row(turned, d, KEY_LEVELS, out) : avx2::stored_row(turned, d, KEY_LEVELS, out);
         }
       }
     }
@@ -1281,6 +1673,30 @@ SPECDEC_AVX512 void warm(const std::vector<std::pair<const uint8_t*, int64_t>>& 
 }
 
 }  // namespace
+
+namespace avx2 {
+
+// warm's loads, 32 bytes at a time.
+SPECDEC_AVX2 void warm(const std::vector<std::pair<const uint8_t*, int64_t>>& spans, const std::atomic<bool>& done) {
+  __m256i sink = _mm256_setzero_si256();
+  for (const auto& [ptr, bytes] : spans) {
+    for (int64_t off = 0; off + 512 <= bytes; off += 512) {
+      if ((off & 8191) == 0 && done.load(std::memory_order_relaxed)) {
+        volatile int keep = _mm256_extract_epi32(sink, 0);
+        (void)keep;
+        return;
+      }
+#pragma GCC unroll 16
+      for (int l = 0; l < 16; ++l) {
+        sink = _mm256_or_si256(sink, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ptr + off + 32 * l)));
+      }
+    }
+  }
+  volatile int keep = _mm256_extract_epi32(sink, 0);
+  (void)keep;
+}
+
+}  // namespace avx2
 #endif
 
 // The second half's weights: the output layer, the norm, gate and up (one layer on int8 rows), down.
@@ -1326,8 +1742,10 @@ void layer_out(const float* h, int64_t hidden, AttendArgs x, const OutWeights& w
         if (i == 0) {
           attend(x, s.attend);
           done.store(true, std::memory_order_relaxed);
-        } else {
+        } else if (vnni()) {
           warm(spans, done);
+        } else {
+          avx2::warm(spans, done);
         }
       }
     });
@@ -1558,7 +1976,10 @@ class Stack {
 };
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("available", &available, "whether this CPU runs the kernel (AVX-512 VNNI)");
+  m.def("available", &available, "whether this CPU runs the kernel (AVX-512 VNNI or AVX2)");
+  m.def("isa", &isa, "the instruction set the kernel runs on");
+  m.def("isas", &isas, "the instruction sets this CPU runs the kernel on, the widest first");
+  m.def("use", &use, "run the kernel on this instruction set from now on");
   m.def("huge_buffer", &huge_buffer, "uint8 on memory that may be backed by 2 MB pages");
   m.def("pack", &pack, "(N, K) int8 rows in the kernel's layout, shifted into uint8");
   m.def("linear", &linear, "the exact int8 linear layer");

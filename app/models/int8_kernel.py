@@ -2,9 +2,10 @@
 
 The build takes torch's extension tools (a C++ compiler and ninja) about a minute once per machine and
 torch version; the library is kept on disk beside the converted GGUF, named by its source's digest, and
-a fresh build removes other sources' builds for the same torch. Where it cannot be built or the CPU
-lacks AVX-512 VNNI, the int8 precision keeps its pure-torch path, which gives the same bits, and says
-why once on stderr.
+a fresh build removes other sources' builds for the same torch. It runs on AVX-512 VNNI (recent Xeons,
+AMD since Zen 4) and on AVX2 (nearly every other x86-64 CPU, laptops among them), the same bits on
+either. Where it cannot be built or the CPU has neither, the int8 precision keeps its pure-torch path,
+which gives the same bits too, and says why once on stderr.
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ import torch
 
 SOURCE = Path(__file__).with_name("int8_kernel.cpp")
 OFF = "SPECDEC_NO_KERNEL"  # set (to anything but 0) to keep the pure-torch int8 path
+# set to avx2 to run the AVX2 path on a CPU that has AVX-512 VNNI too: what a CPU without it runs
+ISA_ENV = "SPECDEC_KERNEL_ISA"
 # at::parallel_for runs on torch's OpenMP threads only in code built with OpenMP (Linux's gcc);
 # elsewhere the kernel runs on one thread
 OPENMP = ["-fopenmp"] if sys.platform.startswith("linux") else []
@@ -128,6 +131,24 @@ def _load() -> ModuleType | None:
         print(f"specdec: built the int8 kernel in {_state['seconds']:.0f} s", file=sys.stderr, flush=True)
         prune_others(path)
     if not mod.available():
-        _state["why"] = "this CPU has no AVX-512 VNNI"
+        _state["why"] = "this CPU has neither AVX-512 VNNI nor AVX2"
         return None
+    choose_isa(mod)
     return mod
+
+
+def choose_isa(mod: ModuleType) -> None:
+    """Run the loaded kernel on the instruction set ISA_ENV names, else on the widest this CPU has."""
+    chosen = os.environ.get(ISA_ENV, "").strip().lower()
+    mod.use(mod.isas()[0])
+    if chosen:
+        try:
+            mod.use(chosen)
+        except RuntimeError as exc:  # the owner's setting: said once, and the widest path runs
+            print(f"specdec: {ISA_ENV}={chosen} ignored: {str(exc).splitlines()[0]}", file=sys.stderr)
+
+
+def isa() -> str | None:
+    """The instruction set the kernel runs on ("avx512-vnni" or "avx2"), or None where it does not run."""
+    mod = module()
+    return mod.isa() if mod is not None else None
