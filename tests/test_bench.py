@@ -8,6 +8,7 @@ import torch
 
 from app import category_runner, models
 from app.bench import bench
+from app.models import int8_kernel
 
 pytestmark = pytest.mark.slow  # benchmark runs on the bundled models
 
@@ -203,6 +204,8 @@ def test_passes_times_each_width_in_both_dtypes_beside_the_bandwidth(tmp_path, c
     assert 0 < fp32["share_of_bandwidth"] < 1.5
     # The loaded model is shared: timing it in bf16 must not leave it in bf16 for everyone else.
     assert models.load(models.TINY_TARGET)[0].dtype == torch.float32
+    if "int8" in doc:  # and which code ran the int8 passes
+        assert doc["int8"]["kernel"] == (int8_kernel.isa() or f"none, torch ops: {int8_kernel.why()}")
 
 
 def test_threads_check_measures_both_counts_idle_and_busy(tmp_path):

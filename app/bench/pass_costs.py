@@ -20,7 +20,7 @@ from app import calibrate, models
 from app.bench import progress
 from app.core import text
 from app.data.prompts import suite
-from app.models import exact, exact_model, threads
+from app.models import exact, exact_model, int8_kernel, threads
 
 COPY_BYTES = 256 << 20  # larger than any cache, so the copy streams from memory
 COPY_REPS = 5
@@ -78,6 +78,8 @@ def passes(args) -> dict:
             bandwidth_floor_ms=floor_ms,
             share_of_bandwidth=floor_ms / ms[0],
         )
+        if name == exact.NAME:  # which code ran it: the kernel's instruction set, or torch ops
+            out[name]["kernel"] = int8_kernel.isa() or f"none, torch ops: {int8_kernel.why()}"
         print(name, out[name], file=sys.stderr)
     faster = min((n for n in DTYPES if n in out), key=lambda n: out[n]["ms_by_width"][0])
     out["faster_one_token_pass"] = faster

@@ -81,7 +81,7 @@ Isa best_isa() {
       __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vnni")) {
     return Isa::vnni;
   }
-  if (__builtin_cpu_supports("avx2")) return Isa::avx2;
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return Isa::avx2;
 #endif
   return Isa::none;
 }
@@ -1106,28 +1106,47 @@ SPECDEC_AVX2 uint32_t key_pairs(const float* k0, int64_t stride, int64_t from, i
   return most;
 }
 
-// Row r against one kv head's keys, 32 a step: score_block's sums and products for one row.
-template <int V>
-SPECDEC_AVX2 void score_row(const Attend& a, int64_t r, const int32_t* qp, const int32_t* kt, const double* k_steps) {
+// Rows r..r+R-1 of one kv head against its keys, 32 a step: score_block's sums (vpmaddwd's pairs of
+// int16 products, added in int32 as vpdpwssd adds them) and products.
+template <int V, int R>
+SPECDEC_AVX2 void score_block(const Attend& a, int64_t r, const int32_t* qp, const int32_t* kt, const double* k_steps) {
   constexpr int P = 4 * V;  // pairs a key
-  const double factor = a.q_step[r] * a.scaling;
-  double* row = a.sc + r * a.s;
   for (int64_t j0 = 0; j0 < a.s; j0 += 32) {
-    __m256i acc[4];
-    for (auto& x : acc) x = _mm256_setzero_si256();
+    __m256i acc[R][4];
+    for (int k = 0; k < R; ++k) for (int h = 0; h < 4; ++h) acc[k][h] = _mm256_setzero_si256();
     for (int p = 0; p < P; ++p) {
       const int32_t* kp = kt + j0 * P + p * 32;  // block j0 / 32's row p
-      const __m256i q = _mm256_set1_epi32(qp[p]);
+      __m256i q[R];
+      for (int k = 0; k < R; ++k) q[k] = _mm256_set1_epi32(qp[k * P + p]);
       for (int h = 0; h < 4; ++h) {
-        const __m256i k = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(kp + 8 * h));
-        acc[h] = _mm256_add_epi32(acc[h], _mm256_madd_epi16(k, q));
+        const __m256i keys = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(kp + 8 * h));
+        for (int k = 0; k < R; ++k) acc[k][h] = _mm256_add_epi32(acc[k][h], _mm256_madd_epi16(keys, q[k]));
       }
     }
-    alignas(32) int32_t dots[32];
-    for (int h = 0; h < 4; ++h) _mm256_store_si256(reinterpret_cast<__m256i*>(dots + 8 * h), acc[h]);
     const int64_t end = std::min<int64_t>(32, a.s - j0);
-    for (int64_t j = 0; j < end; ++j) row[j0 + j] = static_cast<double>(dots[j]) * factor * k_steps[j0 + j];
+    for (int k = 0; k < R; ++k) {
+      const double factor = a.q_step[r + k] * a.scaling;
+      double* row = a.sc + (r + k) * a.s + j0;
+      alignas(32) int32_t dots[32];
+      for (int h = 0; h < 4; ++h) _mm256_store_si256(reinterpret_cast<__m256i*>(dots + 8 * h), acc[k][h]);
+      for (int64_t j = 0; j < end; ++j) row[j] = static_cast<double>(dots[j]) * factor * k_steps[j0 + j];
+    }
   }
+}
+
+// A row minus its max (maxpd's: the second operand where the first is not greater), 4 a step.
+SPECDEC_AVX2 void row_minus_max(double* row, int64_t s) {
+  __m256d tops = _mm256_set1_pd(-INFINITY);
+  int64_t j = 0;
+  for (; j + 4 <= s; j += 4) tops = _mm256_max_pd(tops, _mm256_loadu_pd(row + j));
+  alignas(32) double lanes[4];
+  _mm256_store_pd(lanes, tops);
+  double top = lanes[0];
+  for (int k = 1; k < 4; ++k) top = top > lanes[k] ? top : lanes[k];
+  for (; j < s; ++j) top = top > row[j] ? top : row[j];
+  const __m256d tv = _mm256_set1_pd(top);
+  for (j = 0; j + 4 <= s; j += 4) _mm256_storeu_pd(row + j, _mm256_sub_pd(_mm256_loadu_pd(row + j), tv));
+  for (; j < s; ++j) row[j] = row[j] - top;
 }
 
 // score_rows's steps: the queries in fixed point, their scores, the mask, and minus each row's max.
@@ -1142,11 +1161,11 @@ SPECDEC_AVX2 void score_rows(const Attend& a, int64_t r0, int64_t r1) {
   const int64_t s32 = (a.s + 31) / 32 * 32;
   std::vector<double> k_steps(static_cast<size_t>(s32), 1.0);
   if constexpr (V > 0) {
-    constexpr int P = 4 * V;
-    std::vector<int32_t> kt(a.kept_pairs ? 0 : static_cast<size_t>(P * s32)), qp(static_cast<size_t>(P));
+    constexpr int P = 4 * V, MOST = 3;  // 4·R accumulators, R queries and the keys' vector: 16 registers
+    std::vector<int32_t> kt(a.kept_pairs ? 0 : static_cast<size_t>(P * s32)), qp(static_cast<size_t>(MOST * P));
     const int32_t* pairs = nullptr;
     int64_t held = -1;
-    for (int64_t r = r0; r < r1; ++r) {
+    for (int64_t r = r0; r < r1;) {
       const int64_t nn = r / rows;
       if (nn != held) {
         steps_of(a, held = nn, false, k_steps.data());
@@ -1157,8 +1176,17 @@ SPECDEC_AVX2 void score_rows(const Attend& a, int64_t r0, int64_t r1) {
           pairs = kt.data();
         }
       }
-      query_pairs(a.q_int + r * d, d, qp.data());
-      avx2::score_row<V>(a, r, qp.data(), pairs, k_steps.data());
+      int n_rows = 1;
+      while (n_rows < MOST && r + n_rows < r1 && (r + n_rows) / rows == nn) ++n_rows;
+      for (int k = 0; k < n_rows; ++k) query_pairs(a.q_int + (r + k) * d, d, qp.data() + k * P);
+      if (n_rows == 3) {
+        avx2::score_block<V, 3>(a, r, qp.data(), pairs, k_steps.data());
+      } else if (n_rows == 2) {
+        avx2::score_block<V, 2>(a, r, qp.data(), pairs, k_steps.data());
+      } else {
+        avx2::score_block<V, 1>(a, r, qp.data(), pairs, k_steps.data());
+      }
+      r += n_rows;
     }
   } else {
     scores_any(a, r0, r1, k_steps.data());
@@ -1172,19 +1200,32 @@ SPECDEC_AVX2 void score_rows(const Attend& a, int64_t r0, int64_t r1) {
         if (blocked[j]) row[j] = -INFINITY;
       }
     }
-    double top = -INFINITY;
-    for (int64_t j = 0; j < a.s; ++j) top = top > row[j] ? top : row[j];
-    for (int64_t j = 0; j < a.s; ++j) row[j] = row[j] - top;
+    row_minus_max(row, a.s);
   }
 }
 
-// softmax_weights's operations, number by number (the total: integers, exact in any order).
+// softmax_weights's operations, 4 numbers a step (the total: integers, exact in any order).
 SPECDEC_AVX2 double softmax_weights(const Attend& a, int64_t r, const double* v_steps, double* w, double* total_out) {
+  constexpr int NEAREST = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
   const int64_t s = a.s;
   const double scale_up = FIXED * a.levels;
   const double* e = a.sc + r * s;
-  double peak = 1e-300, total = 0.0;
-  for (int64_t j = 0; j < s; ++j) {
+  const __m256d up = _mm256_set1_pd(scale_up);
+  __m256d peaks = _mm256_set1_pd(1e-300), totals = _mm256_setzero_pd();
+  int64_t j = 0;
+  for (; j + 4 <= s; j += 4) {
+    const __m256d ej = _mm256_loadu_pd(e + j);
+    const __m256d x = _mm256_mul_pd(ej, _mm256_loadu_pd(v_steps + j));
+    _mm256_storeu_pd(w + j, x);
+    peaks = _mm256_max_pd(peaks, x);
+    totals = _mm256_add_pd(totals, _mm256_round_pd(_mm256_mul_pd(ej, up), NEAREST));
+  }
+  alignas(32) double lanes[4], sums[4];
+  _mm256_store_pd(lanes, peaks);
+  _mm256_store_pd(sums, totals);
+  double peak = lanes[0], total = sums[0] + sums[1] + sums[2] + sums[3];
+  for (int k = 1; k < 4; ++k) peak = peak > lanes[k] ? peak : lanes[k];
+  for (; j < s; ++j) {
     const double x = e[j] * v_steps[j];
     w[j] = x;
     peak = peak > x ? peak : x;
@@ -1192,36 +1233,95 @@ SPECDEC_AVX2 double softmax_weights(const Attend& a, int64_t r, const double* v_
   }
   *total_out = total;
   volatile double inv = 1.0 / peak;
-  const double per = inv * a.levels;
-  for (int64_t j = 0; j < s; ++j) w[j] = std::nearbyint(w[j] * per);
+  const __m256d per = _mm256_set1_pd(inv * a.levels);
+  for (j = 0; j + 4 <= s; j += 4) {
+    _mm256_storeu_pd(w + j, _mm256_round_pd(_mm256_mul_pd(_mm256_loadu_pd(w + j), per), NEAREST));
+  }
+  for (; j < s; ++j) w[j] = std::nearbyint(w[j] * (inv * a.levels));
   volatile double w_step = peak * (1.0 / a.levels);
   volatile double factor = w_step * scale_up;
   return factor;
 }
 
-// weigh_rows's steps, a row at a time: its weights, their integer sums over the values (float64: exact
-// in any order), and the rescale.
+// acc[r][0..8) += Σ_j w[r][j] · v[j][c0..c0+8) over keys j0..j1-1 for R rows: each value row's 8 numbers
+// loaded once for all R, as the VNNI path's weighted (integers in float64: exact in any order, fused or not).
+template <int R>
+__attribute__((target("avx2,fma"))) void weighted8(const double* const* w, const float* v, int64_t stride, int64_t j0,
+                                                   int64_t j1, double* const* acc_out) {
+  __m256d acc[R][2];
+  for (int r = 0; r < R; ++r) {
+    acc[r][0] = _mm256_loadu_pd(acc_out[r]);
+    acc[r][1] = _mm256_loadu_pd(acc_out[r] + 4);
+  }
+  for (int64_t j = j0; j < j1; ++j) {
+    const float* vj = v + j * stride;
+    const __m256d x0 = _mm256_cvtps_pd(_mm_loadu_ps(vj)), x1 = _mm256_cvtps_pd(_mm_loadu_ps(vj + 4));
+    for (int r = 0; r < R; ++r) {
+      const __m256d wj = _mm256_set1_pd(w[r][j]);
+      acc[r][0] = _mm256_fmadd_pd(wj, x0, acc[r][0]);
+      acc[r][1] = _mm256_fmadd_pd(wj, x1, acc[r][1]);
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    _mm256_storeu_pd(acc_out[r], acc[r][0]);
+    _mm256_storeu_pd(acc_out[r] + 4, acc[r][1]);
+  }
+}
+
+using Weighted8 = void (*)(const double* const*, const float*, int64_t, int64_t, int64_t, double* const*);
+// Keys a block of the values' sums: the block's rows are asked for whole while the block before is summed,
+// then summed 8 numbers at a time from the nearest cache (one pass over a head's strided rows per 8
+// numbers would wait on the memory at each).
+constexpr int64_t VALUE_BLOCK = 32;
+constexpr int MOST_ROWS = 6;  // 2·R accumulators, the values' two vectors and a weight: 15 registers
+constexpr Weighted8 WEIGHTED8[MOST_ROWS] = {&weighted8<1>, &weighted8<2>, &weighted8<3>,
+                                            &weighted8<4>, &weighted8<5>, &weighted8<6>};
+
+// weigh_rows's steps: softmax_weights, the integer sums over the values (up to six rows of one kv head
+// share a pass over them, 8 of a head's numbers at a time; a head size not a multiple of 8 goes number
+// by number), and the rescale.
 SPECDEC_AVX2 void weigh_rows(const Attend& a, int64_t r0, int64_t r1) {
+  constexpr int MOST = MOST_ROWS;
   const int64_t rows = a.group * a.t, d = a.d, stride = a.v_strides[2];
-  std::vector<double> w(static_cast<size_t>(a.s8)), acc(static_cast<size_t>(d));
+  std::vector<double> w(static_cast<size_t>(MOST * a.s8)), acc(static_cast<size_t>(MOST * d));
   std::vector<double> v_steps(static_cast<size_t>(a.s8), 0.0);
   int64_t held = -1;
-  for (int64_t r = r0; r < r1; ++r) {
+  for (int64_t r = r0; r < r1;) {
     const int64_t nn = r / rows;
     if (nn != held) steps_of(a, held = nn, true, v_steps.data());
-    double total;
-    const double factor = avx2::softmax_weights(a, r, v_steps.data(), w.data(), &total);
-    const float* v0 = a.value(nn, 0);
-    std::fill(acc.begin(), acc.end(), 0.0);
-    for (int64_t j = 0; j < a.s; ++j) {
-      const double wj = w[j];
-      const float* vj = v0 + j * stride;
-      for (int64_t c = 0; c < d; ++c) acc[c] += wj * static_cast<double>(vj[c]);
+    int n_rows = 1;
+    while (n_rows < MOST && r + n_rows < r1 && (r + n_rows) / rows == nn) ++n_rows;
+    double factors[MOST], totals[MOST];
+    const double* ws[MOST];
+    double* accs[MOST];
+    for (int k = 0; k < n_rows; ++k) {
+      ws[k] = w.data() + k * a.s8;
+      accs[k] = acc.data() + k * d;
+      factors[k] = avx2::softmax_weights(a, r + k, v_steps.data(), w.data() + k * a.s8, &totals[k]);
     }
-    const int64_t gi = r % rows, g = gi / a.t, i = gi % a.t;
-    const int64_t bb = nn / a.kv_heads, h = (nn % a.kv_heads) * a.group + g;
-    float* o = a.out(bb, i, h);
-    for (int64_t c = 0; c < d; ++c) o[c] = static_cast<float>(acc[c] * factor / total);  // mul_, then div_
+    const float* v0 = a.value(nn, 0);
+    if (d % 8 == 0) {
+      std::fill(acc.begin(), acc.end(), 0.0);
+      for (int64_t j0 = 0; j0 < a.s; j0 += VALUE_BLOCK) {
+        const int64_t j1 = std::min(a.s, j0 + VALUE_BLOCK), next = std::min(a.s, j1 + VALUE_BLOCK);
+        const char* ahead = reinterpret_cast<const char*>(v0 + j1 * stride);
+        for (int64_t off = 0; off < (next - j1) * stride * 4; off += 64) _mm_prefetch(ahead + off, _MM_HINT_T0);
+        for (int64_t c0 = 0; c0 < d; c0 += 8) {
+          double* part[MOST];
+          for (int k = 0; k < n_rows; ++k) part[k] = accs[k] + c0;
+          WEIGHTED8[n_rows - 1](ws, v0 + c0, stride, j0, j1, part);
+        }
+      }
+    } else {
+      for (int k = 0; k < n_rows; ++k) weighted_any(ws[k], v0, stride, a.s, d, accs[k]);
+    }
+    for (int k = 0; k < n_rows; ++k) {
+      const int64_t gi = (r + k) % rows, g = gi / a.t, i = gi % a.t;
+      const int64_t bb = nn / a.kv_heads, h = (nn % a.kv_heads) * a.group + g;
+      float* o = a.out(bb, i, h);
+      for (int64_t c = 0; c < d; ++c) o[c] = static_cast<float>(accs[k][c] * factors[k] / totals[k]);  // mul_, div_
+    }
+    r += n_rows;
   }
 }
 
@@ -1243,9 +1343,35 @@ SPECDEC_AVX2 inline float exp32(float x) {
   return low ? 0.0f : p * two_n;
 }
 
-// exp32_rows's: each float64 rounded to float32, exp32, widened back.
+// exp32's operations on 8 float32s.
+SPECDEC_AVX2 inline __m256 exp32x8(__m256 x) {
+  constexpr int NEAREST = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+  constexpr float TERMS[] = {1.9875691500e-4, 1.3981999507e-3, 8.3334519073e-3,
+                             4.1665795894e-2, 1.6666665459e-1, 5.0000001201e-1};
+  const __m256 lowest = _mm256_set1_ps(static_cast<float>(EXP_LOWEST));
+  const __m256 low = _mm256_cmp_ps(x, lowest, _CMP_LT_OQ);
+  x = _mm256_max_ps(x, lowest);
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(static_cast<float>(LOG2E))), NEAREST);
+  const __m256 r = _mm256_sub_ps(_mm256_sub_ps(x, _mm256_mul_ps(n, _mm256_set1_ps(static_cast<float>(LN2_HI)))),
+                                 _mm256_mul_ps(n, _mm256_set1_ps(static_cast<float>(LN2_LO))));
+  __m256 p = _mm256_set1_ps(TERMS[0]);
+  for (int i = 1; i < 6; ++i) p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(TERMS[i]));
+  p = _mm256_add_ps(_mm256_add_ps(_mm256_mul_ps(p, _mm256_mul_ps(r, r)), r), _mm256_set1_ps(1.0f));
+  const __m256 two_n = _mm256_castsi256_ps(
+      _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23));
+  return _mm256_andnot_ps(low, _mm256_mul_ps(p, two_n));
+}
+
+// exp32_rows's: each float64 rounded to float32, exp32, widened back, 8 a step.
 SPECDEC_AVX2 void exp32_rows(double* x, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) x[i] = static_cast<double>(exp32(static_cast<float>(x[i])));
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m128 lo = _mm256_cvtpd_ps(_mm256_loadu_pd(x + i)), hi = _mm256_cvtpd_ps(_mm256_loadu_pd(x + i + 4));
+    const __m256 e = exp32x8(_mm256_insertf128_ps(_mm256_castps128_ps256(lo), hi, 1));
+    _mm256_storeu_pd(x + i, _mm256_cvtps_pd(_mm256_castps256_ps128(e)));
+    _mm256_storeu_pd(x + i + 4, _mm256_cvtps_pd(_mm256_extractf128_ps(e, 1)));
+  }
+  for (; i < n; ++i) x[i] = static_cast<double>(exp32(static_cast<float>(x[i])));
 }
 
 }  // namespace avx2
