@@ -33,6 +33,7 @@ from app.core.costs import Costs
 from app.kv.cache import DynamicRollbackCache
 from app.models import threads
 from app.models.gguf_target import cache_root
+from app.models.int8_kernel import ISA_ENV
 from app.models.loading import precision_of
 
 log = logging.getLogger(__name__)
@@ -308,7 +309,9 @@ def _drop(key: tuple) -> None:
 
 def _name(key: tuple, pair) -> str:
     """The file name of `key`'s calibration on this machine, with this code and these models' shapes."""
-    parts = (FORMAT, key, _cpu(), os.cpu_count(), _torch(), _code(), _shapes(pair))
+    # the kernel's instruction set, where the owner names a narrower one than the CPU's widest
+    kernel = os.environ.get(ISA_ENV, "").strip().lower()
+    parts = (FORMAT, key, _cpu(), os.cpu_count(), _torch(), _code(), _shapes(pair), kernel)
     return hashlib.sha256(repr(parts).encode()).hexdigest()[:24] + ".json"
 
 

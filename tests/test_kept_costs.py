@@ -151,16 +151,21 @@ def test_another_machine_code_or_model_never_reads_it(kept, target, near_draft, 
     monkeypatch.setattr(kept_costs, "_code", lambda: "another version of the app")
     kept_costs.costs_for(pair_of(target, tokenizer, "tiny-kept-cpu", near_draft), SPEC)
     as_a_new_process()
+    # The int8 kernel on a narrower instruction set than this CPU's widest.
+    monkeypatch.setenv("SPECDEC_KERNEL_ISA", "avx2")
+    kept_costs.costs_for(pair_of(target, tokenizer, "tiny-kept-cpu", near_draft), SPEC)
+    as_a_new_process()
+    monkeypatch.delenv("SPECDEC_KERNEL_ISA")
     # A draft of another size under the same name (a local folder retrained, say).
     kept_costs.costs_for(pair_of(target, tokenizer, "tiny-kept-cpu", draft), SPEC)
-    assert len(machine["measured"]) == 4 and len(list(folder.glob("*.json"))) == 4
+    assert len(machine["measured"]) == 5 and len(list(folder.glob("*.json"))) == 5
     # A file unused for longer than STALE_S goes when another is written; one read since stays.
     long_ago = time.time() - kept_costs.STALE_S - 60
     for path in folder.glob("*.json"):
         os.utime(path, (long_ago, long_ago))
     as_a_new_process()
     kept_costs.costs_for(pair_of(target, tokenizer, "tiny-kept-cpu", draft), SPEC)  # read: in use
-    assert len(machine["measured"]) == 4
+    assert len(machine["measured"]) == 5
     kept_costs.costs_for(pair_of(target, tokenizer, "tiny-kept-cpu", draft), SpecConfig(k_max=2))
     assert len(list(folder.glob("*.json"))) == 2  # the one read and the one written
 

@@ -354,6 +354,7 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni"))) void quantise(co
 #endif
 
 #ifdef SPECDEC_X86
+namespace {
 namespace avx2 {
 
 #define SPECDEC_AVX2 __attribute__((target("avx2")))
@@ -361,88 +362,112 @@ namespace avx2 {
 // Groups of 4 inner positions whose sums an int32 lane holds before they go into int64: each group adds a
 // pair of products of at most 127·HALF (32,512) by 255, so 64 groups stay below 2**31.
 constexpr int64_t FLUSH = 64;
-// Rows whose sums share one pass over a block's weights: four int32 vectors a row, with the rows'
-// broadcasts and the weights' vector, fill AVX2's 16 registers.
+// Rows whose sums share one pass over half a block's weights: two int32 vectors a row beside the rows'
+// broadcasts and the weights' two vectors (with four, the compiler keeps a sum in memory, and the
+// loop waits on it each group).
 constexpr int ROWS = 3;
 
-// The sums of R rows against one block of 16 columns, still shifted: out[r][c] = Σ x[r]·(w[c] + 128).
-// Without VNNI's four-product lanes, each row's integers are int16 (a 15-bit row needs no hi and lo) and
-// vpmaddwd adds two products a lane: a group's 64 weights widened to int16 make four vectors of 4 columns,
-// each column's pairs (k0, k1) and (k2, k3) in two lanes, folded into the column's int64 sum every FLUSH
-// groups. x is (depth(K), `stride` / 4, 4) int16, row r's group g at x + g·stride + 4r.
+// The sums of R rows against half a block (its 8 columns from 8·half), still shifted: out[r][8·half + c] =
+// Σ x[r]·(w[c] + 128). Without VNNI's four-product lanes, each row's integers are int16 (a 15-bit row needs
+// no hi and lo) and vpmaddwd adds two products a lane: a group's 32 weights of the half widened to int16
+// make two vectors of 4 columns, each column's pairs (k0, k1) and (k2, k3) in two lanes, folded into the
+// column's int64 sum every FLUSH groups. x is (depth(K), stride / 4, 4) int16, row r's group g at
+// x + g·stride + 4r.
 template <int R>
-SPECDEC_AVX2 void block_sums(const int16_t* x, int64_t stride, const uint8_t* w, int64_t k4, int64_t (*out)[COLS]) {
-  for (int r = 0; r < R; ++r) for (int64_t c = 0; c < COLS; ++c) out[r][c] = 0;
+SPECDEC_AVX2 void block_sums(const int16_t* x, int64_t stride, const uint8_t* w, int64_t k4, int half,
+                             int64_t (*out)[COLS]) {
+  for (int r = 0; r < R; ++r) for (int c = 0; c < 8; ++c) out[r][8 * half + c] = 0;
+  const uint8_t* wh = w + 32 * half;
   for (int64_t g0 = 0; g0 < k4; g0 += FLUSH) {
-    __m256i acc[R][4];
-    for (int r = 0; r < R; ++r) for (int c = 0; c < 4; ++c) acc[r][c] = _mm256_setzero_si256();
+    __m256i acc[R][2];
+    for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_si256();
     const int64_t g1 = std::min(k4, g0 + FLUSH);
     for (int64_t g = g0; g < g1; ++g) {
-      __m256i xr[R];
+      const uint8_t* wg = wh + g * COLS * DEPTH;
+      const __m256i w0 = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(wg)));
+      const __m256i w1 = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(wg + 16)));
       for (int r = 0; r < R; ++r) {
         int64_t four;  // the row's four int16s, in every 64 bits
         __builtin_memcpy(&four, x + g * stride + 4 * r, 8);
-        xr[r] = _mm256_set1_epi64x(four);
-      }
-      const uint8_t* wg = w + g * COLS * DEPTH;
-      for (int c = 0; c < 4; ++c) {
-        const __m256i wc = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(wg + 16 * c)));
-        for (int r = 0; r < R; ++r) acc[r][c] = _mm256_add_epi32(acc[r][c], _mm256_madd_epi16(wc, xr[r]));
+        const __m256i xr = _mm256_set1_epi64x(four);
+        acc[r][0] = _mm256_add_epi32(acc[r][0], _mm256_madd_epi16(w0, xr));
+        acc[r][1] = _mm256_add_epi32(acc[r][1], _mm256_madd_epi16(w1, xr));
       }
     }
     for (int r = 0; r < R; ++r) {
-      for (int c = 0; c < 4; ++c) {
-        alignas(32) int32_t lanes[8];
-        _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), acc[r][c]);
-        for (int m = 0; m < 4; ++m) out[r][4 * c + m] += static_cast<int64_t>(lanes[2 * m]) + lanes[2 * m + 1];
-      }
+      alignas(32) int32_t lanes[16];
+      _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), acc[r][0]);
+      _mm256_store_si256(reinterpret_cast<__m256i*>(lanes + 8), acc[r][1]);
+      for (int c = 0; c < 8; ++c) out[r][8 * half + c] += static_cast<int64_t>(lanes[2 * c]) + lanes[2 * c + 1];
     }
   }
 }
 
+using BlockSums = void (*)(const int16_t*, int64_t, const uint8_t*, int64_t, int, int64_t (*)[COLS]);
+constexpr BlockSums BLOCK_SUMS[ROWS] = {&block_sums<1>, &block_sums<2>, &block_sums<3>};
+
 // Each row as integers, as the VNNI path's quantise (exact.split's operations in float32), but whole:
 // q = round(x · (1/step)) as int16 in block_sums's layout, (depth(K), T, 4), zero past K, and 128 times
-// each row's integer sum. Σ q·w is hi·half·w + lo·w summed, so the same integer either way.
+// each row's integer sum. Σ q·w is hi·half·w + lo·w summed, so the same integer either way. 8 numbers a
+// step: two groups of a row.
 SPECDEC_AVX2 void quantise(const float* xs, int64_t t, int64_t k, int64_t k4, int64_t half, int16_t* xq,
                            int64_t* shifts, float* steps) {
+  constexpr int NEAREST = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
   const float per_level = static_cast<float>(1.0 / (127.0 * static_cast<double>(half > 0 ? half : 1)));
   const float least = static_cast<float>(1e-30);
+  const __m256 sign = _mm256_set1_ps(-0.0f);
+  const int64_t whole = k / 8 * 8;
   for (int64_t r = 0; r < t; ++r) {
     const float* row = xs + r * k;
+    __m256 peaks = _mm256_setzero_ps();
+    for (int64_t i = 0; i < whole; i += 8) peaks = _mm256_max_ps(peaks, _mm256_andnot_ps(sign, _mm256_loadu_ps(row + i)));
+    alignas(32) float lanes[8];
+    _mm256_store_ps(lanes, peaks);
     float peak = 0.0f;
-    for (int64_t i = 0; i < k; ++i) peak = std::max(peak, std::fabs(row[i]));
+    for (const float lane : lanes) peak = std::max(peak, lane);
+    for (int64_t i = whole; i < k; ++i) peak = std::max(peak, std::fabs(row[i]));
     volatile float step = (peak < least ? least : peak) * per_level;  // volatile: rounded here, as torch's mul_
     const float recip = 1.0f / step;
     steps[r] = step;
+    const __m256 recips = _mm256_set1_ps(recip);
+    __m256i sums = _mm256_setzero_si256();  // at most 32,512 · K: int32 holds it
+    int16_t* at = xq + r * DEPTH;
+    const int64_t group_stride = t * DEPTH;
+    for (int64_t i = 0; i < whole; i += 8) {
+      const __m256i q = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(_mm256_loadu_ps(row + i), recips), NEAREST));
+      sums = _mm256_add_epi32(sums, q);
+      const __m128i q16 = _mm_packs_epi32(_mm256_castsi256_si128(q), _mm256_extracti128_si256(q, 1));
+      _mm_storel_epi64(reinterpret_cast<__m128i*>(at + i / DEPTH * group_stride), q16);
+      _mm_storeh_pd(reinterpret_cast<double*>(at + (i / DEPTH + 1) * group_stride), _mm_castsi128_pd(q16));
+    }
+    alignas(32) int32_t parts[8];
+    _mm256_store_si256(reinterpret_cast<__m256i*>(parts), sums);
     int64_t sum = 0;
-    for (int64_t i = 0; i < k4 * DEPTH; ++i) {
+    for (const int32_t part : parts) sum += part;
+    for (int64_t i = whole; i < k4 * DEPTH; ++i) {
       const int64_t q = i < k ? static_cast<int64_t>(std::nearbyint(row[i] * recip)) : 0;
-      xq[i / DEPTH * t * DEPTH + r * DEPTH + i % DEPTH] = static_cast<int16_t>(q);
+      at[i / DEPTH * group_stride + i % DEPTH] = static_cast<int16_t>(q);
       sum += q;
     }
     shifts[r] = 128 * sum;
   }
 }
 
-// Column blocks b0..b1-1 of `t` rows' output: the integer sums ROWS rows a pass, then exact.Int8Linear's
-// rescale, each number as the VNNI path's (the integer rounded once to float32, then the two products and
-// the bias).
+// Column blocks b0..b1-1 of `t` rows' output: the integer sums, half a block and up to ROWS rows a pass
+// (the rows in as few passes as fit, as even as can be), then exact.Int8Linear's rescale, each number as
+// the VNNI path's (the integer rounded once to float32, then the two products and the bias).
 SPECDEC_AVX2 void run_blocks(const int16_t* xq, const int64_t* shifts, const float* steps, const uint8_t* ws,
                              const float* scale, const float* bias, float* ys, int64_t t, int64_t n, int64_t k4,
                              int64_t b0, int64_t b1) {
-  int64_t sums[ROWS][COLS];
+  alignas(32) int64_t sums[ROWS][COLS];
+  const int64_t passes = (t + ROWS - 1) / ROWS, per = (t + passes - 1) / passes;
   for (int64_t b = b0; b < b1; ++b) {
     const uint8_t* wb = ws + b * k4 * COLS * DEPTH;
     const int64_t c0 = b * COLS, cols = std::min(COLS, n - c0);
-    for (int64_t r0 = 0; r0 < t; r0 += ROWS) {
-      const int rows = static_cast<int>(std::min<int64_t>(ROWS, t - r0));
-      const int16_t* x = xq + r0 * DEPTH;
-      if (rows == 3) {
-        block_sums<3>(x, t * DEPTH, wb, k4, sums);
-      } else if (rows == 2) {
-        block_sums<2>(x, t * DEPTH, wb, k4, sums);
-      } else {
-        block_sums<1>(x, t * DEPTH, wb, k4, sums);
+    for (int64_t r0 = 0; r0 < t; r0 += per) {
+      const int rows = static_cast<int>(std::min(per, t - r0));
+      for (int half = 0; half < 2 && 8 * half < cols; ++half) {
+        BLOCK_SUMS[rows - 1](xq + r0 * DEPTH, t * DEPTH, wb, k4, half, sums);
       }
       for (int r = 0; r < rows; ++r) {
         const int64_t row = r0 + r;
@@ -459,6 +484,7 @@ SPECDEC_AVX2 void run_blocks(const int16_t* xq, const int64_t* shifts, const flo
 }
 
 }  // namespace avx2
+}  // namespace
 #endif
 
 // An int8 layer's weights as the kernel reads them.
@@ -622,9 +648,11 @@ SPECDEC_AVX512 double fixed_row(const float* x, int64_t d, double least, double 
 #endif
 
 #ifdef SPECDEC_X86
+namespace {
 namespace avx2 {
 SPECDEC_AVX2 uint32_t key_pairs(const float* k0, int64_t stride, int64_t from, int64_t s, int64_t d, int32_t* kt);
 }  // namespace avx2
+}  // namespace
 
 namespace {
 
@@ -1050,6 +1078,7 @@ SPECDEC_AVX512 void exp32_rows(double* x, int64_t n) {
 #endif
 
 #ifdef SPECDEC_X86
+namespace {
 namespace avx2 {
 
 // The VNNI path's attention steps for CPUs with AVX2 alone: the same IEEE operations on each number, one
@@ -1375,6 +1404,7 @@ SPECDEC_AVX2 void exp32_rows(double* x, int64_t n) {
 }
 
 }  // namespace avx2
+}  // namespace
 #endif
 
 // exact.query_levels: a query's fixed-point levels, the most up to KEY_LEVELS whose score (a sum of d
@@ -1800,6 +1830,7 @@ SPECDEC_AVX512 void warm(const std::vector<std::pair<const uint8_t*, int64_t>>& 
 
 }  // namespace
 
+namespace {
 namespace avx2 {
 
 // warm's loads, 32 bytes at a time.
@@ -1823,6 +1854,7 @@ SPECDEC_AVX2 void warm(const std::vector<std::pair<const uint8_t*, int64_t>>& sp
 }
 
 }  // namespace avx2
+}  // namespace
 #endif
 
 // The second half's weights: the output layer, the norm, gate and up (one layer on int8 rows), down.
