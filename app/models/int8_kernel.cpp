@@ -360,7 +360,7 @@ namespace avx2 {
 #define SPECDEC_AVX2 __attribute__((target("avx2")))
 
 // Groups of 4 inner positions whose sums an int32 lane holds before they go into int64: each group adds a
-// pair of products of at most 127·HALF (32,512) by 255, so 64 groups stay below 2**31.
+// pair of products of at most 127·HALF (16,256) by 255, so 64 groups stay within 2**30.
 constexpr int64_t FLUSH = 64;
 // Rows whose sums share one pass over half a block's weights: two int32 vectors a row beside the rows'
 // broadcasts and the weights' two vectors (with four, the compiler keeps a sum in memory, and the
@@ -430,7 +430,7 @@ SPECDEC_AVX2 void quantise(const float* xs, int64_t t, int64_t k, int64_t k4, in
     const float recip = 1.0f / step;
     steps[r] = step;
     const __m256 recips = _mm256_set1_ps(recip);
-    __m256i sums = _mm256_setzero_si256();  // at most 32,512 · K: int32 holds it
+    __m256i sums = _mm256_setzero_si256();  // at most 16,256 · K / 8 a lane: int32 holds it
     int16_t* at = xq + r * DEPTH;
     const int64_t group_stride = t * DEPTH;
     for (int64_t i = 0; i < whole; i += 8) {
