@@ -38,6 +38,7 @@ def kernel(request):
             raise RuntimeError(f"REQUIRE_KERNEL is set but this CPU has no {request.param}")
         pytest.skip(f"this CPU has no {request.param}")
     found.use(request.param)
+    assert found.isa() == request.param
     yield found
     found.use(before)
 
@@ -54,8 +55,14 @@ def torch_path(monkeypatch):
 
 @pytest.mark.parametrize(
     ("outputs", "inputs", "split", "bias"),
-    [(960, 576, True, False), (1536, 576, False, False), (37, 100, True, True), (50, 4096, True, False)],
-    ids=["qkv", "gate-up (int8 rows)", "odd shape with bias", "int64 sums"],
+    [
+        (960, 576, True, False),
+        (1536, 576, False, False),
+        (37, 100, True, True),
+        (45, 101, True, True),
+        (50, 4096, True, False),
+    ],
+    ids=["qkv", "gate-up (int8 rows)", "odd shape with bias", "inputs past a group", "int64 sums"],
 )
 def test_a_linear_layer_gives_the_torch_paths_bits_at_every_width(kernel, torch_path, outputs, inputs, split, bias):
     g = torch.Generator().manual_seed(outputs)
@@ -73,9 +80,27 @@ def test_a_linear_layer_gives_the_torch_paths_bits_at_every_width(kernel, torch_
         assert torch.equal(out, plain(rows)), f"width {width}"
 
 
-# head dims of whole vectors (64, 128: queries held in registers, rows paired) and of neither (40)
+@pytest.mark.parametrize("inputs", [576, 4096])
+@pytest.mark.parametrize("split", [True, False])
+def test_the_largest_sums_a_linear_layer_allows_are_exact(kernel, torch_path, inputs, split):
+    """Every input at its row's peak against weights all at ±127: each row's integers at their levels,
+    so each column's sum of products is the largest the precision makes (the AVX2 path's int32 lanes
+    then hold 64 groups' products before they go into int64)."""
+    g = torch.Generator().manual_seed(inputs)
+    signs = lambda *shape: torch.where(torch.rand(*shape, generator=g) < 0.5, -1.0, 1.0)  # noqa: E731
+    weight = torch.ones(40, inputs) * torch.where(torch.arange(40)[:, None] % 2 == 0, 1.0, -1.0)
+    weight[20:] *= signs(20, inputs)
+    rows = torch.cat([torch.ones(2, inputs), -torch.ones(1, inputs), signs(3, inputs)]) * 7
+    got = exact.Int8Linear(weight, None, split=split)(rows)
+    torch_path()
+    assert torch.equal(got, exact.Int8Linear(weight, None, split=split)(rows))
+
+
+# head dims of whole vectors (64, 128: queries held in registers, rows paired), of neither (40) and of
+# no whole AVX2 vector of values (36)
 @pytest.mark.parametrize(
-    ("heads", "kv_heads", "dim", "batch"), [(9, 3, 64, 1), (4, 4, 64, 2), (8, 2, 64, 1), (4, 2, 128, 2), (6, 3, 40, 1)]
+    ("heads", "kv_heads", "dim", "batch"),
+    [(9, 3, 64, 1), (4, 4, 64, 2), (8, 2, 64, 1), (4, 2, 128, 2), (6, 3, 40, 1), (6, 3, 36, 1)],
 )
 def test_the_attention_gives_the_torch_paths_bits_under_every_mask(kernel, torch_path, heads, kv_heads, dim, batch):
     g = torch.Generator().manual_seed(heads * dim)
@@ -244,6 +269,30 @@ def test_the_kernels_path_is_the_widest_unless_the_owner_names_a_narrower_one(mo
             found.use("sse2")
     finally:
         found.use(widest)
+
+
+def test_the_avx2_path_holds_no_avx512_instruction():
+    """A CPU with AVX2 alone stops at the first AVX-512 instruction it meets, and no CI CPU lacks
+    AVX-512: so the built library's AVX2 functions are read for any (a zmm register or a mask)."""
+    import re
+    import shutil
+    import subprocess
+
+    found = int8_kernel.module()
+    if found is None:
+        pytest.skip(f"the int8 kernel does not run here: {int8_kernel.why()}")
+    if shutil.which("objdump") is None:
+        pytest.skip("no objdump here to read the library with")
+    listing = subprocess.run(
+        ["objdump", "-d", "-C", "--no-show-raw-insn", found.__file__], capture_output=True, text=True, check=True
+    ).stdout
+    bodies = dict(re.findall(r"^[0-9a-f]+ <(.*)>:\n((?:.+\n)*)", listing, re.M))
+    avx2 = {name: body for name, body in bodies.items() if "::avx2::" in name}
+    for part in ("quantise", "block_sums<1>", "run_blocks", "score_rows<8>", "weigh_rows", "exp32_rows", "key_pairs"):
+        assert any(f"::avx2::{part}" in name for name in avx2), part
+    assert not [name for name, body in avx2.items() if re.search(r"%zmm|\{%k[0-7]\}", body)]
+    vnni = [body for name, body in bodies.items() if "::block_sums<1>(signed char" in name]
+    assert vnni and "%zmm" in vnni[0]  # as the AVX-512 path's own do
 
 
 def test_an_int8_targets_feature_head_drafts_in_the_same_kernels(kernel):

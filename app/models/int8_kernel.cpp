@@ -509,6 +509,8 @@ Weights weights_of(const at::Tensor& packed, const at::Tensor& scale, const c10:
   TORCH_CHECK(!bias.has_value() || (bias->scalar_type() == at::kFloat && bias->is_contiguous() &&
                                     bias->numel() == n),
               "a float32 bias per output");
+  // hi and lo then fit int8, and a whole row's integers (the AVX2 path's) int16, with room to spare
+  TORCH_CHECK(half >= 0 && half <= 128, "a row split at a half of at most exact.HALF (128)");
   return {packed.data_ptr<uint8_t>(), packed.numel(), scale.data_ptr<float>(),
           bias.has_value() ? bias->data_ptr<float>() : nullptr, n, half, wide};
 }
@@ -529,6 +531,7 @@ struct LinearScratch {
 // combines hi and lo in int64 (rows too long for int32 at that half).
 void linear_rows(const float* x, int64_t t, int64_t k, const Weights& w, float* y, LinearScratch& s) {
 #ifdef SPECDEC_X86
+  if (t == 0) return;  // no rows: no chunks to share them among
   if (!vnni()) {
     const int64_t k4 = depth(k), nb = blocks(w.n);
     s.xq16.resize(static_cast<size_t>(t * k4 * DEPTH));
