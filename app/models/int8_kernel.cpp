@@ -403,6 +403,40 @@ SPECDEC_AVX2 void block_sums(const int16_t* x, int64_t stride, const uint8_t* w,
   }
 }
 
+// block_sums over a whole block of 16 columns at once, for R rows whose four vectors each, beside the
+// weights' four, still fit the registers (one or two): one pass streams the block's weights, where two
+// half passes would each read every other 32 bytes.
+template <int R>
+SPECDEC_AVX2 void whole_block_sums(const int16_t* x, int64_t stride, const uint8_t* w, int64_t k4,
+                                   int64_t (*out)[COLS]) {
+  for (int r = 0; r < R; ++r) for (int c = 0; c < COLS; ++c) out[r][c] = 0;
+  for (int64_t g0 = 0; g0 < k4; g0 += FLUSH) {
+    __m256i acc[R][4];
+    for (int r = 0; r < R; ++r) for (int c = 0; c < 4; ++c) acc[r][c] = _mm256_setzero_si256();
+    const int64_t g1 = std::min(k4, g0 + FLUSH);
+    for (int64_t g = g0; g < g1; ++g) {
+      const uint8_t* wg = w + g * COLS * DEPTH;
+      __m256i xr[R];
+      for (int r = 0; r < R; ++r) {
+        int64_t four;
+        __builtin_memcpy(&four, x + g * stride + 4 * r, 8);
+        xr[r] = _mm256_set1_epi64x(four);
+      }
+      for (int c = 0; c < 4; ++c) {
+        const __m256i wc = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(wg + 16 * c)));
+        for (int r = 0; r < R; ++r) acc[r][c] = _mm256_add_epi32(acc[r][c], _mm256_madd_epi16(wc, xr[r]));
+      }
+    }
+    for (int r = 0; r < R; ++r) {
+      for (int c = 0; c < 4; ++c) {
+        alignas(32) int32_t lanes[8];
+        _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), acc[r][c]);
+        for (int m = 0; m < 4; ++m) out[r][4 * c + m] += static_cast<int64_t>(lanes[2 * m]) + lanes[2 * m + 1];
+      }
+    }
+  }
+}
+
 using BlockSums = void (*)(const int16_t*, int64_t, const uint8_t*, int64_t, int, int64_t (*)[COLS]);
 constexpr BlockSums BLOCK_SUMS[ROWS] = {&block_sums<1>, &block_sums<2>, &block_sums<3>};
 
@@ -466,8 +500,14 @@ SPECDEC_AVX2 void run_blocks(const int16_t* xq, const int64_t* shifts, const flo
     const int64_t c0 = b * COLS, cols = std::min(COLS, n - c0);
     for (int64_t r0 = 0; r0 < t; r0 += per) {
       const int rows = static_cast<int>(std::min(per, t - r0));
-      for (int half = 0; half < 2 && 8 * half < cols; ++half) {
-        BLOCK_SUMS[rows - 1](xq + r0 * DEPTH, t * DEPTH, wb, k4, half, sums);
+      if (rows == 1) {
+        whole_block_sums<1>(xq + r0 * DEPTH, t * DEPTH, wb, k4, sums);
+      } else if (rows == 2) {
+        whole_block_sums<2>(xq + r0 * DEPTH, t * DEPTH, wb, k4, sums);
+      } else {
+        for (int half = 0; half < 2 && 8 * half < cols; ++half) {
+          BLOCK_SUMS[rows - 1](xq + r0 * DEPTH, t * DEPTH, wb, k4, half, sums);
+        }
       }
       for (int r = 0; r < rows; ++r) {
         const int64_t row = r0 + r;
