@@ -288,7 +288,8 @@ def test_the_avx2_path_holds_no_avx512_instruction():
     ).stdout
     bodies = dict(re.findall(r"^[0-9a-f]+ <(.*)>:\n((?:.+\n)*)", listing, re.M))
     avx2 = {name: body for name, body in bodies.items() if "::avx2::" in name}
-    for part in ("quantise", "block_sums<1>", "run_blocks", "score_rows<8>", "weigh_rows", "exp32_rows", "key_pairs"):
+    # (the block sums are compiled inside run_blocks)
+    for part in ("quantise", "run_blocks", "score_rows<8>", "weigh_rows", "exp32_rows", "key_pairs"):
         assert any(f"::avx2::{part}" in name for name in avx2), part
     assert not [name for name, body in avx2.items() if re.search(r"%zmm|\{%k[0-7]\}", body)]
     vnni = [body for name, body in bodies.items() if "::block_sums<1>(signed char" in name]

@@ -55,6 +55,8 @@ constexpr double STORED_LEAST = 0x1p-100;  // exact.STORED_LEAST: a stored row's
 constexpr int64_t GRAIN = 32768;  // exact.GRAIN
 // exact.exp32's constants
 constexpr double EXP_LOWEST = -86.0, LOG2E = 1.44269504088896341, LN2_HI = 0.693359375, LN2_LO = -2.12194440e-4;
+constexpr float EXP_TERMS[] = {1.9875691500e-4, 1.3981999507e-3, 8.3334519073e-3,
+                               4.1665795894e-2, 1.6666665459e-1, 5.0000001201e-1};
 
 int64_t blocks(int64_t n) { return (n + COLS - 1) / COLS; }
 int64_t depth(int64_t k) { return (k + DEPTH - 1) / DEPTH; }
@@ -362,83 +364,49 @@ namespace avx2 {
 // Groups of 4 inner positions whose sums an int32 lane holds before they go into int64: each group adds a
 // pair of products of at most 127·HALF (16,256) by 255, so 64 groups stay within 2**30.
 constexpr int64_t FLUSH = 64;
-// Rows whose sums share one pass over half a block's weights: two int32 vectors a row beside the rows'
-// broadcasts and the weights' two vectors (with four, the compiler keeps a sum in memory, and the
-// loop waits on it each group).
+// Rows whose sums share one pass over a block's weights: four int32 vectors a row for the whole block,
+// two for half of it, beside the rows' broadcasts and a vector of weights in AVX2's 16 registers. One or
+// two rows take the whole block, three half of it twice (with more, the compiler keeps a sum in memory,
+// and the loop waits on it each group).
 constexpr int ROWS = 3;
 
-// The sums of R rows against half a block (its 8 columns from 8·half), still shifted: out[r][8·half + c] =
-// Σ x[r]·(w[c] + 128). Without VNNI's four-product lanes, each row's integers are int16 (a 15-bit row needs
-// no hi and lo) and vpmaddwd adds two products a lane: a group's 32 weights of the half widened to int16
-// make two vectors of 4 columns, each column's pairs (k0, k1) and (k2, k3) in two lanes, folded into the
-// column's int64 sum every FLUSH groups. x is (depth(K), stride / 4, 4) int16, row r's group g at
-// x + g·stride + 4r.
-template <int R>
+// The sums of R rows against C vectors of 4 columns of a block (C = 4: all 16; C = 2: the 8 from
+// 8·half), still shifted: out[r][c] = Σ x[r]·(w[c] + 128). Without VNNI's four-product lanes, each row's
+// integers are int16 (a 15-bit row needs no hi and lo) and vpmaddwd adds two products a lane: a group's
+// weights widened to int16, 4 columns a vector, each column's pairs (k0, k1) and (k2, k3) in two lanes,
+// folded into the column's int64 sum every FLUSH groups. x is (depth(K), stride / 4, 4) int16, row r's
+// group g at x + g·stride + 4r.
+template <int R, int C>
 SPECDEC_AVX2 void block_sums(const int16_t* x, int64_t stride, const uint8_t* w, int64_t k4, int half,
                              int64_t (*out)[COLS]) {
-  for (int r = 0; r < R; ++r) for (int c = 0; c < 8; ++c) out[r][8 * half + c] = 0;
-  const uint8_t* wh = w + 32 * half;
+  const int64_t c0 = 8 * half;
+  for (int r = 0; r < R; ++r) for (int c = 0; c < 4 * C; ++c) out[r][c0 + c] = 0;
   for (int64_t g0 = 0; g0 < k4; g0 += FLUSH) {
-    __m256i acc[R][2];
-    for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_si256();
+    __m256i acc[R][C];
+    for (int r = 0; r < R; ++r) for (int c = 0; c < C; ++c) acc[r][c] = _mm256_setzero_si256();
     const int64_t g1 = std::min(k4, g0 + FLUSH);
     for (int64_t g = g0; g < g1; ++g) {
-      const uint8_t* wg = wh + g * COLS * DEPTH;
-      const __m256i w0 = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(wg)));
-      const __m256i w1 = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(wg + 16)));
+      const uint8_t* wg = w + g * COLS * DEPTH + 32 * half;
+      __m256i xr[R];
       for (int r = 0; r < R; ++r) {
         int64_t four;  // the row's four int16s, in every 64 bits
         __builtin_memcpy(&four, x + g * stride + 4 * r, 8);
-        const __m256i xr = _mm256_set1_epi64x(four);
-        acc[r][0] = _mm256_add_epi32(acc[r][0], _mm256_madd_epi16(w0, xr));
-        acc[r][1] = _mm256_add_epi32(acc[r][1], _mm256_madd_epi16(w1, xr));
-      }
-    }
-    for (int r = 0; r < R; ++r) {
-      alignas(32) int32_t lanes[16];
-      _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), acc[r][0]);
-      _mm256_store_si256(reinterpret_cast<__m256i*>(lanes + 8), acc[r][1]);
-      for (int c = 0; c < 8; ++c) out[r][8 * half + c] += static_cast<int64_t>(lanes[2 * c]) + lanes[2 * c + 1];
-    }
-  }
-}
-
-// block_sums over a whole block of 16 columns at once, for R rows whose four vectors each, beside the
-// weights' four, still fit the registers (one or two): one pass streams the block's weights, where two
-// half passes would each read every other 32 bytes.
-template <int R>
-SPECDEC_AVX2 void whole_block_sums(const int16_t* x, int64_t stride, const uint8_t* w, int64_t k4,
-                                   int64_t (*out)[COLS]) {
-  for (int r = 0; r < R; ++r) for (int c = 0; c < COLS; ++c) out[r][c] = 0;
-  for (int64_t g0 = 0; g0 < k4; g0 += FLUSH) {
-    __m256i acc[R][4];
-    for (int r = 0; r < R; ++r) for (int c = 0; c < 4; ++c) acc[r][c] = _mm256_setzero_si256();
-    const int64_t g1 = std::min(k4, g0 + FLUSH);
-    for (int64_t g = g0; g < g1; ++g) {
-      const uint8_t* wg = w + g * COLS * DEPTH;
-      __m256i xr[R];
-      for (int r = 0; r < R; ++r) {
-        int64_t four;
-        __builtin_memcpy(&four, x + g * stride + 4 * r, 8);
         xr[r] = _mm256_set1_epi64x(four);
       }
-      for (int c = 0; c < 4; ++c) {
+      for (int c = 0; c < C; ++c) {
         const __m256i wc = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(wg + 16 * c)));
         for (int r = 0; r < R; ++r) acc[r][c] = _mm256_add_epi32(acc[r][c], _mm256_madd_epi16(wc, xr[r]));
       }
     }
     for (int r = 0; r < R; ++r) {
-      for (int c = 0; c < 4; ++c) {
+      for (int c = 0; c < C; ++c) {
         alignas(32) int32_t lanes[8];
         _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), acc[r][c]);
-        for (int m = 0; m < 4; ++m) out[r][4 * c + m] += static_cast<int64_t>(lanes[2 * m]) + lanes[2 * m + 1];
+        for (int m = 0; m < 4; ++m) out[r][c0 + 4 * c + m] += static_cast<int64_t>(lanes[2 * m]) + lanes[2 * m + 1];
       }
     }
   }
 }
-
-using BlockSums = void (*)(const int16_t*, int64_t, const uint8_t*, int64_t, int, int64_t (*)[COLS]);
-constexpr BlockSums BLOCK_SUMS[ROWS] = {&block_sums<1>, &block_sums<2>, &block_sums<3>};
 
 // Each row as integers, as the VNNI path's quantise (exact.split's operations in float32), but whole:
 // q = round(x · (1/step)) as int16 in block_sums's layout, (depth(K), T, 4), zero past K, and 128 times
@@ -487,7 +455,7 @@ SPECDEC_AVX2 void quantise(const float* xs, int64_t t, int64_t k, int64_t k4, in
   }
 }
 
-// Column blocks b0..b1-1 of `t` rows' output: the integer sums, half a block and up to ROWS rows a pass
+// Column blocks b0..b1-1 of `t` rows' output: the integer sums, up to ROWS rows a pass
 // (the rows in as few passes as fit, as even as can be), then exact.Int8Linear's rescale, each number as
 // the VNNI path's (the integer rounded once to float32, then the two products and the bias).
 SPECDEC_AVX2 void run_blocks(const int16_t* xq, const int64_t* shifts, const float* steps, const uint8_t* ws,
@@ -500,14 +468,13 @@ SPECDEC_AVX2 void run_blocks(const int16_t* xq, const int64_t* shifts, const flo
     const int64_t c0 = b * COLS, cols = std::min(COLS, n - c0);
     for (int64_t r0 = 0; r0 < t; r0 += per) {
       const int rows = static_cast<int>(std::min(per, t - r0));
+      const int16_t* x = xq + r0 * DEPTH;
       if (rows == 1) {
-        whole_block_sums<1>(xq + r0 * DEPTH, t * DEPTH, wb, k4, sums);
+        block_sums<1, 4>(x, t * DEPTH, wb, k4, 0, sums);
       } else if (rows == 2) {
-        whole_block_sums<2>(xq + r0 * DEPTH, t * DEPTH, wb, k4, sums);
+        block_sums<2, 4>(x, t * DEPTH, wb, k4, 0, sums);
       } else {
-        for (int half = 0; half < 2 && 8 * half < cols; ++half) {
-          BLOCK_SUMS[rows - 1](xq + r0 * DEPTH, t * DEPTH, wb, k4, half, sums);
-        }
+        for (int half = 0; half < 2 && 8 * half < cols; ++half) block_sums<3, 2>(x, t * DEPTH, wb, k4, half, sums);
       }
       for (int r = 0; r < rows; ++r) {
         const int64_t row = r0 + r;
@@ -722,6 +689,33 @@ struct Attend {
   int64_t kept_cap;
 
   const float* query(int64_t bb, int64_t h, int64_t i) const { return qs + ((bb * heads + h) * t_all + t0 + i) * d; }
+  // Row r's query and its place in the output (row r: kv head r / (group·t), query head g = (r mod
+  // group·t) / t, position i)
+  const float* query_of(int64_t r) const {
+    const int64_t nn = r / (group * t), gi = r % (group * t);
+    return query(nn / kv_heads, (nn % kv_heads) * group + gi / t, gi % t);
+  }
+  float* out_of(int64_t r) const {
+    const int64_t nn = r / (group * t), gi = r % (group * t);
+    return out(nn / kv_heads, gi % t, (nn % kv_heads) * group + gi / t);
+  }
+  // How many rows from r (at most `most`, before r1) share r's kv head: they share each pass over it.
+  int sharing(int64_t r, int64_t r1, int most) const {
+    int n = 1;
+    while (n < most && r + n < r1 && (r + n) / (group * t) == r / (group * t)) ++n;
+    return n;
+  }
+  // Row r's scores, -inf where the mask blocks a key.
+  double* masked(int64_t r) const {
+    double* row = sc + r * s;
+    if (mask) {
+      const bool* seen = blocked(r / (group * t) / kv_heads, r % (group * t) % t);
+      for (int64_t j = first; j < s; ++j) {
+        if (seen[j]) row[j] = -INFINITY;
+      }
+    }
+    return row;
+  }
   float* out(int64_t bb, int64_t i, int64_t h) const { return os + ((bb * t_all + t0 + i) * heads + h) * d; }
   const bool* blocked(int64_t bb, int64_t i) const { return mask + (bb * t_all + t0 + i) * (s - first) - first; }
 
@@ -943,11 +937,7 @@ void scores_any(const Attend& a, int64_t r0, int64_t r1, double* k_steps) {
 template <int V>
 SPECDEC_AVX512 void score_rows(const Attend& a, int64_t r0, int64_t r1) {
   const int64_t rows = a.group * a.t, d = a.d;
-  for (int64_t r = r0; r < r1; ++r) {
-    const int64_t nn = r / rows, gi = r % rows, g = gi / a.t, i = gi % a.t;
-    const int64_t bb = nn / a.kv_heads, h = (nn % a.kv_heads) * a.group + g;
-    a.q_step[r] = fixed_row(a.query(bb, h, i), d, 1e-300, a.q_levels, a.q_int + r * d);
-  }
+  for (int64_t r = r0; r < r1; ++r) a.q_step[r] = fixed_row(a.query_of(r), d, 1e-300, a.q_levels, a.q_int + r * d);
   const int64_t s32 = (a.s + 31) / 32 * 32;
   std::vector<double> k_steps(static_cast<size_t>(s32), 1.0);  // padding past S: a step of 1
   if constexpr (V > 0) {
@@ -966,8 +956,7 @@ SPECDEC_AVX512 void score_rows(const Attend& a, int64_t r0, int64_t r1) {
           pairs = kt.data();
         }
       }
-      int n_rows = 1;
-      while (n_rows < MOST && r + n_rows < r1 && (r + n_rows) / rows == nn) ++n_rows;
+      const int n_rows = a.sharing(r, r1, MOST);
       for (int k = 0; k < n_rows; ++k) query_pairs(a.q_int + (r + k) * d, d, qp.data() + k * P);
       switch (n_rows) {
         case 4: score_block<V, 4>(a, r, qp.data(), pairs, k_steps.data()); break;
@@ -981,14 +970,7 @@ SPECDEC_AVX512 void score_rows(const Attend& a, int64_t r0, int64_t r1) {
     scores_any(a, r0, r1, k_steps.data());
   }
   for (int64_t r = r0; r < r1; ++r) {
-    const int64_t i = r % rows % a.t, bb = r / rows / a.kv_heads;
-    double* row = a.sc + r * a.s;
-    if (a.mask) {
-      const bool* blocked = a.blocked(bb, i);
-      for (int64_t j = a.first; j < a.s; ++j) {
-        if (blocked[j]) row[j] = -INFINITY;
-      }
-    }
+    double* row = a.masked(r);
     __m512d tops = _mm512_set1_pd(-INFINITY);
     for (int64_t j0 = 0; j0 < a.s; j0 += 8) {
       const __mmask8 live = j0 + 8 <= a.s ? 0xff : static_cast<__mmask8>((1u << (a.s - j0)) - 1);
@@ -1044,8 +1026,7 @@ SPECDEC_AVX512 void weigh_rows(const Attend& a, int64_t r0, int64_t r1) {
   for (int64_t r = r0; r < r1;) {
     const int64_t nn = r / rows;
     if (nn != held) steps_of(a, held = nn, true, v_steps.data());
-    int64_t n_rows = 1;
-    while (n_rows < MOST && r + n_rows < r1 && (r + n_rows) / rows == nn) ++n_rows;
+    const int n_rows = a.sharing(r, r1, MOST);
     double factors[3], totals[3];
     const double* ws[3];
     double* accs[3];
@@ -1070,9 +1051,7 @@ SPECDEC_AVX512 void weigh_rows(const Attend& a, int64_t r0, int64_t r1) {
       weighted_any(ws[0], v0, stride, a.s, d, accs[0]);
     }
     for (int64_t k = 0; k < n_rows; ++k) {
-      const int64_t gi = (r + k) % rows, g = gi / a.t, i = gi % a.t;
-      const int64_t bb = nn / a.kv_heads, h = (nn % a.kv_heads) * a.group + g;
-      float* o = a.out(bb, i, h);
+      float* o = a.out_of(r + k);
       const __m512d factor = _mm512_set1_pd(factors[k]), total = _mm512_set1_pd(totals[k]);
       for (int64_t c = 0; c < d; c += 8) {  // the product rounded, then the quotient, as mul_ and div_
         const __mmask8 m = static_cast<__mmask8>(d - c >= 8 ? 0xff : (1u << (d - c)) - 1);
@@ -1087,16 +1066,14 @@ SPECDEC_AVX512 void weigh_rows(const Attend& a, int64_t r0, int64_t r1) {
 // exact.exp32 of 16 float32s: the same IEEE operations in the same order, none fused.
 SPECDEC_AVX512 inline __m512 exp32(__m512 x) {
   constexpr int NEAREST = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
-  constexpr float TERMS[] = {1.9875691500e-4, 1.3981999507e-3, 8.3334519073e-3,
-                             4.1665795894e-2, 1.6666665459e-1, 5.0000001201e-1};
   const __mmask16 low = _mm512_cmp_ps_mask(x, _mm512_set1_ps(static_cast<float>(EXP_LOWEST)), _CMP_LT_OQ);
   x = _mm512_max_ps(x, _mm512_set1_ps(static_cast<float>(EXP_LOWEST)));
   const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(static_cast<float>(LOG2E))), NEAREST);
   const __m512 r = _mm512_sub_ps(_mm512_sub_ps(x, _mm512_mul_ps(n, _mm512_set1_ps(static_cast<float>(LN2_HI)))),
                                  _mm512_mul_ps(n, _mm512_set1_ps(static_cast<float>(LN2_LO))));
-  __m512 p = _mm512_set1_ps(TERMS[0]);
+  __m512 p = _mm512_set1_ps(EXP_TERMS[0]);
 #pragma GCC unroll 8
-  for (int i = 1; i < 6; ++i) p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(TERMS[i]));
+  for (int i = 1; i < 6; ++i) p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(EXP_TERMS[i]));
   p = _mm512_add_ps(_mm512_add_ps(_mm512_mul_ps(p, _mm512_mul_ps(r, r)), r), _mm512_set1_ps(1.0f));
   const __m512 two_n = _mm512_castsi512_ps(
       _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23));
@@ -1225,11 +1202,7 @@ SPECDEC_AVX2 void row_minus_max(double* row, int64_t s) {
 template <int V>
 SPECDEC_AVX2 void score_rows(const Attend& a, int64_t r0, int64_t r1) {
   const int64_t rows = a.group * a.t, d = a.d;
-  for (int64_t r = r0; r < r1; ++r) {
-    const int64_t nn = r / rows, gi = r % rows, g = gi / a.t, i = gi % a.t;
-    const int64_t bb = nn / a.kv_heads, h = (nn % a.kv_heads) * a.group + g;
-    a.q_step[r] = fixed_row(a.query(bb, h, i), d, 1e-300, a.q_levels, a.q_int + r * d);
-  }
+  for (int64_t r = r0; r < r1; ++r) a.q_step[r] = fixed_row(a.query_of(r), d, 1e-300, a.q_levels, a.q_int + r * d);
   const int64_t s32 = (a.s + 31) / 32 * 32;
   std::vector<double> k_steps(static_cast<size_t>(s32), 1.0);
   if constexpr (V > 0) {
@@ -1248,8 +1221,7 @@ SPECDEC_AVX2 void score_rows(const Attend& a, int64_t r0, int64_t r1) {
           pairs = kt.data();
         }
       }
-      int n_rows = 1;
-      while (n_rows < MOST && r + n_rows < r1 && (r + n_rows) / rows == nn) ++n_rows;
+      const int n_rows = a.sharing(r, r1, MOST);
       for (int k = 0; k < n_rows; ++k) query_pairs(a.q_int + (r + k) * d, d, qp.data() + k * P);
       if (n_rows == 3) {
         avx2::score_block<V, 3>(a, r, qp.data(), pairs, k_steps.data());
@@ -1263,17 +1235,7 @@ SPECDEC_AVX2 void score_rows(const Attend& a, int64_t r0, int64_t r1) {
   } else {
     scores_any(a, r0, r1, k_steps.data());
   }
-  for (int64_t r = r0; r < r1; ++r) {
-    const int64_t i = r % rows % a.t, bb = r / rows / a.kv_heads;
-    double* row = a.sc + r * a.s;
-    if (a.mask) {
-      const bool* blocked = a.blocked(bb, i);
-      for (int64_t j = a.first; j < a.s; ++j) {
-        if (blocked[j]) row[j] = -INFINITY;
-      }
-    }
-    row_minus_max(row, a.s);
-  }
+  for (int64_t r = r0; r < r1; ++r) row_minus_max(a.masked(r), a.s);
 }
 
 // softmax_weights's operations, 4 numbers a step (the total: integers, exact in any order).
@@ -1305,11 +1267,12 @@ SPECDEC_AVX2 double softmax_weights(const Attend& a, int64_t r, const double* v_
   }
   *total_out = total;
   volatile double inv = 1.0 / peak;
-  const __m256d per = _mm256_set1_pd(inv * a.levels);
+  const double per = inv * a.levels;
+  const __m256d pers = _mm256_set1_pd(per);
   for (j = 0; j + 4 <= s; j += 4) {
-    _mm256_storeu_pd(w + j, _mm256_round_pd(_mm256_mul_pd(_mm256_loadu_pd(w + j), per), NEAREST));
+    _mm256_storeu_pd(w + j, _mm256_round_pd(_mm256_mul_pd(_mm256_loadu_pd(w + j), pers), NEAREST));
   }
-  for (; j < s; ++j) w[j] = std::nearbyint(w[j] * (inv * a.levels));
+  for (; j < s; ++j) w[j] = std::nearbyint(w[j] * per);
   volatile double w_step = peak * (1.0 / a.levels);
   volatile double factor = w_step * scale_up;
   return factor;
@@ -1361,8 +1324,7 @@ SPECDEC_AVX2 void weigh_rows(const Attend& a, int64_t r0, int64_t r1) {
   for (int64_t r = r0; r < r1;) {
     const int64_t nn = r / rows;
     if (nn != held) steps_of(a, held = nn, true, v_steps.data());
-    int n_rows = 1;
-    while (n_rows < MOST && r + n_rows < r1 && (r + n_rows) / rows == nn) ++n_rows;
+    const int n_rows = a.sharing(r, r1, MOST);
     double factors[MOST], totals[MOST];
     const double* ws[MOST];
     double* accs[MOST];
@@ -1388,9 +1350,7 @@ SPECDEC_AVX2 void weigh_rows(const Attend& a, int64_t r0, int64_t r1) {
       for (int k = 0; k < n_rows; ++k) weighted_any(ws[k], v0, stride, a.s, d, accs[k]);
     }
     for (int k = 0; k < n_rows; ++k) {
-      const int64_t gi = (r + k) % rows, g = gi / a.t, i = gi % a.t;
-      const int64_t bb = nn / a.kv_heads, h = (nn % a.kv_heads) * a.group + g;
-      float* o = a.out(bb, i, h);
+      float* o = a.out_of(r + k);
       for (int64_t c = 0; c < d; ++c) o[c] = static_cast<float>(accs[k][c] * factors[k] / totals[k]);  // mul_, div_
     }
     r += n_rows;
@@ -1399,15 +1359,13 @@ SPECDEC_AVX2 void weigh_rows(const Attend& a, int64_t r0, int64_t r1) {
 
 // exact.exp32 of one float32: exp32's operations in its order, none fused.
 SPECDEC_AVX2 inline float exp32(float x) {
-  constexpr float TERMS[] = {1.9875691500e-4, 1.3981999507e-3, 8.3334519073e-3,
-                             4.1665795894e-2, 1.6666665459e-1, 5.0000001201e-1};
   const float lowest = static_cast<float>(EXP_LOWEST);
   const bool low = x < lowest;
   x = x > lowest ? x : lowest;  // maxps: the second operand where either is NaN
   const float n = std::nearbyint(x * static_cast<float>(LOG2E));
   const float r = x - n * static_cast<float>(LN2_HI) - n * static_cast<float>(LN2_LO);
-  float p = TERMS[0];
-  for (int i = 1; i < 6; ++i) p = p * r + TERMS[i];
+  float p = EXP_TERMS[0];
+  for (int i = 1; i < 6; ++i) p = p * r + EXP_TERMS[i];
   p = p * (r * r) + r + 1.0f;
   const uint32_t bits = static_cast<uint32_t>(static_cast<int32_t>(n) + 127) << 23;
   float two_n;
@@ -1418,16 +1376,14 @@ SPECDEC_AVX2 inline float exp32(float x) {
 // exp32's operations on 8 float32s.
 SPECDEC_AVX2 inline __m256 exp32x8(__m256 x) {
   constexpr int NEAREST = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
-  constexpr float TERMS[] = {1.9875691500e-4, 1.3981999507e-3, 8.3334519073e-3,
-                             4.1665795894e-2, 1.6666665459e-1, 5.0000001201e-1};
   const __m256 lowest = _mm256_set1_ps(static_cast<float>(EXP_LOWEST));
   const __m256 low = _mm256_cmp_ps(x, lowest, _CMP_LT_OQ);
   x = _mm256_max_ps(x, lowest);
   const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(static_cast<float>(LOG2E))), NEAREST);
   const __m256 r = _mm256_sub_ps(_mm256_sub_ps(x, _mm256_mul_ps(n, _mm256_set1_ps(static_cast<float>(LN2_HI)))),
                                  _mm256_mul_ps(n, _mm256_set1_ps(static_cast<float>(LN2_LO))));
-  __m256 p = _mm256_set1_ps(TERMS[0]);
-  for (int i = 1; i < 6; ++i) p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(TERMS[i]));
+  __m256 p = _mm256_set1_ps(EXP_TERMS[0]);
+  for (int i = 1; i < 6; ++i) p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(EXP_TERMS[i]));
   p = _mm256_add_ps(_mm256_add_ps(_mm256_mul_ps(p, _mm256_mul_ps(r, r)), r), _mm256_set1_ps(1.0f));
   const __m256 two_n = _mm256_castsi256_ps(
       _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23));
